@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Sets up everything mqspark needs (virtualenv, pinned packages, Delta jars), then runs one of:
+#   ./dev.sh demo [--root DIR]   the demo pipeline on a local queue manager (./mq-data)
+#   ./dev.sh test [PYTEST ARGS]  the full test suite
+#   ./dev.sh bench [ARGS]        the benchmarks (JSON on stdout)
+#   ./dev.sh setup               only the set-up
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${MQSPARK_VENV:-.venv}"
+
+die() { echo "dev.sh: $*" >&2; exit 1; }
+
+find_python() {
+    for candidate in ${PYTHON:-} python3.11 python3.12 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+           "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$candidate"; return
+        fi
+    done
+    die "needs Python 3.11 or newer (set PYTHON=/path/to/python3.11)"
+}
+
+setup() {
+    command -v java >/dev/null 2>&1 || die "needs Java 17 or newer on PATH (Spark 4 runs on Java 17/21)"
+    java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1)
+    [ "${java_major:-0}" -ge 17 ] || die "needs Java 17 or newer, found ${java_major:-unknown}"
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "dev.sh: creating virtualenv $VENV" >&2
+        "$(find_python)" -m venv "$VENV"
+    fi
+    stamp="$VENV/.mqspark-setup"
+    wanted=$(cat setup.py requirements.lock | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+        echo "dev.sh: installing pinned packages into $VENV" >&2
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+        echo "$wanted" > "$stamp"
+    fi
+    # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.
+    "$VENV/bin/python" -m mqspark.spark > /dev/null
+}
+
+command="${1:-}"
+[ $# -gt 0 ] && shift
+case "$command" in
+    setup) setup ;;
+    demo) setup; exec "$VENV/bin/python" -m mqspark.demo "$@" ;;
+    test) setup; exec "$VENV/bin/python" -m pytest "$@" ;;
+    bench) setup; exec "$VENV/bin/python" -m benchmarks "$@" ;;
+    *) die "usage: ./dev.sh demo|test|bench|setup [ARGS]" ;;
+esac

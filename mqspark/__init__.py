@@ -1,0 +1,27 @@
+"""mqspark: transactional message queues on Delta tables for Apache Spark."""
+
+from .definitions import QueueDefinition, QueueManagerDefinition
+from .errors import MQError, MQValidationError, Reason
+from .qmgr import QueueManager
+
+__all__ = [
+    "MQError",
+    "MQValidationError",
+    "QueueDefinition",
+    "QueueManager",
+    "QueueManagerDefinition",
+    "Reason",
+    "register",
+    "session",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Spark is imported only by those who use it: the CLI and plain puts start in well under a second.
+    if name in ("session", "register"):
+        from . import spark
+
+        return getattr(spark, name)
+    raise AttributeError(name)

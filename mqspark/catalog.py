@@ -1,0 +1,146 @@
+"""The queue manager's catalog: one small Delta table holding the queue manager and its queue definitions.
+
+Every change rewrites the whole catalog in one commit made against the version it read, with no
+automatic retry: two concurrent changes can never both win, the loser re-reads and tries again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from . import storage
+from .definitions import QueueDefinition, QueueManagerDefinition
+from .errors import MQError, Reason
+
+CATALOG_SCHEMA = pa.schema(
+    [
+        pa.field("object_type", pa.string(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("type", pa.string()),
+        pa.field("target_queue", pa.string()),
+        pa.field("default_priority", pa.int32()),
+        pa.field("delivery_sequence", pa.string()),
+        pa.field("put_inhibited", pa.bool_()),
+        pa.field("get_inhibited", pa.bool_()),
+        pa.field("max_depth", pa.int64()),
+        pa.field("max_message_length", pa.int64()),
+        pa.field("default_bind", pa.string()),
+        pa.field("backout_threshold", pa.int64()),
+        pa.field("backout_queue", pa.string()),
+        pa.field("retry_count", pa.int64()),
+        pa.field("retry_delay", pa.float64()),
+        pa.field("error_queue", pa.string()),
+        pa.field("cluster", pa.list_(pa.string())),
+        pa.field("description", pa.string()),
+        pa.field("dead_letter_queue", pa.string()),
+        pa.field("altered_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+_QUEUE_FIELDS = tuple(f.name for f in dataclasses.fields(QueueDefinition))
+_COMMIT_ATTEMPTS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogState:
+    """One committed version of the catalog."""
+
+    version: int
+    qmgr: QueueManagerDefinition
+    queues: dict[str, QueueDefinition]
+    altered_at: dict[str, datetime]
+
+
+class Catalog:
+    """Reads and changes the catalog table at ``<root>/_qmgr``."""
+
+    def __init__(self, root: str, storage_options: storage.StorageOptions = None) -> None:
+        self.root = root
+        self.location = storage.catalog_location(root)
+        self.storage_options = storage_options
+
+    def create(self, qmgr: QueueManagerDefinition, queues: list[QueueDefinition]) -> None:
+        table = storage.create_table(self.location, CATALOG_SCHEMA, self.storage_options)
+        write_deltalake(table, _to_rows(qmgr, {q.name: q for q in queues}, {}), mode="append")
+
+    def read(self) -> CatalogState:
+        return self._snapshot()[1]
+
+    def _snapshot(self) -> tuple[DeltaTable, CatalogState]:
+        table = storage.open_table(self.location, self.storage_options)
+        if table is None:
+            raise MQError(f"no queue manager at {self.root}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
+        return table, _from_rows(table.version(), pa.table(table.to_pyarrow_table()))
+
+    def change(self, apply: Callable[[CatalogState], dict[str, QueueDefinition]]) -> CatalogState:
+        """Commit ``apply(state)`` (the new set of queues) against the state it was computed from.
+
+        ``apply`` may raise to refuse the change; it is called again on a fresh state after a conflict.
+        """
+        for attempt in range(_COMMIT_ATTEMPTS):
+            table, state = self._snapshot()
+            queues = apply(state)
+            now = datetime.now(timezone.utc)
+            altered = {name: state.altered_at.get(name, now) if queues[name] == state.queues.get(name) else now
+                       for name in queues}
+            try:
+                write_deltalake(
+                    table,
+                    _to_rows(state.qmgr, queues, altered),
+                    mode="overwrite",
+                    commit_properties=CommitProperties(max_commit_retries=0),
+                )
+            except CommitFailedError:
+                time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+                continue
+            return CatalogState(table.version(), state.qmgr, queues, altered)
+        raise MQError(f"catalog of {self.root} is changing too often; gave up after {_COMMIT_ATTEMPTS} attempts")
+
+
+def _to_rows(
+    qmgr: QueueManagerDefinition, queues: dict[str, QueueDefinition], altered: dict[str, datetime]
+) -> pa.Table:
+    now = datetime.now(timezone.utc)
+    rows = [
+        {
+            "object_type": "qmgr",
+            "name": qmgr.name,
+            "cluster": list(qmgr.cluster),
+            "description": qmgr.description,
+            "dead_letter_queue": qmgr.dead_letter_queue,
+            "altered_at": now,
+        }
+    ]
+    for name in sorted(queues):
+        rows.append({"object_type": "queue", **queues[name].attributes(), "altered_at": altered.get(name, now)})
+    return pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)
+
+
+def _from_rows(version: int, table: pa.Table) -> CatalogState:
+    qmgr = None
+    queues = {}
+    altered = {}
+    for row in table.to_pylist():
+        if row["object_type"] == "qmgr":
+            qmgr = QueueManagerDefinition(
+                name=row["name"],
+                dead_letter_queue=row["dead_letter_queue"],
+                cluster=tuple(row["cluster"] or ()),
+                description=row["description"] or "",
+            )
+        else:
+            values = {name: row[name] for name in _QUEUE_FIELDS}
+            values["cluster"] = tuple(values["cluster"] or ())
+            queues[row["name"]] = QueueDefinition(**values)
+            altered[row["name"]] = row["altered_at"]
+    if qmgr is None:
+        raise MQError(f"catalog at version {version} has no queue manager row", Reason.MQRC_UNKNOWN_OBJECT_NAME)
+    return CatalogState(version, qmgr, queues, altered)

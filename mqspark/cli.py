@@ -1,0 +1,256 @@
+"""The ``mqspark`` command line: queue managers, queues, put, browse and depth, with table or JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from .definitions import ATTRIBUTE_NAMES, QueueDefinition
+from .errors import MQError
+from .qmgr import ORDERS, QueueManager
+
+DEFAULT_ROOT = "./mq-data"
+_BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _cluster(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _attribute_parser(default: Any):
+    if isinstance(default, bool):
+        return _boolean
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return float
+    if isinstance(default, tuple):
+        return _cluster
+    return str
+
+
+def _add_attribute_options(parser: argparse.ArgumentParser) -> None:
+    defaults = QueueDefinition(name="DEFAULTS")
+    for name in ATTRIBUTE_NAMES:
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_attribute_parser(getattr(defaults, name)),
+                            default=argparse.SUPPRESS, metavar=name.upper())
+
+
+def _property(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mqspark", description="Message queues on Delta tables.")
+    parser.add_argument("--root", default=os.environ.get("MQSPARK_ROOT", DEFAULT_ROOT),
+                        help=f"queue manager root (default: $MQSPARK_ROOT or {DEFAULT_ROOT})")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    qmgr = commands.add_parser("qmgr", help="create or show the queue manager").add_subparsers(
+        dest="action", required=True)
+    qmgr.add_parser("create", help="create a queue manager at --root").add_argument("name")
+    qmgr.add_parser("show", help="show the queue manager")
+
+    queue = commands.add_parser("queue", help="define, alter, show, list or delete queues").add_subparsers(
+        dest="action", required=True)
+    for action in ("define", "alter"):
+        sub = queue.add_parser(action, help=f"{action} a queue")
+        sub.add_argument("name")
+        _add_attribute_options(sub)
+    queue.add_parser("show", help="show a queue's attributes").add_argument("name")
+    queue.add_parser("list", help="list the queues")
+    delete = queue.add_parser("delete", help="delete a queue")
+    delete.add_argument("name")
+    delete.add_argument("--purge", action="store_true", help="discard the queue's messages")
+
+    put = commands.add_parser("put", help="put messages: arguments, --file lines, or stdin lines")
+    put.add_argument("queue")
+    put.add_argument("payloads", nargs="*", metavar="PAYLOAD")
+    put.add_argument("--file", help="put one message per line of this file ('-' for stdin)")
+    put.add_argument("--priority", type=int)
+    put.add_argument("--correl-id")
+    put.add_argument("--reply-to-queue")
+    put.add_argument("--group-id", help="put the messages as one complete group, numbered 1..N")
+    put.add_argument("--property", action="append", type=_property, default=[], metavar="KEY=VALUE")
+    put.add_argument("--segmentation", action="store_true", help="split payloads longer than max_message_length")
+
+    browse = commands.add_parser("browse", help="show messages without removing them")
+    browse.add_argument("queue")
+    browse.add_argument("--order", choices=ORDERS, default="physical")
+    browse.add_argument("--limit", type=int)
+
+    depth = commands.add_parser("depth", help="queue depth (every queue when none is named)")
+    depth.add_argument("queue", nargs="?")
+
+    apply = commands.add_parser("apply", help="create or update a queue manager from a TOML definition file")
+    apply.add_argument("file")
+    return parser
+
+
+def _payloads(args: argparse.Namespace) -> list[str]:
+    if args.payloads and args.file:
+        raise MQError("give payloads as arguments or with --file, not both")
+    if args.payloads:
+        return args.payloads
+    if args.file and args.file != "-":
+        with open(args.file, encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    return sys.stdin.read().splitlines()
+
+
+def _put(qm: QueueManager, args: argparse.Namespace) -> dict[str, Any]:
+    payloads = _payloads(args)
+    common = {"priority": args.priority, "correl_id": args.correl_id, "reply_to_queue": args.reply_to_queue,
+              "properties": dict(args.property) or None}
+    rows = [{key: value for key, value in common.items() if value is not None} | {"payload": p} for p in payloads]
+    if args.group_id:
+        for number, row in enumerate(rows, start=1):
+            row.update(group_id=args.group_id, msg_seq_number=number, last_in_group=number == len(rows))
+    msg_ids = qm.put(args.queue, rows, segmentation=args.segmentation)
+    return {"queue": args.queue, "msg_ids": msg_ids}
+
+
+def _apply(root: str, path: str) -> dict[str, Any]:
+    with open(path, "rb") as handle:
+        document = tomllib.load(handle)
+    name = document.get("queue_manager", {}).get("name")
+    if not name:
+        raise MQError(f"{path}: [queue_manager] name is missing")
+    try:
+        qm = QueueManager.open(root)
+    except MQError:
+        qm = QueueManager.create(root, name)
+    if qm.name != name:
+        raise MQError(f"{path}: the queue manager at {qm.root} is {qm.name}, not {name}")
+    existing = {q.name for q in qm.queues()}
+    changes = []
+    for queue, attributes in document.get("queues", {}).items():
+        if queue in existing:
+            current = qm.inquire_queue(queue).type
+            if attributes.get("type", current) != current:
+                raise MQError(f"{path}: queue {queue} is {current}; its type cannot change to {attributes['type']}")
+            attributes = {key: value for key, value in attributes.items() if key != "type"}
+            qm.alter_queue(queue, **attributes)
+            changes.append({"queue": queue, "action": "altered"})
+        else:
+            qm.define_queue(queue, **attributes)
+            changes.append({"queue": queue, "action": "defined"})
+    return {"queue_manager": qm.name, "root": qm.root, "changes": changes}
+
+
+def run(args: argparse.Namespace) -> Any:
+    """Carry out one parsed command and return what it prints."""
+    if args.command == "apply":
+        return _apply(args.root, args.file)
+    if args.command == "qmgr" and args.action == "create":
+        qm = QueueManager.create(args.root, args.name)
+        return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue}
+    qm = QueueManager.open(args.root)
+    if args.command == "qmgr":
+        return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue,
+                "queues": len(qm.queues())}
+    if args.command == "queue":
+        attributes = {name: getattr(args, name) for name in ATTRIBUTE_NAMES if hasattr(args, name)}
+        if args.action == "define":
+            return qm.define_queue(args.name, **attributes).attributes()
+        if args.action == "alter":
+            return qm.alter_queue(args.name, **attributes).attributes()
+        if args.action == "show":
+            return qm.inquire_queue(args.name).attributes()
+        if args.action == "list":
+            return [{"name": q.name, "type": q.type, "depth": qm.depth(q.name), "description": q.description}
+                    for q in qm.queues()]
+        qm.delete_queue(args.name, purge=args.purge)
+        return {"deleted": args.name}
+    if args.command == "put":
+        return _put(qm, args)
+    if args.command == "browse":
+        table = qm.browse(args.queue, order=args.order, limit=args.limit)
+        return table.select(list(_BROWSE_COLUMNS)) if not args.json else table
+    names = [args.queue] if args.queue else [q.name for q in qm.queues()]
+    return [{"queue": name, "depth": qm.depth(name)} for name in names]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, tuple):
+        return dict(value) if all(isinstance(i, tuple) and len(i) == 2 for i in value) else list(value)
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    return value
+
+
+def _render_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(none)"
+    columns = list(rows[0])
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    value = _jsonable(value)
+    text = "" if value is None else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def render(result: Any, as_json: bool) -> str:
+    if isinstance(result, pa.Table):
+        result = result.to_pylist()
+    if as_json:
+        return json.dumps(_jsonable(result), indent=2)
+    if isinstance(result, dict):
+        lines = []
+        for key, value in result.items():
+            if isinstance(value, list) and value:
+                lines.append(f"{key}:")
+                lines += [f"  {' '.join(map(str, item.values())) if isinstance(item, dict) else item}"
+                          for item in value]
+            else:
+                lines.append(f"{key}: {_cell(value)}")
+        return "\n".join(lines)
+    return _render_table(result)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except (MQError, OSError, tomllib.TOMLDecodeError) as error:
+        print(f"mqspark: error: {error}", file=sys.stderr)
+        return 1
+    print(render(result, args.json))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

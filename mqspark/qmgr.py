@@ -1,0 +1,271 @@
+"""The queue manager: administration of queues and the Python put, depth and browse (no Spark needed)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from . import storage
+from .catalog import Catalog, CatalogState
+from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
+from .errors import MQError, MQValidationError, Reason
+from .messages import MESSAGE_SCHEMA, check_group_items, prepare_put, rows_to_table
+from .ordering import physical_order
+
+MESSAGE_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
+_PUT_ATTEMPTS = 100
+ORDERS = ("physical",)
+
+
+class QueueManager:
+    """A named root location holding queues. Create one with :meth:`create`, reopen it with :meth:`open`."""
+
+    def __init__(self, root: str, catalog: Catalog, definition: QueueManagerDefinition) -> None:
+        self.root = root
+        self._catalog = catalog
+        self._definition = definition
+
+    @property
+    def name(self) -> str:
+        return self._definition.name
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return self._definition.dead_letter_queue
+
+    @property
+    def storage_options(self) -> storage.StorageOptions:
+        return self._catalog.storage_options
+
+    @classmethod
+    def create(
+        cls, root: str | os.PathLike, name: str, *, storage_options: dict[str, str] | None = None
+    ) -> QueueManager:
+        """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue."""
+        validate_name(name, "queue manager")
+        location = storage.normalize_root(root)
+        catalog = Catalog(location, storage_options)
+        if storage.table_exists(catalog.location, storage_options):
+            existing = catalog.read().qmgr.name
+            raise MQValidationError(f"queue manager {existing} already exists at {location}")
+        dead_letter = QueueDefinition.build(DEAD_LETTER_QUEUE, description="dead-letter queue")
+        _create_message_table(storage.queue_location(location, DEAD_LETTER_QUEUE), storage_options)
+        definition = QueueManagerDefinition(name=name)
+        catalog.create(definition, [dead_letter])
+        return cls(location, catalog, definition)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> QueueManager:
+        """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
+        location = storage.normalize_root(root)
+        catalog = Catalog(location, storage_options)
+        if not storage.table_exists(catalog.location, storage_options):
+            raise MQError(f"no queue manager at {location}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
+        return cls(location, catalog, catalog.read().qmgr)
+
+    def __repr__(self) -> str:
+        return f"QueueManager(name={self.name!r}, root={self.root!r})"
+
+    # Queue administration
+
+    def define_queue(self, name: str, **attributes: Any) -> QueueDefinition:
+        """Define a new queue; raises when the name is taken or an attribute is bad."""
+        definition = QueueDefinition.build(name, **attributes)
+
+        def apply(state: CatalogState) -> dict[str, QueueDefinition]:
+            if name in state.queues:
+                raise MQValidationError(f"queue {name} already exists in queue manager {self.name}")
+            _check_references(state, definition)
+            return {**state.queues, name: definition}
+
+        apply(self._catalog.read())
+        if definition.type == "local":
+            _create_message_table(self._location(name), self.storage_options)
+        self._catalog.change(apply)
+        return definition
+
+    def alter_queue(self, name: str, **attributes: Any) -> QueueDefinition:
+        """Change some attributes of an existing queue."""
+        validate_name(name)
+        if "type" in attributes:
+            raise MQValidationError(f"queue {name}: attribute type cannot be altered; delete and define the queue")
+        changed: dict[str, QueueDefinition] = {}
+
+        def apply(state: CatalogState) -> dict[str, QueueDefinition]:
+            definition = QueueDefinition.build(name, base=self._definition_in(state, name), **attributes)
+            _check_references(state, definition)
+            changed[name] = definition
+            return {**state.queues, name: definition}
+
+        self._catalog.change(apply)
+        return changed[name]
+
+    def inquire_queue(self, name: str) -> QueueDefinition:
+        """The queue's definition."""
+        validate_name(name)
+        return self._definition_in(self._catalog.read(), name)
+
+    def queues(self) -> list[QueueDefinition]:
+        """Every queue definition, by name."""
+        state = self._catalog.read()
+        return [state.queues[name] for name in sorted(state.queues)]
+
+    def delete_queue(self, name: str, purge: bool = False) -> None:
+        """Delete a queue; a queue still holding messages is refused unless ``purge`` is set."""
+        validate_name(name)
+        if name == self.dead_letter_queue:
+            raise MQValidationError(f"queue {name} is the dead-letter queue of queue manager {self.name}")
+
+        def apply(state: CatalogState) -> dict[str, QueueDefinition]:
+            definition = self._definition_in(state, name)
+            aliases = sorted(q.name for q in state.queues.values() if q.target_queue == name)
+            if aliases:
+                raise MQValidationError(f"queue {name} is the target of alias queue {aliases[0]}")
+            if definition.type == "local" and not purge:
+                depth = self._depth_of(name)
+                if depth:
+                    raise MQError(
+                        f"queue {name} holds {depth} messages; delete with purge to discard them",
+                        Reason.MQRC_Q_NOT_EMPTY,
+                    )
+            return {queue: d for queue, d in state.queues.items() if queue != name}
+
+        self._catalog.change(apply)
+        storage.remove_tree(self._location(name))
+
+    # Messages
+
+    def put(
+        self,
+        queue: str,
+        rows: Iterable[Mapping[str, Any]] | pa.Table,
+        *,
+        segmentation: bool = False,
+    ) -> list[str]:
+        """Put messages on ``queue`` in one transaction and return their msg_ids.
+
+        ``rows`` is a list of dicts or a pyarrow Table of message fields; only ``payload`` is required.
+        Nothing is written when any message is bad, the queue is put-inhibited or the put would
+        exceed the queue's max depth.
+        """
+        validate_name(queue)
+        data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
+        for attempt in range(_PUT_ATTEMPTS):
+            definition = self._resolve(queue, inhibit="put")
+            messages = prepare_put(definition, data, segmentation=segmentation)
+            table = self._message_table(definition.name)
+            depth = storage.row_count(table)
+            if depth + messages.num_rows > definition.max_depth:
+                raise MQError(
+                    f"queue {definition.name} is full (max_depth {definition.max_depth}, depth {depth}, "
+                    f"put of {messages.num_rows})",
+                    Reason.MQRC_Q_FULL,
+                )
+            _check_against_committed(definition.name, table, messages)
+            if messages.num_rows == 0:
+                return []
+            try:
+                # No automatic retry: the depth and group checks above hold for exactly this version.
+                write_deltalake(
+                    table, messages, mode="append", commit_properties=CommitProperties(max_commit_retries=0)
+                )
+            except CommitFailedError:
+                time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
+                continue
+            return messages.column("msg_id").to_pylist()
+        raise MQError(f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
+
+    def depth(self, queue: str) -> int:
+        """Number of messages on the queue."""
+        return self._depth_of(self._resolve(queue).name)
+
+    def browse(self, queue: str, order: str = "physical", limit: int | None = None) -> pa.Table:
+        """Committed messages of ``queue`` without removing them, in physical order."""
+        if order not in ORDERS:
+            raise MQValidationError(f"option order must be one of {', '.join(ORDERS)}; got {order!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
+        definition = self._resolve(queue)
+        table = self._message_table(definition.name)
+        messages = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
+        ordered = physical_order(messages, definition.delivery_sequence).drop_columns(["commit_version"])
+        return ordered if limit is None else ordered.slice(0, limit)
+
+    # Helpers
+
+    def _location(self, queue: str) -> str:
+        return storage.queue_location(self.root, queue)
+
+    def _message_table(self, queue: str) -> DeltaTable:
+        table = storage.open_table(self._location(queue), self.storage_options)
+        if table is None:
+            raise MQError(f"queue {queue} has no message table at {self._location(queue)}",
+                          Reason.MQRC_UNKNOWN_OBJECT_NAME)
+        return table
+
+    def _depth_of(self, queue: str) -> int:
+        return storage.row_count(self._message_table(queue))
+
+    def _definition_in(self, state: CatalogState, name: str) -> QueueDefinition:
+        try:
+            return state.queues[name]
+        except KeyError:
+            raise MQError(f"queue {name} is not defined in queue manager {self.name}",
+                          Reason.MQRC_UNKNOWN_OBJECT_NAME) from None
+
+    def _resolve(self, queue: str, inhibit: str | None = None) -> QueueDefinition:
+        """The local queue behind ``queue`` (itself, or an alias's target), checking inhibit flags on both."""
+        validate_name(queue)
+        state = self._catalog.read()
+        definition = self._definition_in(state, queue)
+        chain = [definition]
+        if definition.type == "alias":
+            definition = self._definition_in(state, definition.target_queue)
+            chain.append(definition)
+        for item in chain:
+            if inhibit == "put" and item.put_inhibited:
+                raise MQError(f"queue {item.name} is put-inhibited", Reason.MQRC_PUT_INHIBITED)
+            if inhibit == "get" and item.get_inhibited:
+                raise MQError(f"queue {item.name} is get-inhibited", Reason.MQRC_GET_INHIBITED)
+        return definition
+
+
+def _create_message_table(location: str, storage_options: storage.StorageOptions) -> None:
+    existing = storage.open_table(location, storage_options)
+    if existing is None:
+        storage.create_table(location, MESSAGE_SCHEMA, storage_options, MESSAGE_TABLE_CONFIGURATION)
+    elif storage.row_count(existing):
+        # A table left behind by a delete that stopped half-way: never adopt its messages silently.
+        raise MQError(f"a message table with data already exists at {location}; remove it first")
+
+
+def _check_references(state: CatalogState, definition: QueueDefinition) -> None:
+    if definition.type == "alias":
+        target = state.queues.get(definition.target_queue)
+        if target is None:
+            raise MQError(f"queue {definition.name}: target_queue {definition.target_queue} is not defined",
+                          Reason.MQRC_UNKNOWN_OBJECT_NAME)
+        if target.type != "local":
+            raise MQValidationError(f"queue {definition.name}: target_queue {target.name} must be a local queue")
+
+
+def _check_against_committed(queue: str, table: DeltaTable, messages: pa.Table) -> None:
+    """Group rules across puts: no msg_seq_number twice, nothing after the group's last message."""
+    group_ids = pc.unique(messages["group_id"].drop_null())
+    if len(group_ids) == 0:
+        return
+    columns = ["group_id", "msg_seq_number", "offset", "last_in_group"]
+    committed = table.to_pyarrow_dataset().to_table(
+        columns=columns, filter=pc.field("group_id").isin(group_ids)
+    )
+    if committed.num_rows:
+        put_items = messages.filter(pc.is_valid(messages["group_id"])).select(columns)
+        check_group_items(queue, pa.concat_tables([committed.cast(put_items.schema), put_items]))

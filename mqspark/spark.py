@@ -1,0 +1,116 @@
+"""Spark sessions with Delta and the ``mq`` data source, and the one-time resolution of Delta's JVM jars.
+
+delta-spark names its Maven artifact (``configure_spark_with_delta_pip``); Spark's own Ivy resolves
+it from Maven Central. That resolution costs seconds at every start, so it is done once into a
+cache folder and later sessions load the cached jars directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from delta import configure_spark_with_delta_pip
+from pyspark.sql import SparkSession
+
+CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def jars_dir() -> Path:
+    """Where resolved Delta jars are cached: ``$MQSPARK_JARS_DIR``, or the user cache folder."""
+    if os.environ.get("MQSPARK_JARS_DIR"):
+        return Path(os.environ["MQSPARK_JARS_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mqspark" / "jars"
+
+
+def delta_packages() -> str:
+    """The Maven coordinates delta-spark asks for, for the installed pyspark and delta-spark."""
+    return configure_spark_with_delta_pip(SparkSession.Builder())._options["spark.jars.packages"]
+
+
+def delta_jars() -> list[str]:
+    """Paths of the cached Delta jars, resolving them from Maven Central on first use."""
+    packages = delta_packages()
+    folder = jars_dir() / packages.replace(":", "_").replace(",", "+")
+    manifest = folder / "manifest.json"
+    if manifest.exists():
+        jars = json.loads(manifest.read_text())
+        if all(Path(jar).exists() for jar in jars):
+            return jars
+    return _resolve(packages, folder)
+
+
+def _resolve(packages: str, folder: Path) -> list[str]:
+    ivy = folder / "ivy"
+    if SparkSession.getActiveSession() is not None:
+        raise RuntimeError("resolve the Delta jars before any SparkSession starts (run: python -m mqspark.spark)")
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .appName("mqspark-resolve-jars")
+        .config("spark.jars.packages", packages)
+        .config("spark.jars.ivy", str(ivy))
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    spark.stop()
+    SparkSession._instantiatedSession = None
+    jars = sorted(str(jar) for jar in (ivy / "jars").glob("*.jar"))
+    if not any("delta-spark" in Path(jar).name for jar in jars):
+        raise RuntimeError(f"resolving {packages} gave no delta-spark jar in {ivy / 'jars'}")
+    shutil.rmtree(ivy / "cache", ignore_errors=True)
+    (folder / "manifest.json").write_text(json.dumps(jars))
+    return jars
+
+
+def _spark_defaults() -> dict[str, str]:
+    settings = {}
+    defaults = CONF_DIR / "spark-defaults.conf"
+    if defaults.exists():
+        for line in defaults.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                key, _, value = line.partition(" ")
+                settings[key] = value.strip()
+    return settings
+
+
+def session(app_name: str = "mqspark", master: str = "local[*]", **conf: Any) -> SparkSession:
+    """A SparkSession with Delta's extension and catalog and the ``mq`` data source registered.
+
+    ``conf`` entries (``**{"spark.sql.shuffle.partitions": "4"}``) override ``conf/spark-defaults.conf``.
+    """
+    settings = {**_spark_defaults(), **DELTA_CONF}
+    log4j = CONF_DIR / "log4j2.properties"
+    if log4j.exists():
+        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{log4j}"
+    settings["spark.jars"] = ",".join(delta_jars())
+    # Python workers (and the data-source planner, which reads only the environment) must run the
+    # interpreter that has mqspark and its dependencies; the JVM inherits this variable.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings.update({key: str(value) for key, value in conf.items()})
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark
+
+
+def register(spark: SparkSession) -> SparkSession:
+    """Register mqspark's data sources (format ``mq``) on an existing session."""
+    from .source import MQDataSource
+
+    spark.dataSource.register(MQDataSource)
+    return spark
+
+
+if __name__ == "__main__":
+    print("\n".join(delta_jars()))
