@@ -10,7 +10,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -88,9 +88,11 @@ class Catalog:
         for attempt in range(_COMMIT_ATTEMPTS):
             table, state = self._snapshot()
             queues = apply(state)
-            now = datetime.now(timezone.utc)
-            altered = {name: state.altered_at.get(name, now) if queues[name] == state.queues.get(name) else now
-                       for name in queues}
+            now = datetime.now(UTC)
+            altered = {
+                name: state.altered_at.get(name, now) if queues[name] == state.queues.get(name) else now
+                for name in queues
+            }
             try:
                 write_deltalake(
                     table,
@@ -108,7 +110,7 @@ class Catalog:
 def _to_rows(
     qmgr: QueueManagerDefinition, queues: dict[str, QueueDefinition], altered: dict[str, datetime]
 ) -> pa.Table:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = [
         {
             "object_type": "qmgr",

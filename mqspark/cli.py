@@ -49,8 +49,13 @@ def _attribute_parser(default: Any):
 def _add_attribute_options(parser: argparse.ArgumentParser) -> None:
     defaults = QueueDefinition(name="DEFAULTS")
     for name in ATTRIBUTE_NAMES:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_attribute_parser(getattr(defaults, name)),
-                            default=argparse.SUPPRESS, metavar=name.upper())
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=_attribute_parser(getattr(defaults, name)),
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+        )
 
 
 def _property(text: str) -> tuple[str, str]:
@@ -62,18 +67,23 @@ def _property(text: str) -> tuple[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqspark", description="Message queues on Delta tables.")
-    parser.add_argument("--root", default=os.environ.get("MQSPARK_ROOT", DEFAULT_ROOT),
-                        help=f"queue manager root (default: $MQSPARK_ROOT or {DEFAULT_ROOT})")
+    parser.add_argument(
+        "--root",
+        default=os.environ.get("MQSPARK_ROOT", DEFAULT_ROOT),
+        help=f"queue manager root (default: $MQSPARK_ROOT or {DEFAULT_ROOT})",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     commands = parser.add_subparsers(dest="command", required=True)
 
     qmgr = commands.add_parser("qmgr", help="create or show the queue manager").add_subparsers(
-        dest="action", required=True)
+        dest="action", required=True
+    )
     qmgr.add_parser("create", help="create a queue manager at --root").add_argument("name")
     qmgr.add_parser("show", help="show the queue manager")
 
     queue = commands.add_parser("queue", help="define, alter, show, list or delete queues").add_subparsers(
-        dest="action", required=True)
+        dest="action", required=True
+    )
     for action in ("define", "alter"):
         sub = queue.add_parser(action, help=f"{action} a queue")
         sub.add_argument("name")
@@ -121,8 +131,12 @@ def _payloads(args: argparse.Namespace) -> list[str]:
 
 def _put(qm: QueueManager, args: argparse.Namespace) -> dict[str, Any]:
     payloads = _payloads(args)
-    common = {"priority": args.priority, "correl_id": args.correl_id, "reply_to_queue": args.reply_to_queue,
-              "properties": dict(args.property) or None}
+    common = {
+        "priority": args.priority,
+        "correl_id": args.correl_id,
+        "reply_to_queue": args.reply_to_queue,
+        "properties": dict(args.property) or None,
+    }
     rows = [{key: value for key, value in common.items() if value is not None} | {"payload": p} for p in payloads]
     if args.group_id:
         for number, row in enumerate(rows, start=1):
@@ -168,8 +182,7 @@ def run(args: argparse.Namespace) -> Any:
         return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue}
     qm = QueueManager.open(args.root)
     if args.command == "qmgr":
-        return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue,
-                "queues": len(qm.queues())}
+        return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue, "queues": len(qm.queues())}
     if args.command == "queue":
         attributes = {name: getattr(args, name) for name in ATTRIBUTE_NAMES if hasattr(args, name)}
         if args.action == "define":
@@ -179,8 +192,10 @@ def run(args: argparse.Namespace) -> Any:
         if args.action == "show":
             return qm.inquire_queue(args.name).attributes()
         if args.action == "list":
-            return [{"name": q.name, "type": q.type, "depth": qm.depth(q.name), "description": q.description}
-                    for q in qm.queues()]
+            return [
+                {"name": q.name, "type": q.type, "depth": qm.depth(q.name), "description": q.description}
+                for q in qm.queues()
+            ]
         qm.delete_queue(args.name, purge=args.purge)
         return {"deleted": args.name}
     if args.command == "put":
@@ -212,8 +227,8 @@ def _render_table(rows: list[dict[str, Any]]) -> str:
     columns = list(rows[0])
     cells = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)).rstrip() for r in cells]
     return "\n".join(lines)
 
 
@@ -233,8 +248,9 @@ def render(result: Any, as_json: bool) -> str:
         for key, value in result.items():
             if isinstance(value, list) and value:
                 lines.append(f"{key}:")
-                lines += [f"  {' '.join(map(str, item.values())) if isinstance(item, dict) else item}"
-                          for item in value]
+                lines += [
+                    f"  {' '.join(map(str, item.values())) if isinstance(item, dict) else item}" for item in value
+                ]
             else:
                 lines.append(f"{key}: {_cell(value)}")
         return "\n".join(lines)

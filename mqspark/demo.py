@@ -24,15 +24,25 @@ def run(root: str) -> None:
     qm.define_queue("ORDERS", default_priority=4, max_depth=10_000, description="incoming orders")
     qm.define_queue("REPLIES", delivery_sequence="fifo", description="replies to requesters")
     print(f"queue manager {qm.name} at {qm.root}")
-    print(render([{"queue": q.name, "delivery_sequence": q.delivery_sequence, "default_priority": q.default_priority}
-                  for q in qm.queues()], as_json=False))
+    print(
+        render(
+            [
+                {"queue": q.name, "delivery_sequence": q.delivery_sequence, "default_priority": q.default_priority}
+                for q in qm.queues()
+            ],
+            as_json=False,
+        )
+    )
 
     qm.put("ORDERS", [{"payload": "order 1"}, {"payload": "order 2", "correl_id": "C2"}])
     qm.put("ORDERS", [{"payload": "rush order", "priority": 9}])
-    qm.put("ORDERS", [
-        {"payload": f"basket item {n}", "group_id": "BASKET-7", "msg_seq_number": n, "last_in_group": n == 3}
-        for n in (1, 2, 3)
-    ])
+    qm.put(
+        "ORDERS",
+        [
+            {"payload": f"basket item {n}", "group_id": "BASKET-7", "msg_seq_number": n, "last_in_group": n == 3}
+            for n in (1, 2, 3)
+        ],
+    )
     print(f"\nput 6 messages on ORDERS; depth is {qm.depth('ORDERS')}")
 
     print("\nqm.browse('ORDERS'): physical order, priority 9 first, then commit order")
@@ -45,8 +55,9 @@ def run(root: str) -> None:
     print('\nspark.read.format("mq").option("queue", "ORDERS").load(root)')
     spark.read.format("mq").option("queue", "ORDERS").load(qm.root).select(*columns).show(truncate=False)
     print('spark.read.format("delta") on the queue table, as any Delta table')
-    spark.read.format("delta").load(storage.queue_location(qm.root, "ORDERS")).groupBy("priority").count() \
-        .orderBy("priority").show()
+    spark.read.format("delta").load(storage.queue_location(qm.root, "ORDERS")).groupBy("priority").count().orderBy(
+        "priority"
+    ).show()
     spark.stop()
 
 

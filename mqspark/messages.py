@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -66,7 +66,9 @@ def rows_to_table(queue: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
             raise _error(queue, f"message {index} must be a dict of fields, got {type(row).__name__} {row!r}")
         unknown = sorted(set(row) - set(PRODUCER_FIELDS))
         if unknown:
-            raise _error(queue, f"unknown field {unknown[0]!r} in message {index}; fields are {', '.join(PRODUCER_FIELDS)}")
+            raise _error(
+                queue, f"unknown field {unknown[0]!r} in message {index}; fields are {', '.join(PRODUCER_FIELDS)}"
+            )
     names = [name for name in PRODUCER_FIELDS if any(name in row for row in rows)]
     if not rows:
         names = ["payload"]
@@ -78,13 +80,16 @@ def rows_to_table(queue: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
         if name == "properties":
             values = [list(value.items()) if isinstance(value, Mapping) else value for value in values]
         target = MESSAGE_SCHEMA.field(name).type
+        if pa.types.is_integer(target):
+            # Wide enough for any Python int the range checks should see and name.
+            target = pa.int64()
         try:
             columns[name] = pa.array(values, type=target)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
-            bad = next(
-                (i, v) for i, v in enumerate(values) if not _converts(v, target)
-            )
-            raise _error(queue, f"field {name} has value {bad[1]!r} in message {bad[0]}, which is not {target}") from None
+            bad = next((i, v) for i, v in enumerate(values) if not _converts(v, target))
+            raise _error(
+                queue, f"field {name} has value {bad[1]!r} in message {bad[0]}, which is not {target}"
+            ) from None
     return pa.table(columns)
 
 
@@ -109,16 +114,25 @@ def _column(queue: str, table: pa.Table, name: str, target: pa.DataType, default
     column = table.column(name)
     source = column.type
     if name == "payload":
-        allowed = pa.types.is_binary(source) or pa.types.is_large_binary(source) or pa.types.is_string(source) \
-            or pa.types.is_large_string(source) or pa.types.is_binary_view(source) or pa.types.is_string_view(source)
+        allowed = (
+            pa.types.is_binary(source)
+            or pa.types.is_large_binary(source)
+            or pa.types.is_string(source)
+            or pa.types.is_large_string(source)
+            or pa.types.is_binary_view(source)
+            or pa.types.is_string_view(source)
+        )
     elif target == TIMESTAMP:
         allowed = pa.types.is_timestamp(source) or pa.types.is_null(source)
     elif pa.types.is_integer(target):
         allowed = pa.types.is_integer(source) or pa.types.is_null(source)
     else:
-        allowed = source == target or pa.types.is_null(source) or (
-            pa.types.is_string(target) and (pa.types.is_large_string(source) or pa.types.is_string_view(source))
-        ) or (pa.types.is_map(target) and pa.types.is_map(source))
+        allowed = (
+            source == target
+            or pa.types.is_null(source)
+            or (pa.types.is_string(target) and (pa.types.is_large_string(source) or pa.types.is_string_view(source)))
+            or (pa.types.is_map(target) and pa.types.is_map(source))
+        )
     if not allowed:
         raise _error(queue, f"field {name} has type {source}, expected {target}")
     if pa.types.is_timestamp(source) and source.tz is None:
@@ -130,8 +144,18 @@ def _column(queue: str, table: pa.Table, name: str, target: pa.DataType, default
             index, value = _first_bad(table, out_of_range, name)
             reason = Reason.MQRC_PRIORITY_ERROR if name == "priority" else None
             raise _error(queue, f"field {name} has value {value} in message {index}, out of range", reason)
-    column = column.cast(target)
+    try:
+        column = column.cast(target)
+    except pa.ArrowInvalid as error:
+        raise _error(queue, f"field {name} of type {source} cannot be stored as {target}: {error}") from None
     return column if default is None else pc.fill_null(column, pa.scalar(default, target))
+
+
+class PreparedPut(NamedTuple):
+    """Rows ready to commit, and the msg_id of each message the producer gave (one per message, not segment)."""
+
+    messages: pa.Table
+    msg_ids: list[str]
 
 
 def prepare_put(
@@ -140,7 +164,7 @@ def prepare_put(
     *,
     segmentation: bool = False,
     put_time: datetime | None = None,
-) -> pa.Table:
+) -> PreparedPut:
     """Validate a producer's messages for ``queue`` and return rows in :data:`MESSAGE_SCHEMA`.
 
     Fills defaults (msg_id, priority from the queue, put_time), checks every field and the group rules
@@ -181,36 +205,64 @@ def prepare_put(
     if msg_ids.null_count:
         generated = pa.array([uuid.uuid4().hex for _ in range(table.num_rows)], pa.string())
         table = table.set_column(table.schema.get_field_index("msg_id"), "msg_id", pc.coalesce(msg_ids, generated))
+    msg_ids = table.column("msg_id").to_pylist()
     table = _segment(queue, table, segmentation)
     _check_groups(name, table)
 
-    stamp = put_time or datetime.now(timezone.utc)
+    stamp = put_time or datetime.now(UTC)
     table = table.append_column("put_time", pa.array([stamp] * table.num_rows, TIMESTAMP))
     table = table.append_column("put_seq", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    return table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)
+    return PreparedPut(table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA), msg_ids)
 
 
 def _check_values(queue: str, table: pa.Table) -> None:
     checks = [
-        ("priority", pc.or_(pc.less(table["priority"], 0), pc.greater(table["priority"], 9)),
-         "must be 0-9", Reason.MQRC_PRIORITY_ERROR),
-        ("msg_seq_number", pc.and_(pc.is_valid(table["group_id"]), pc.is_null(table["msg_seq_number"])),
-         "is missing for a message in group {group_id}", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
-        ("msg_seq_number", pc.less(table["msg_seq_number"], 1),
-         "must be 1 or more", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
-        ("msg_seq_number", pc.and_(pc.is_null(table["group_id"]), pc.not_equal(table["msg_seq_number"], 1)),
-         "is given without group_id", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
-        ("last_in_group", pc.and_(pc.is_null(table["group_id"]), table["last_in_group"]),
-         "is set without group_id", Reason.MQRC_GROUP_ID_ERROR),
-        ("segmented", pc.and_(pc.is_null(table["group_id"]), table["segmented"]),
-         "is set without group_id (segments of one message share a group_id)", Reason.MQRC_GROUP_ID_ERROR),
-        ("offset", pc.less(table["offset"], 0), "must be 0 or more", Reason.MQRC_OFFSET_ERROR),
-        ("offset", pc.and_(pc.invert(table["segmented"]), pc.not_equal(table["offset"], 0)),
-         "must be 0 for a message that is not a segment", Reason.MQRC_OFFSET_ERROR),
-        ("last_segment", pc.and_(pc.invert(table["segmented"]), table["last_segment"]),
-         "is set on a message that is not a segment", Reason.MQRC_OFFSET_ERROR),
-        ("backout_count", pc.less(table["backout_count"], 0), "must be 0 or more", None),
         ("group_id", pc.equal(pc.utf8_length(table["group_id"]), 0), "must not be empty", Reason.MQRC_GROUP_ID_ERROR),
+        (
+            "priority",
+            pc.or_(pc.less(table["priority"], 0), pc.greater(table["priority"], 9)),
+            "must be 0-9",
+            Reason.MQRC_PRIORITY_ERROR,
+        ),
+        (
+            "msg_seq_number",
+            pc.and_(pc.is_valid(table["group_id"]), pc.is_null(table["msg_seq_number"])),
+            "is missing for a message in group {group_id}",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+        ("msg_seq_number", pc.less(table["msg_seq_number"], 1), "must be 1 or more", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
+        (
+            "msg_seq_number",
+            pc.and_(pc.is_null(table["group_id"]), pc.not_equal(table["msg_seq_number"], 1)),
+            "is given without group_id",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+        (
+            "last_in_group",
+            pc.and_(pc.is_null(table["group_id"]), table["last_in_group"]),
+            "is set without group_id",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
+        (
+            "segmented",
+            pc.and_(pc.is_null(table["group_id"]), table["segmented"]),
+            "is set without group_id (segments of one message share a group_id)",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
+        ("offset", pc.less(table["offset"], 0), "must be 0 or more", Reason.MQRC_OFFSET_ERROR),
+        (
+            "offset",
+            pc.and_(pc.invert(table["segmented"]), pc.not_equal(table["offset"], 0)),
+            "must be 0 for a message that is not a segment",
+            Reason.MQRC_OFFSET_ERROR,
+        ),
+        (
+            "last_segment",
+            pc.and_(pc.invert(table["segmented"]), table["last_segment"]),
+            "is set on a message that is not a segment",
+            Reason.MQRC_OFFSET_ERROR,
+        ),
+        ("backout_count", pc.less(table["backout_count"], 0), "must be 0 or more", None),
     ]
     for field_name, mask, text, reason in checks:
         if pc.any(pc.fill_null(mask, False)).as_py():
@@ -225,9 +277,10 @@ def _segment(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.
     too_long = pc.greater(lengths, queue.max_message_length)
     if not pc.any(too_long).as_py():
         return table
-    index, _ = _first_bad(table, too_long, "payload")
-    length = lengths[index].as_py()
-    if not segmentation or table["segmented"][index].as_py():
+    refused = too_long if not segmentation else pc.and_(too_long, table["segmented"])
+    if pc.any(refused).as_py():
+        index, _ = _first_bad(table, refused, "payload")
+        length = lengths[index].as_py()
         raise _error(
             queue.name,
             f"field payload of message {index} is {length} bytes, longer than max_message_length "
@@ -244,8 +297,15 @@ def _segment(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.
         if row["group_id"] is None:
             row.update(group_id=uuid.uuid4().hex, msg_seq_number=1, last_in_group=True)
         for start in range(0, len(payload), size):
-            pieces.append({**row, "payload": payload[start:start + size], "offset": start, "segmented": True,
-                           "last_segment": start + size >= len(payload)})
+            pieces.append(
+                {
+                    **row,
+                    "payload": payload[start : start + size],
+                    "offset": start,
+                    "segmented": True,
+                    "last_segment": start + size >= len(payload),
+                }
+            )
     return pa.Table.from_pylist(pieces, schema=table.schema)
 
 
@@ -267,7 +327,9 @@ def check_group_items(queue: str, items: pa.Table) -> None:
     if duplicates.num_rows:
         group_id, seq, offset = (duplicates[c][0].as_py() for c in ("group_id", "msg_seq_number", "offset"))
         what = f"msg_seq_number {seq}" + (f" offset {offset}" if offset else "")
-        raise _error(queue, f"field msg_seq_number: group {group_id} has {what} twice", Reason.MQRC_MSG_SEQ_NUMBER_ERROR)
+        raise _error(
+            queue, f"field msg_seq_number: group {group_id} has {what} twice", Reason.MQRC_MSG_SEQ_NUMBER_ERROR
+        )
     aggregates = [("msg_seq_number", "max")]
     if "priority" in items.column_names:
         aggregates += [("priority", "min"), ("priority", "max")]
@@ -281,21 +343,28 @@ def check_group_items(queue: str, items: pa.Table) -> None:
                 f"{mixed['priority_min'][0].as_py()} and {mixed['priority_max'][0].as_py()}",
                 Reason.MQRC_PRIORITY_ERROR,
             )
-    last = items.filter(items["last_in_group"]).group_by("group_id").aggregate(
-        [("msg_seq_number", "min"), ("msg_seq_number", "count_distinct")]
+    last = (
+        items.filter(items["last_in_group"])
+        .group_by("group_id")
+        .aggregate([("msg_seq_number", "min"), ("msg_seq_number", "count_distinct")])
     )
     if last.num_rows == 0:
         return
     several = last.filter(pc.greater(last["msg_seq_number_count_distinct"], 1))
     if several.num_rows:
-        raise _error(queue, f"field last_in_group: group {several['group_id'][0].as_py()} has more than one last message",
-                     Reason.MQRC_MSG_SEQ_NUMBER_ERROR)
+        raise _error(
+            queue,
+            f"field last_in_group: group {several['group_id'][0].as_py()} has more than one last message",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        )
     joined = per_group.join(last, "group_id")
     beyond = joined.filter(pc.greater(joined["msg_seq_number_max"], joined["msg_seq_number_min"]))
     if beyond.num_rows:
+        group_id, highest, last_number = (
+            beyond[column][0].as_py() for column in ("group_id", "msg_seq_number_max", "msg_seq_number_min")
+        )
         raise _error(
             queue,
-            f"field msg_seq_number: group {beyond['group_id'][0].as_py()} has msg_seq_number "
-            f"{beyond['msg_seq_number_max'][0].as_py()} after its last message {beyond['msg_seq_number_min'][0].as_py()}",
+            f"field msg_seq_number: group {group_id} has msg_seq_number {highest} after its last message {last_number}",
             Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
         )

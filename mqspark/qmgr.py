@@ -160,7 +160,7 @@ class QueueManager:
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
         for attempt in range(_PUT_ATTEMPTS):
             definition = self._resolve(queue, inhibit="put")
-            messages = prepare_put(definition, data, segmentation=segmentation)
+            messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
             table = self._message_table(definition.name)
             depth = storage.row_count(table)
             if depth + messages.num_rows > definition.max_depth:
@@ -180,7 +180,7 @@ class QueueManager:
             except CommitFailedError:
                 time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
                 continue
-            return messages.column("msg_id").to_pylist()
+            return msg_ids
         raise MQError(f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
     def depth(self, queue: str) -> int:
@@ -207,8 +207,9 @@ class QueueManager:
     def _message_table(self, queue: str) -> DeltaTable:
         table = storage.open_table(self._location(queue), self.storage_options)
         if table is None:
-            raise MQError(f"queue {queue} has no message table at {self._location(queue)}",
-                          Reason.MQRC_UNKNOWN_OBJECT_NAME)
+            raise MQError(
+                f"queue {queue} has no message table at {self._location(queue)}", Reason.MQRC_UNKNOWN_OBJECT_NAME
+            )
         return table
 
     def _depth_of(self, queue: str) -> int:
@@ -218,8 +219,9 @@ class QueueManager:
         try:
             return state.queues[name]
         except KeyError:
-            raise MQError(f"queue {name} is not defined in queue manager {self.name}",
-                          Reason.MQRC_UNKNOWN_OBJECT_NAME) from None
+            raise MQError(
+                f"queue {name} is not defined in queue manager {self.name}", Reason.MQRC_UNKNOWN_OBJECT_NAME
+            ) from None
 
     def _resolve(self, queue: str, inhibit: str | None = None) -> QueueDefinition:
         """The local queue behind ``queue`` (itself, or an alias's target), checking inhibit flags on both."""
@@ -251,8 +253,10 @@ def _check_references(state: CatalogState, definition: QueueDefinition) -> None:
     if definition.type == "alias":
         target = state.queues.get(definition.target_queue)
         if target is None:
-            raise MQError(f"queue {definition.name}: target_queue {definition.target_queue} is not defined",
-                          Reason.MQRC_UNKNOWN_OBJECT_NAME)
+            raise MQError(
+                f"queue {definition.name}: target_queue {definition.target_queue} is not defined",
+                Reason.MQRC_UNKNOWN_OBJECT_NAME,
+            )
         if target.type != "local":
             raise MQValidationError(f"queue {definition.name}: target_queue {target.name} must be a local queue")
 
@@ -263,9 +267,7 @@ def _check_against_committed(queue: str, table: DeltaTable, messages: pa.Table) 
     if len(group_ids) == 0:
         return
     columns = ["group_id", "msg_seq_number", "offset", "last_in_group"]
-    committed = table.to_pyarrow_dataset().to_table(
-        columns=columns, filter=pc.field("group_id").isin(group_ids)
-    )
+    committed = table.to_pyarrow_dataset().to_table(columns=columns, filter=pc.field("group_id").isin(group_ids))
     if committed.num_rows:
         put_items = messages.filter(pc.is_valid(messages["group_id"])).select(columns)
         check_group_items(queue, pa.concat_tables([committed.cast(put_items.schema), put_items]))

@@ -26,6 +26,8 @@ class MQDataSource(DataSource):
         return "mq"
 
     def schema(self) -> StructType:
+        # schema() is what load() calls: checking the options here reports mistakes at load time.
+        _browse_options(dict(self.options))
         return from_arrow_schema(MESSAGE_SCHEMA)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -47,6 +49,8 @@ def _browse_options(options: dict[str, str]) -> dict[str, object]:
         if not limit.isdigit():
             raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
         limit = int(limit)
+    # Fail at load() time, like a missing Delta path, rather than inside a task.
+    QueueManager.open(root).depth(queue)
     return {"root": root, "queue": queue, "order": order, "limit": limit}
 
 

@@ -1,0 +1,112 @@
+"""Sessions, the mq batch source and Delta interoperability in both directions."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import pytest
+from chispa import assert_df_equality
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import AnalysisException
+from pyspark.sql import functions as F
+
+from mqspark import storage
+from mqspark.messages import MESSAGE_SCHEMA
+
+PUT_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def _put_sample(qm):
+    qm.define_queue("ORDERS", default_priority=3)
+    qm.put(
+        "ORDERS",
+        [
+            {"payload": "a", "correl_id": "C1", "properties": {"k": "v"}},
+            {"payload": b"\x00\x01", "priority": 8, "expiry": PUT_TIME},
+        ],
+    )
+    qm.put(
+        "ORDERS", [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 2} for n in (1, 2)]
+    )
+
+
+def test_session_has_delta_and_mq(spark):
+    assert spark.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
+    assert spark.conf.get("spark.sql.catalog.spark_catalog") == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    assert "delta-spark" in spark.conf.get("spark.jars")
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+
+
+def test_spark_read_mq_equals_browse(spark, qm):
+    _put_sample(qm)
+    actual = spark.read.format("mq").option("queue", "ORDERS").load(qm.root)
+    expected = spark.createDataFrame(qm.browse("ORDERS"), schema=actual.schema)
+    assert_df_equality(actual, expected)
+    assert [r.payload for r in actual.collect()] == [b"\x00\x01", b"a", b"g1", b"g2"]
+
+
+def test_spark_read_mq_limit(spark, qm):
+    _put_sample(qm)
+    rows = spark.read.format("mq").option("queue", "ORDERS").option("limit", "2").load(qm.root).collect()
+    assert [r.payload for r in rows] == [b"\x00\x01", b"a"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, 'option queue is missing: give the queue to read, as in .option("queue", "ORDERS")'),
+        ({"queue": "ORDERS", "order": "sideways"}, "option order must be one of physical; got 'sideways'"),
+        ({"queue": "ORDERS", "limit": "-1"}, "option limit must be a whole number >= 0, got '-1'"),
+    ],
+    ids=["no-queue", "bad-order", "bad-limit"],
+)
+def test_spark_read_mq_bad_options(spark, qm, options, message):
+    qm.define_queue("ORDERS")
+    with pytest.raises(AnalysisException, match=re.escape(message)):
+        spark.read.format("mq").options(**options).load(qm.root).collect()
+
+
+def test_spark_read_mq_unknown_queue(spark, qm):
+    with pytest.raises(
+        AnalysisException,
+        match=re.escape("MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1"),
+    ):
+        spark.read.format("mq").option("queue", "NOPE").load(qm.root)
+
+
+def test_queue_table_written_by_put_reads_with_delta_spark(spark, qm):
+    _put_sample(qm)
+    table = spark.read.format("delta").load(storage.queue_location(qm.root, "ORDERS"))
+    assert table.schema.fieldNames() == MESSAGE_SCHEMA.names
+    expected = spark.createDataFrame(qm.browse("ORDERS"), schema=table.schema)
+    assert_df_equality(table.orderBy("msg_id"), expected.orderBy("msg_id"))
+    first = table.where(F.col("correl_id") == "C1").first()
+    assert (first.priority, first.properties, first.payload) == (3, {"k": "v"}, bytearray(b"a"))
+
+
+def test_rows_appended_with_delta_spark_are_browsed(spark, qm):
+    _put_sample(qm)
+    location = storage.queue_location(qm.root, "ORDERS")
+    template = spark.read.format("delta").load(location).where("correl_id = 'C1'")
+    replaced = {"msg_id": F.lit("from-spark"), "priority": F.lit(9).cast("int"), "payload": F.lit(b"spark")}
+    appended = template.select(*[replaced.get(c, F.col(c)).alias(c) for c in template.columns])
+    appended.write.format("delta").mode("append").save(location)
+    browsed = qm.browse("ORDERS")
+    assert browsed["msg_id"].to_pylist()[0] == "from-spark"
+    assert browsed["payload"].to_pylist()[0] == b"spark"
+    assert qm.depth("ORDERS") == 5
+
+
+def test_delta_spark_refuses_rows_without_required_fields(spark, qm):
+    qm.define_queue("ORDERS")
+    location = storage.queue_location(qm.root, "ORDERS")
+    bad = spark.createDataFrame([("x",)], "msg_id string")
+    with pytest.raises(
+        Py4JJavaError,
+        match=re.escape(
+            "[DELTA_MISSING_NOT_NULL_COLUMN_VALUE] Column priority, which has a NOT NULL constraint, is missing"
+        ),
+    ):
+        bad.write.format("delta").mode("append").save(location)
+    assert qm.browse("ORDERS").num_rows == 0
