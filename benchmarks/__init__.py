@@ -1,0 +1,1 @@
+"""mqspark benchmarks: each compares an mqspark path with the native Delta path in the same run."""
