@@ -53,7 +53,8 @@ def run(root: str) -> None:
 
     spark = session(app_name="mqspark-demo")
     print('\nspark.read.format("mq").option("queue", "ORDERS").load(root)')
-    spark.read.format("mq").option("queue", "ORDERS").load(qm.root).select(*columns).show(truncate=False)
+    orders = spark.read.format("mq").option("queue", "ORDERS").load(qm.root)
+    orders.select(*columns[:-1], orders.payload.cast("string").alias("payload")).show(truncate=False)
     print('spark.read.format("delta") on the queue table, as any Delta table')
     spark.read.format("delta").load(storage.queue_location(qm.root, "ORDERS")).groupBy("priority").count().orderBy(
         "priority"
