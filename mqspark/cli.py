@@ -73,28 +73,31 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"queue manager root (default: $MQSPARK_ROOT or {DEFAULT_ROOT})",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    # --json is accepted after the command too (mqspark browse Q --json).
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     commands = parser.add_subparsers(dest="command", required=True)
 
     qmgr = commands.add_parser("qmgr", help="create or show the queue manager").add_subparsers(
         dest="action", required=True
     )
-    qmgr.add_parser("create", help="create a queue manager at --root").add_argument("name")
-    qmgr.add_parser("show", help="show the queue manager")
+    qmgr.add_parser("create", parents=[output], help="create a queue manager at --root").add_argument("name")
+    qmgr.add_parser("show", parents=[output], help="show the queue manager")
 
     queue = commands.add_parser("queue", help="define, alter, show, list or delete queues").add_subparsers(
         dest="action", required=True
     )
     for action in ("define", "alter"):
-        sub = queue.add_parser(action, help=f"{action} a queue")
+        sub = queue.add_parser(action, parents=[output], help=f"{action} a queue")
         sub.add_argument("name")
         _add_attribute_options(sub)
-    queue.add_parser("show", help="show a queue's attributes").add_argument("name")
-    queue.add_parser("list", help="list the queues")
-    delete = queue.add_parser("delete", help="delete a queue")
+    queue.add_parser("show", parents=[output], help="show a queue's attributes").add_argument("name")
+    queue.add_parser("list", parents=[output], help="list the queues")
+    delete = queue.add_parser("delete", parents=[output], help="delete a queue")
     delete.add_argument("name")
     delete.add_argument("--purge", action="store_true", help="discard the queue's messages")
 
-    put = commands.add_parser("put", help="put messages: arguments, --file lines, or stdin lines")
+    put = commands.add_parser("put", parents=[output], help="put messages: arguments, --file lines, or stdin lines")
     put.add_argument("queue")
     put.add_argument("payloads", nargs="*", metavar="PAYLOAD")
     put.add_argument("--file", help="put one message per line of this file ('-' for stdin)")
@@ -105,15 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("--property", action="append", type=_property, default=[], metavar="KEY=VALUE")
     put.add_argument("--segmentation", action="store_true", help="split payloads longer than max_message_length")
 
-    browse = commands.add_parser("browse", help="show messages without removing them")
+    browse = commands.add_parser("browse", parents=[output], help="show messages without removing them")
     browse.add_argument("queue")
     browse.add_argument("--order", choices=ORDERS, default="physical")
     browse.add_argument("--limit", type=int)
 
-    depth = commands.add_parser("depth", help="queue depth (every queue when none is named)")
+    depth = commands.add_parser("depth", parents=[output], help="queue depth (every queue when none is named)")
     depth.add_argument("queue", nargs="?")
 
-    apply = commands.add_parser("apply", help="create or update a queue manager from a TOML definition file")
+    apply = commands.add_parser(
+        "apply", parents=[output], help="create or update a queue manager from a TOML definition file"
+    )
     apply.add_argument("file")
     return parser
 
@@ -157,13 +162,19 @@ def _apply(root: str, path: str) -> dict[str, Any]:
         qm = QueueManager.create(root, name)
     if qm.name != name:
         raise MQError(f"{path}: the queue manager at {qm.root} is {qm.name}, not {name}")
-    existing = {q.name for q in qm.queues()}
+    existing = {q.name: q for q in qm.queues()}
+    # Validate every queue before changing any, so a bad file changes nothing.
+    for queue, attributes in document.get("queues", {}).items():
+        if queue in existing:
+            current = existing[queue].type
+            if attributes.get("type", current) != current:
+                raise MQError(f"{path}: queue {queue} is {current}; its type cannot change to {attributes['type']}")
+            QueueDefinition.build(queue, base=existing[queue], **attributes)
+        else:
+            QueueDefinition.build(queue, **attributes)
     changes = []
     for queue, attributes in document.get("queues", {}).items():
         if queue in existing:
-            current = qm.inquire_queue(queue).type
-            if attributes.get("type", current) != current:
-                raise MQError(f"{path}: queue {queue} is {current}; its type cannot change to {attributes['type']}")
             attributes = {key: value for key, value in attributes.items() if key != "type"}
             qm.alter_queue(queue, **attributes)
             changes.append({"queue": queue, "action": "altered"})
@@ -215,7 +226,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [_jsonable(item) for item in value]
     if isinstance(value, tuple):
-        return dict(value) if all(isinstance(i, tuple) and len(i) == 2 for i in value) else list(value)
+        return list(value)
     if isinstance(value, dict):
         return {key: _jsonable(item) for key, item in value.items()}
     return value
@@ -240,7 +251,7 @@ def _cell(value: Any) -> str:
 
 def render(result: Any, as_json: bool) -> str:
     if isinstance(result, pa.Table):
-        result = result.to_pylist()
+        result = result.to_pylist(maps_as_pydicts="strict")
     if as_json:
         return json.dumps(_jsonable(result), indent=2)
     if isinstance(result, dict):
@@ -252,13 +263,20 @@ def render(result: Any, as_json: bool) -> str:
                     f"  {' '.join(map(str, item.values())) if isinstance(item, dict) else item}" for item in value
                 ]
             else:
-                lines.append(f"{key}: {_cell(value)}")
+                value = _jsonable(value)
+                lines.append(f"{key}: {'' if value is None else value}".rstrip())
         return "\n".join(lines)
     return _render_table(result)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Payloads may follow put's options (put Q --priority 9 "rush"); argparse leaves those over.
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        if args.command != "put" or any(extra.startswith("-") for extra in extras):
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.payloads = [*args.payloads, *extras]
     try:
         result = run(args)
     except (MQError, OSError, tomllib.TOMLDecodeError) as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +63,7 @@ def _boolean(attr: str, value: Any) -> bool:
 
 
 def _seconds(attr: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise MQValidationError(f"attribute {attr} must be a number of seconds >= 0, got {value!r}")
     return float(value)
 

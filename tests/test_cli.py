@@ -1,0 +1,389 @@
+"""End-to-end tests of the ``mqspark`` command: real subprocesses on real Delta tables, no Spark.
+
+Every invocation costs about half a second (the interpreter imports pyarrow and deltalake), so each
+test shares one queue manager across its steps, and state that is not under test is set up or checked
+in-process with :class:`mqspark.QueueManager`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mqspark import MQError, QueueManager, Reason
+
+REPO_CONF = Path(__file__).parents[1] / "conf" / "queue-manager.toml"
+DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
+MSG_ID = re.compile(r"[0-9a-f]{32}")
+PUT_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?\+00:00")
+
+
+def mqspark(root: str | Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m mqspark.cli --root ROOT ARGS...``; stdin is ``input`` or empty."""
+    return subprocess.run(
+        [sys.executable, "-m", "mqspark.cli", "--root", str(root), *args],
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
+        capture_output=True,
+        text=True,
+        cwd=Path(root).parent,
+        timeout=120,
+    )
+
+
+def ok(root: str | Path, *args: str, input: str | None = None) -> str:
+    """Stdout of a command that must succeed silently on stderr."""
+    result = mqspark(root, *args, input=input)
+    assert (result.returncode, result.stderr) == (0, ""), f"mqspark {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def ok_json(root: str | Path, *args: str, input: str | None = None):
+    return json.loads(ok(root, "--json", *args, input=input))
+
+
+def lines(text: str) -> list[str]:
+    """Output lines without trailing blanks (table cells are padded)."""
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def fails(root: str | Path, *args: str) -> str:
+    """The one error line of a command that must fail with exit code 1 and print nothing on stdout."""
+    result = mqspark(root, *args)
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == ""
+    error_lines = result.stderr.splitlines()
+    assert len(error_lines) == 1, result.stderr
+    assert error_lines[0].startswith("mqspark: error: "), result.stderr
+    return error_lines[0]
+
+
+def parse_table(text: str) -> tuple[list[str], list[dict[str, str]]]:
+    """Columns and rows of a table printed by the CLI, cut at the header's column positions."""
+    header, *rows = text.splitlines()
+    names = header.split()
+    starts, position = [], 0
+    for name in names:
+        position = header.index(name, position)
+        starts.append(position)
+        position += len(name)
+    ends = starts[1:] + [None]
+    return names, [{n: row[s:e].strip() for n, s, e in zip(names, starts, ends, strict=True)} for row in rows]
+
+
+def test_queue_manager_and_queue_administration(tmp_path):
+    root = tmp_path / "qm"
+    assert ok_json(root, "qmgr", "create", "QM1") == {"name": "QM1", "root": str(root), "dead_letter_queue": DLQ}
+    assert (root / "_qmgr" / "_delta_log").is_dir()
+    assert (root / "queues" / DLQ / "_delta_log").is_dir()
+
+    defined = ok_json(
+        root,
+        "queue",
+        "define",
+        "ORDERS",
+        "--max-depth",
+        "5",
+        "--put-inhibited",
+        "true",
+        "--cluster",
+        "A,B",
+        "--retry-delay",
+        "1.5",
+        "--description",
+        "incoming orders",
+    )
+    expected = {
+        "name": "ORDERS",
+        "type": "local",
+        "target_queue": None,
+        "default_priority": 0,
+        "delivery_sequence": "priority",
+        "put_inhibited": True,
+        "get_inhibited": False,
+        "max_depth": 5,
+        "max_message_length": 4194304,
+        "default_bind": "on_open",
+        "backout_threshold": 0,
+        "backout_queue": None,
+        "retry_count": 0,
+        "retry_delay": 1.5,
+        "error_queue": None,
+        "cluster": ["A", "B"],
+        "description": "incoming orders",
+    }
+    assert defined == expected
+    assert (root / "queues" / "ORDERS" / "_delta_log").is_dir()
+    with pytest.raises(MQError) as inhibited:
+        QueueManager.open(root).put("ORDERS", [{"payload": "x"}])
+    assert inhibited.value.reason == Reason.MQRC_PUT_INHIBITED
+
+    altered = ok_json(root, "queue", "alter", "ORDERS", "--put-inhibited", "false", "--default-priority", "3")
+    assert altered == expected | {"put_inhibited": False, "default_priority": 3}
+    assert ok_json(root, "queue", "show", "ORDERS") == altered
+
+    assert lines(ok(root, "queue", "show", "ORDERS")) == [
+        "name: ORDERS",
+        "type: local",
+        "target_queue:",
+        "default_priority: 3",
+        "delivery_sequence: priority",
+        "put_inhibited: False",
+        "get_inhibited: False",
+        "max_depth: 5",
+        "max_message_length: 4194304",
+        "default_bind: on_open",
+        "backout_threshold: 0",
+        "backout_queue:",
+        "retry_count: 0",
+        "retry_delay: 1.5",
+        "error_queue:",
+        "cluster:",
+        "  A",
+        "  B",
+        "description: incoming orders",
+    ]
+
+    spare = lines(ok(root, "queue", "define", "SPARE", "--delivery-sequence", "fifo", "--description", "spare"))
+    assert spare[:5] == [
+        "name: SPARE",
+        "type: local",
+        "target_queue:",
+        "default_priority: 0",
+        "delivery_sequence: fifo",
+    ]
+    assert spare[-2:] == ["cluster: []", "description: spare"]
+
+    put = ok_json(root, "put", "ORDERS", "one", "two")
+    assert put["queue"] == "ORDERS" and len(put["msg_ids"]) == 2
+
+    assert lines(ok(root, "queue", "list")) == [
+        "name                      type   depth  description",
+        "ORDERS                    local  2      incoming orders",
+        "SPARE                     local  0      spare",
+        f"{DLQ}  local  0      dead-letter queue",
+    ]
+    assert ok_json(root, "qmgr", "show") == {"name": "QM1", "root": str(root), "dead_letter_queue": DLQ, "queues": 3}
+
+    assert ok(root, "queue", "delete", "SPARE") == "deleted: SPARE\n"
+    assert not (root / "queues" / "SPARE").exists()
+
+    assert fails(root, "queue", "delete", "ORDERS") == (
+        "mqspark: error: MQRC_Q_NOT_EMPTY (2055): queue ORDERS holds 2 messages; delete with purge to discard them"
+    )
+    assert QueueManager.open(root).depth("ORDERS") == 2
+
+    assert ok(root, "queue", "delete", "ORDERS", "--purge") == "deleted: ORDERS\n"
+    assert not (root / "queues" / "ORDERS").exists()
+    assert [q.name for q in QueueManager.open(root).queues()] == [DLQ]
+
+
+def test_put_browse_and_depth(qm, tmp_path):
+    root = qm.root
+    qm.define_queue("ORDERS", default_priority=2)
+
+    first = ok_json(
+        root, "put", "ORDERS", "order 1", "order 2", "--correl-id", "C1", "--property", "k=v", "--property", "team=blue"
+    )
+    assert first["queue"] == "ORDERS" and len(first["msg_ids"]) == 2
+
+    lines_file = tmp_path / "lines.txt"
+    lines_file.write_text("file 1\nfile 2\n", encoding="utf-8")
+    from_file = lines(ok(root, "put", "ORDERS", "--file", str(lines_file)))
+    assert from_file[:2] == ["queue: ORDERS", "msg_ids:"] and len(from_file) == 4
+    file_ids = [line.strip() for line in from_file[2:]]
+    assert all(MSG_ID.fullmatch(msg_id) for msg_id in file_ids)
+
+    group = ok_json(root, "put", "ORDERS", "--group-id", "BASKET-7", input="item 1\nitem 2\nitem 3\n")
+    assert len(group["msg_ids"]) == 3
+
+    rush = ok_json(root, "put", "ORDERS", "rush", "--priority", "7")
+    msg_ids = rush["msg_ids"] + first["msg_ids"] + file_ids + group["msg_ids"]
+    assert len(set(msg_ids)) == 8 and all(MSG_ID.fullmatch(msg_id) for msg_id in msg_ids)
+
+    # Physical order under priority delivery: priority 7 first, then priority 2 in put order.
+    payloads = ["rush", "order 1", "order 2", "file 1", "file 2", "item 1", "item 2", "item 3"]
+    priorities = ["7"] + ["2"] * 7
+    columns, rows = parse_table(ok(root, "browse", "ORDERS"))
+    assert columns == ["msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload"]
+    assert [row["payload"] for row in rows] == payloads
+    assert [row["msg_id"] for row in rows] == msg_ids
+    assert [row["priority"] for row in rows] == priorities
+    assert [row["group_id"] for row in rows] == [""] * 5 + ["BASKET-7"] * 3
+    assert [row["msg_seq_number"] for row in rows] == ["1"] * 6 + ["2", "3"]
+    assert [row["offset"] for row in rows] == ["0"] * 8
+    assert [row["correl_id"] for row in rows] == ["", "C1", "C1", "", "", "", "", ""]
+    assert all(PUT_TIME.fullmatch(row["put_time"]) for row in rows)
+
+    assert lines(ok(root, "depth", "ORDERS")) == ["queue   depth", "ORDERS  8"]
+    assert ok_json(root, "depth") == [{"queue": "ORDERS", "depth": 8}, {"queue": DLQ, "depth": 0}]
+
+    browsed = ok_json(root, "browse", "ORDERS")
+    assert [m["payload"] for m in browsed] == payloads
+    assert [m["msg_id"] for m in browsed] == msg_ids
+    assert [m["priority"] for m in browsed] == [int(p) for p in priorities]
+    assert [m["correl_id"] for m in browsed] == [None, "C1", "C1", None, None, None, None, None]
+    assert [m["group_id"] for m in browsed] == [None] * 5 + ["BASKET-7"] * 3
+    assert [m["msg_seq_number"] for m in browsed] == [1] * 6 + [2, 3]
+    assert [m["last_in_group"] for m in browsed] == [False] * 7 + [True]
+    assert [(m["offset"], m["segmented"], m["last_segment"], m["backout_count"]) for m in browsed] == [
+        (0, False, False, 0)
+    ] * 8
+    assert [m["put_seq"] for m in browsed] == [0, 0, 1, 0, 1, 0, 1, 2]
+    assert browsed[1]["put_time"] == browsed[2]["put_time"] != browsed[3]["put_time"]
+    # Message properties are string key/value pairs: JSON shows them as an object.
+    assert [m["properties"] for m in browsed] == [
+        None,
+        {"k": "v", "team": "blue"},
+        {"k": "v", "team": "blue"},
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
+
+
+def test_put_options_may_come_between_queue_and_payloads(qm):
+    qm.define_queue("ORDERS")
+    put = ok_json(qm.root, "put", "ORDERS", "--priority", "9", "--correl-id", "C9", "rush order")
+    assert put["queue"] == "ORDERS" and len(put["msg_ids"]) == 1
+    message = qm.browse("ORDERS").to_pylist()
+    assert [(m["msg_id"], m["payload"], m["priority"], m["correl_id"]) for m in message] == [
+        (put["msg_ids"][0], b"rush order", 9, "C9")
+    ]
+
+
+def test_apply_creates_then_alters_and_refuses_a_type_change(tmp_path):
+    root = tmp_path / "qm"
+    first = ok_json(root, "apply", str(REPO_CONF))
+    assert first == {
+        "queue_manager": "QM1",
+        "root": str(root),
+        "changes": [
+            {"queue": name, "action": "defined"} for name in ("ORDERS", "ORDERS.BACKOUT", "REPLIES", "ORDERS.ALIAS")
+        ],
+    }
+    qm = QueueManager.open(root)
+    definitions = {q.name: q for q in qm.queues()}
+    assert sorted(definitions) == ["ORDERS", "ORDERS.ALIAS", "ORDERS.BACKOUT", "REPLIES", DLQ]
+    orders = definitions["ORDERS"]
+    assert (
+        orders.description,
+        orders.default_priority,
+        orders.max_depth,
+        orders.backout_threshold,
+        orders.backout_queue,
+    ) == ("incoming orders", 4, 100000, 3, "ORDERS.BACKOUT")
+    assert definitions["REPLIES"].delivery_sequence == "fifo"
+    assert (definitions["ORDERS.ALIAS"].type, definitions["ORDERS.ALIAS"].target_queue) == ("alias", "ORDERS")
+
+    again = ok_json(root, "apply", str(REPO_CONF))
+    assert again == {
+        "queue_manager": "QM1",
+        "root": str(root),
+        "changes": [
+            {"queue": name, "action": "altered"} for name in ("ORDERS", "ORDERS.BACKOUT", "REPLIES", "ORDERS.ALIAS")
+        ],
+    }
+    assert {q.name: q for q in qm.queues()} == definitions
+
+    retyped = tmp_path / "retyped.toml"
+    text = REPO_CONF.read_text(encoding="utf-8")
+    assert text.count('type = "alias"') == 1
+    retyped.write_text(text.replace('type = "alias"', 'type = "local"'), encoding="utf-8")
+    assert fails(root, "apply", str(retyped)) == (
+        f"mqspark: error: {retyped}: queue ORDERS.ALIAS is alias; its type cannot change to local"
+    )
+    assert {q.name: q for q in qm.queues()} == definitions
+
+    half_bad = tmp_path / "half-bad.toml"
+    half_bad.write_text(
+        text.replace("max_depth = 100000", "max_depth = 5").replace(
+            'delivery_sequence = "fifo"', 'delivery_sequence = "lifo"'
+        ),
+        encoding="utf-8",
+    )
+    assert fails(root, "apply", str(half_bad)) == (
+        "mqspark: error: queue REPLIES: attribute delivery_sequence must be one of priority, fifo; got 'lifo'"
+    )
+    assert qm.inquire_queue("ORDERS").max_depth == 100000
+
+
+def test_json_may_follow_the_command(qm):
+    qm.define_queue("ORDERS")
+    qm.put("ORDERS", [{"payload": "one"}])
+    assert json.loads(ok(qm.root, "depth", "ORDERS", "--json")) == [{"queue": "ORDERS", "depth": 1}]
+
+
+@pytest.fixture(scope="module")
+def error_qm(tmp_path_factory) -> QueueManager:
+    qm = QueueManager.create(tmp_path_factory.mktemp("errors") / "qm", "QM1")
+    qm.define_queue("ORDERS")
+    qm.put("ORDERS", [{"payload": "kept"}])
+    return qm
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("put", "NOPE", "hello"), "MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1"),
+        (
+            ("put", "ORDERS", "hello", "--priority", "10"),
+            "MQRC_PRIORITY_ERROR (2050): queue ORDERS: field priority has value 10 in message 0: must be 0-9",
+        ),
+        (
+            ("queue", "define", "NEWQ", "--default-priority", "10"),
+            "queue NEWQ: attribute default_priority must be between 0 and 9, got 10",
+        ),
+    ],
+    ids=["unknown-queue", "put-priority-10", "define-default-priority-10"],
+)
+def test_errors_name_the_bad_value_and_change_nothing(error_qm, args, message):
+    assert fails(error_qm.root, *args) == f"mqspark: error: {message}"
+    assert [q.name for q in error_qm.queues()] == ["ORDERS", DLQ]
+    assert error_qm.browse("ORDERS").column("payload").to_pylist() == [b"kept"]
+
+
+def test_error_when_no_queue_manager_at_root(tmp_path):
+    root = tmp_path / "nothing-here"
+    assert fails(root, "queue", "list") == (
+        f"mqspark: error: MQRC_UNKNOWN_OBJECT_NAME (2085): no queue manager at {root}"
+    )
+    assert not root.exists()
+
+
+def test_retry_delay_must_be_a_finite_number(qm):
+    # float("nan") passes a ">= 0" check by comparing false; stored, it prints as NaN, which is not JSON.
+    error = fails(qm.root, "queue", "define", "NEWQ", "--retry-delay", "nan")
+    assert "retry_delay" in error and "nan" in error
+    assert [q.name for q in qm.queues()] == [DLQ]
+
+
+def test_key_value_output_shows_whole_values(qm):
+    # Tables cut cells at 40 characters to keep columns narrow; a single object's "key: value" lines must not.
+    assert len(qm.root) > 40
+    assert ok(qm.root, "qmgr", "show") == f"name: QM1\nroot: {qm.root}\ndead_letter_queue: {DLQ}\nqueues: 1\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "last_line"),
+    [
+        ((), "mqspark: error: the following arguments are required: command"),
+        (
+            ("put", "ORDERS", "x", "--priority", "high"),
+            "mqspark put: error: argument --priority: invalid int value: 'high'",
+        ),
+    ],
+    ids=["no-command", "priority-not-a-number"],
+)
+def test_usage_errors_exit_2(error_qm, args, last_line):
+    result = mqspark(error_qm.root, *args)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("usage: mqspark")
+    assert result.stderr.splitlines()[-1] == last_line

@@ -1,0 +1,99 @@
+"""The quickstart notebook runs top to bottom in a real Jupyter kernel and shows what its text promises."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "quickstart.ipynb"
+KERNEL = "mqspark-tests"
+
+
+@pytest.fixture
+def kernel_name(tmp_path, monkeypatch) -> str:
+    """A kernel spec running this interpreter (the one with mqspark), found through JUPYTER_PATH."""
+    spec = tmp_path / "jupyter" / "kernels" / KERNEL
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": KERNEL, "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    return KERNEL
+
+
+def tagged(nb: nbformat.NotebookNode, tag: str) -> nbformat.NotebookNode:
+    (cell,) = [cell for cell in nb.cells if tag in cell.metadata.get("tags", [])]
+    return cell
+
+
+def result_text(cell: nbformat.NotebookNode) -> str:
+    (result,) = [output for output in cell.outputs if output.output_type == "execute_result"]
+    return result.data["text/plain"]
+
+
+def stdout_text(cell: nbformat.NotebookNode) -> str:
+    return "".join(output.text for output in cell.outputs if output.output_type == "stream" and output.name == "stdout")
+
+
+def show_rows(text: str) -> list[list[str]]:
+    """Header and rows of a DataFrame.show() table."""
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return [[value.strip() for value in line.strip("|").split("|")] for line in rows]
+
+
+def test_notebook_is_stored_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert len(code) >= 10
+    assert [(cell.outputs, cell.execution_count) for cell in code] == [([], None)] * len(code)
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs(tmp_path, kernel_name):
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError on the first cell that fails
+
+    errors = [
+        output
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if output.output_type == "error"
+    ]
+    assert errors == []
+
+    assert result_text(tagged(nb, "depth")) == "{'ORDERS': 6, 'REPLIES': 2, 'SYSTEM.DEAD.LETTER.QUEUE': 0}"
+
+    # Priority delivery puts the priority-9 message first; fifo keeps put order whatever the priority.
+    orders = result_text(tagged(nb, "browse-orders"))
+    payloads = ["rush order", "order 1", "order 2", "basket item 1", "basket item 2", "basket item 3"]
+    positions = [orders.find(payload) for payload in payloads]
+    assert -1 not in positions and positions == sorted(positions), orders
+    replies = result_text(tagged(nb, "browse-replies"))
+    assert -1 < replies.find("reply 1") < replies.find("reply 2"), replies
+
+    attributes = result_text(tagged(nb, "inquire"))
+    assert "'name': 'ORDERS'" in attributes and "'default_priority': 4" in attributes
+
+    assert show_rows(stdout_text(tagged(nb, "spark-mq"))) == [
+        ["priority", "group_id", "msg_seq_number", "correl_id", "payload"],
+        ["9", "NULL", "1", "NULL", "rush order"],
+        ["4", "NULL", "1", "NULL", "order 1"],
+        ["4", "NULL", "1", "C2", "order 2"],
+        ["4", "BASKET-7", "1", "NULL", "basket item 1"],
+        ["4", "BASKET-7", "2", "NULL", "basket item 2"],
+        ["4", "BASKET-7", "3", "NULL", "basket item 3"],
+    ]
+
+    location, *table = stdout_text(tagged(nb, "spark-delta")).splitlines()
+    assert show_rows("\n".join(table)) == [["priority", "count"], ["4", "5"], ["9", "1"]]
+    # The queue manager lived in a temporary folder, which the last cell removed.
+    assert location.startswith(tempfile.gettempdir()) and location.endswith("/qm/queues/ORDERS")
+    assert not Path(location).parents[2].exists()
