@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from . import storage
@@ -158,29 +158,74 @@ class QueueManager:
         """
         validate_name(queue)
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
-        for attempt in range(_PUT_ATTEMPTS):
-            definition = self._resolve(queue, inhibit="put")
-            messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
-            table = self._message_table(definition.name)
-            depth = storage.row_count(table)
-            if depth + messages.num_rows > definition.max_depth:
-                raise MQError(
-                    f"queue {definition.name} is full (max_depth {definition.max_depth}, depth {depth}, "
-                    f"put of {messages.num_rows})",
-                    Reason.MQRC_Q_FULL,
-                )
-            _check_against_committed(definition.name, table, messages)
-            if messages.num_rows == 0:
-                return []
-            try:
-                # No automatic retry: the depth and group checks above hold for exactly this version.
-                write_deltalake(
-                    table, messages, mode="append", commit_properties=CommitProperties(max_commit_retries=0)
-                )
-            except CommitFailedError:
-                time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
-                continue
-            return msg_ids
+        definition = self._resolve(queue, inhibit="put")
+        messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
+        file = storage.write_data_file(self._location(definition.name), messages.to_batches(), MESSAGE_SCHEMA)
+        if file is not None:
+            self._commit_put(queue, definition, [file], group_items(messages))
+        return msg_ids
+
+    def commit_put(
+        self,
+        queue: str,
+        files: list[storage.DataFile],
+        groups: pa.Table,
+        *,
+        producer: str | None = None,
+        batch_id: int | None = None,
+    ) -> int | None:
+        """Commit the data files of one put in one Delta commit and return its version.
+
+        Every put path ends here. Inhibit flags, max depth and the group rules (``groups``: the put's
+        group items, see :func:`group_items`) are checked against exactly the version the commit
+        follows; a concurrent commit makes it re-read and check again. With ``producer`` and
+        ``batch_id`` the commit records a Delta ``txn``, and a transaction already committed is not
+        committed again (returns None). Files that will never be committed are deleted.
+        """
+        return self._commit_put(
+            queue, self._resolve(queue, inhibit="put"), files, groups, producer=producer, batch_id=batch_id
+        )
+
+    def _commit_put(
+        self,
+        queue: str,
+        definition: QueueDefinition,
+        files: list[storage.DataFile],
+        groups: pa.Table,
+        *,
+        producer: str | None = None,
+        batch_id: int | None = None,
+    ) -> int | None:
+        location = self._location(definition.name)
+        try:
+            for attempt in range(_PUT_ATTEMPTS):
+                if attempt:
+                    definition = self._resolve(queue, inhibit="put")
+                table = self._message_table(definition.name)
+                if producer is not None and (table.transaction_version(producer) or -1) >= batch_id:
+                    storage.remove_data_files(location, files)
+                    return None
+                rows = sum(file.rows for file in files)
+                depth = storage.row_count(table)
+                if depth + rows > definition.max_depth:
+                    raise MQError(
+                        f"queue {definition.name} is full (max_depth {definition.max_depth}, depth {depth}, "
+                        f"put of {rows})",
+                        Reason.MQRC_Q_FULL,
+                    )
+                _check_against_committed(definition.name, table, groups)
+                metadata = {"mqspark.operation": "put", "mqspark.messages": rows}
+                if producer is not None:
+                    metadata.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
+                try:
+                    return storage.commit_files(
+                        table, files, MESSAGE_SCHEMA, app_id=producer, app_version=batch_id, metadata=metadata
+                    )
+                except CommitFailedError:
+                    time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
+        except MQError:
+            storage.remove_data_files(location, files)
+            raise
         raise MQError(f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
     def depth(self, queue: str) -> int:
@@ -261,13 +306,19 @@ def _check_references(state: CatalogState, definition: QueueDefinition) -> None:
             raise MQValidationError(f"queue {definition.name}: target_queue {target.name} must be a local queue")
 
 
-def _check_against_committed(queue: str, table: DeltaTable, messages: pa.Table) -> None:
+GROUP_COLUMNS = ["group_id", "msg_seq_number", "offset", "last_in_group"]
+
+
+def group_items(messages: pa.Table) -> pa.Table:
+    """The group columns of a put's grouped messages: what the group rules are checked on."""
+    return messages.filter(pc.is_valid(messages["group_id"])).select(GROUP_COLUMNS)
+
+
+def _check_against_committed(queue: str, table: DeltaTable, groups: pa.Table) -> None:
     """Group rules across puts: no msg_seq_number twice, nothing after the group's last message."""
-    group_ids = pc.unique(messages["group_id"].drop_null())
-    if len(group_ids) == 0:
+    if groups.num_rows == 0:
         return
-    columns = ["group_id", "msg_seq_number", "offset", "last_in_group"]
-    committed = table.to_pyarrow_dataset().to_table(columns=columns, filter=pc.field("group_id").isin(group_ids))
+    group_ids = pc.unique(groups["group_id"])
+    committed = table.to_pyarrow_dataset().to_table(columns=GROUP_COLUMNS, filter=pc.field("group_id").isin(group_ids))
     if committed.num_rows:
-        put_items = messages.filter(pc.is_valid(messages["group_id"])).select(columns)
-        check_group_items(queue, pa.concat_tables([committed.cast(put_items.schema), put_items]))
+        check_group_items(queue, pa.concat_tables([committed.cast(groups.schema), groups]))

@@ -11,14 +11,21 @@ Queue names may hold ``/`` and ``%``; in directory names they become ``~2F`` and
 
 from __future__ import annotations
 
+import json
 import os
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction
 
 from .errors import MQError
 
@@ -71,15 +78,18 @@ def create_table(
     )
 
 
+def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    if is_uri(location):
+        return pafs.FileSystem.from_uri(location)
+    return pafs.LocalFileSystem(), location
+
+
 def remove_tree(location: str) -> None:
     """Delete a table directory and everything below it.
 
     Object stores are reached through pyarrow's filesystems, which take credentials from the environment.
     """
-    if is_uri(location):
-        filesystem, path = pafs.FileSystem.from_uri(location)
-    else:
-        filesystem, path = pafs.LocalFileSystem(), location
+    filesystem, path = _filesystem(location)
     if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
         filesystem.delete_dir(path)
 
@@ -107,3 +117,105 @@ def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema) -> 
         )
     versions = feed["_commit_version"].cast(pa.int64())
     return feed.select(columns).cast(schema).append_column("commit_version", versions)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A Parquet file written into a table's folder but not yet committed; plain data, so it pickles."""
+
+    path: str
+    size: int
+    modification_time: int
+    rows: int
+    stats: str
+
+    def add_action(self) -> AddAction:
+        return AddAction(self.path, self.size, {}, self.modification_time, True, self.stats)
+
+
+class _Stats:
+    """Delta file statistics: row count, null counts, and exact min/max of integer and string columns.
+
+    Timestamps get no min/max: Delta keeps them at millisecond precision, and a truncated max could
+    make a reader skip a file that holds a matching row.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.rows = 0
+        self.nulls = {f.name: 0 for f in schema if not pa.types.is_map(f.type)}
+        self.bounded = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_string(f.type)]
+        self.minimum: dict[str, object] = {}
+        self.maximum: dict[str, object] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        for name in self.nulls:
+            self.nulls[name] += batch.column(name).null_count
+        for name in self.bounded:
+            low, high = pc.min_max(batch.column(name)).values()
+            if low.is_valid:
+                low, high = low.as_py(), high.as_py()
+                self.minimum[name] = min(low, self.minimum.get(name, low))
+                self.maximum[name] = max(high, self.maximum.get(name, high))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"numRecords": self.rows, "minValues": self.minimum, "maxValues": self.maximum, "nullCount": self.nulls}
+        )
+
+
+def write_data_file(location: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> DataFile | None:
+    """Write ``batches`` as one Parquet file in the table folder at ``location``; None when there are no rows."""
+    filesystem, base = _filesystem(location)
+    name = f"part-{uuid.uuid4()}.snappy.parquet"
+    stats = _Stats(schema)
+    writer = None
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                writer = pq.ParquetWriter(f"{base}/{name}", schema, filesystem=filesystem, compression="snappy")
+            writer.write_batch(batch)
+            stats.add(batch)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        return None
+    size = filesystem.get_file_info(f"{base}/{name}").size
+    return DataFile(name, size, int(time.time() * 1000), stats.rows, stats.to_json())
+
+
+def remove_data_files(location: str, files: Iterable[DataFile]) -> None:
+    """Delete written files that will never be committed."""
+    filesystem, base = _filesystem(location)
+    for file in files:
+        filesystem.delete_file(f"{base}/{file.path}")
+
+
+def commit_files(
+    table: DeltaTable,
+    files: list[DataFile],
+    schema: pa.Schema,
+    *,
+    app_id: str | None = None,
+    app_version: int | None = None,
+    metadata: dict[str, str] | None = None,
+) -> int:
+    """Append ``files`` in one commit at exactly the version after ``table``'s, and return that version.
+
+    No automatic retry: the caller's checks were made against ``table``'s version, so a concurrent
+    commit raises ``CommitFailedError`` and the caller re-reads, re-checks and tries again.
+    ``app_id``/``app_version`` record a Delta ``txn`` so a replayed transaction can be recognised.
+    """
+    transactions = [Transaction(app_id, app_version)] if app_id is not None else None
+    table.create_write_transaction(
+        [file.add_action() for file in files],
+        mode="append",
+        schema=schema,
+        commit_properties=CommitProperties(
+            max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
+        ),
+    )
+    return table.version() + 1
