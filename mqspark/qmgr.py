@@ -228,6 +228,10 @@ class QueueManager:
             raise
         raise MQError(f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
+    def resolve_for_put(self, queue: str) -> QueueDefinition:
+        """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""
+        return self._resolve(queue, inhibit="put")
+
     def depth(self, queue: str) -> int:
         """Number of messages on the queue."""
         return self._depth_of(self._resolve(queue).name)

@@ -106,7 +106,7 @@ def session(app_name: str = "mqspark", master: str = "local[*]", **conf: Any) ->
 
 def register(spark: SparkSession) -> SparkSession:
     """Register mqspark's data sources (format ``mq``) on an existing session."""
-    from .source import MQDataSource
+    from .datasource import MQDataSource
 
     spark.dataSource.register(MQDataSource)
     return spark

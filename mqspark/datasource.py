@@ -1,0 +1,88 @@
+"""The ``mq`` Spark data source: the options users give, checked on the driver, and the reader and writers.
+
+- ``spark.read.format("mq").option("queue", Q).load(root)``: browse (:mod:`mqspark.source`);
+- ``df.write.format("mq").option("queue", Q).mode("append").save(root)``: batch put (:mod:`mqspark.sink`);
+- ``df.writeStream.format("mq").option("queue", Q).option("checkpointLocation", C).start(root)``:
+  streaming put, exactly once per micro-batch (:mod:`mqspark.sink`).
+
+Spark hands data sources their options with lower-cased keys. Mistakes are reported where Spark
+calls the driver first (``load()``, ``save()``, ``start()``), naming the option and the value.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamWriter, DataSourceWriter
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
+
+from .errors import MQValidationError
+from .messages import MESSAGE_SCHEMA
+from .qmgr import ORDERS, QueueManager
+from .sink import QueueStreamWriter, QueueWriter, SinkPlan
+from .source import BrowseReader
+
+SEGMENTATION = {"allowed": True, "not_allowed": False}
+
+
+class MQDataSource(DataSource):
+    """Format ``mq``: queues of the queue manager whose root is the path."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "mq"
+
+    def schema(self) -> StructType:
+        # schema() is what load() calls: checking the options here reports mistakes at load time.
+        _browse_options(dict(self.options))
+        return from_arrow_schema(MESSAGE_SCHEMA)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BrowseReader(_browse_options(dict(self.options)))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return QueueWriter(_sink_plan(dict(self.options), schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return QueueStreamWriter(_sink_plan(dict(self.options), schema, overwrite))
+
+
+def _required(options: dict[str, str], name: str, example: str) -> str:
+    value = options.get(name.lower())
+    if not value:
+        raise MQValidationError(f"option {name} is missing: {example}")
+    return value
+
+
+def _root(options: dict[str, str]) -> str:
+    return _required(options, "path", 'give the queue manager root, as in .load("/data/qm")')
+
+
+def _browse_options(options: dict[str, str]) -> dict[str, object]:
+    root = _root(options)
+    queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
+    order = options.get("order", "physical")
+    if order not in ORDERS:
+        raise MQValidationError(f"option order must be one of {', '.join(ORDERS)}; got {order!r}")
+    limit = options.get("limit")
+    if limit is not None:
+        if not limit.isdigit():
+            raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
+        limit = int(limit)
+    QueueManager.open(root).depth(queue)
+    return {"root": root, "queue": queue, "order": order, "limit": limit}
+
+
+def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkPlan:
+    if overwrite:
+        raise MQValidationError('the mq sink only appends: use mode("append"), not overwrite')
+    if options.get("cluster"):
+        raise MQValidationError(f"option cluster ({options['cluster']!r}): cluster routing is not available yet")
+    root = _root(options)
+    queue = _required(options, "queue", 'give the queue to put to, as in .option("queue", "ORDERS")')
+    segmentation = options.get("segmentation", "not_allowed")
+    if segmentation not in SEGMENTATION:
+        raise MQValidationError(f"option segmentation must be one of allowed, not_allowed; got {segmentation!r}")
+    producer = options.get("producerid")
+    if producer is not None and not producer.strip():
+        raise MQValidationError("option producerId must not be blank")
+    return SinkPlan.build(root, queue, schema, segmentation=SEGMENTATION[segmentation], producer=producer)
