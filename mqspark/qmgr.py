@@ -202,7 +202,8 @@ class QueueManager:
                 if attempt:
                     definition = self._resolve(queue, inhibit="put")
                 table = self._message_table(definition.name)
-                if producer is not None and (table.transaction_version(producer) or -1) >= batch_id:
+                committed = table.transaction_version(producer) if producer is not None else None
+                if committed is not None and committed >= batch_id:
                     storage.remove_data_files(location, files)
                     return None
                 rows = sum(file.rows for file in files)
