@@ -14,7 +14,12 @@ def spark():
     session = mqspark.session(
         app_name="mqspark-tests",
         master="local[2]",
-        **{"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        **{
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+        },
     )
     yield session
     session.stop()

@@ -1,0 +1,317 @@
+"""The Spark sink under failures: a producer killed with SIGKILL and restarted, producers racing a compaction.
+
+Real processes, real Spark and real Delta tables on disk. Each micro-batch reads one input file and
+makes one Delta commit, so the queue's physical order is the input's file order.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from mqspark import QueueManager, storage
+
+REPO = Path(__file__).resolve().parents[1]
+REPLAYED = "was committed before"
+
+# A streaming producer in its own process: one file per micro-batch, until the input is drained.
+PRODUCER_SCRIPT = """
+import sys
+
+import mqspark
+
+root, source, checkpoint = sys.argv[1:4]
+spark = mqspark.session(app_name="mqspark-killed-producer", master="local[2]")
+query = (
+    spark.readStream.schema("payload string")
+    .option("maxFilesPerTrigger", 1)
+    .json(source)
+    .writeStream.format("mq")
+    .option("queue", "Q")
+    .option("checkpointLocation", checkpoint)
+    .trigger(availableNow=True)
+    .start(root)
+)
+query.awaitTermination()
+spark.stop()
+"""
+
+
+def _write_input(folder: Path, template: str, files: int, rows: int) -> list[str]:
+    """JSON-lines files named and timed in creation order, payloads ``template.format(f=file, r=row)``.
+
+    Returns every payload in input order.
+    """
+    folder.mkdir(parents=True)
+    # The file source orders files by modification time: give each file its own second.
+    base = int(time.time()) - files - 60
+    payloads = []
+    for f in range(files):
+        lines = [template.format(f=f, r=r) for r in range(rows)]
+        path = folder / f"part-{f:04d}.json"
+        path.write_text("".join(json.dumps({"payload": line}) + "\n" for line in lines))
+        os.utime(path, (base + f, base + f))
+        payloads += lines
+    return payloads
+
+
+def _payloads(table) -> list[str]:
+    return [payload.decode() for payload in table["payload"].to_pylist()]
+
+
+def _delta_log(location: str, version: int) -> Path:
+    return Path(location) / "_delta_log" / f"{version:020d}.json"
+
+
+def _last_spark_commit(checkpoint: Path) -> int:
+    """The last micro-batch Spark recorded as done in the checkpoint's commit log (-1: none)."""
+    commits = checkpoint / "commits"
+    done = [int(name) for name in os.listdir(commits) if name.isdigit()] if commits.exists() else []
+    return max(done, default=-1)
+
+
+def _marked_processes(token: str) -> list[int]:
+    """Live processes (the JVM's Python daemons included) started with MQSPARK_TEST_RUN=token."""
+    marker = f"MQSPARK_TEST_RUN={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                found.append(int(entry))
+    return found
+
+
+def _kill_run(process: subprocess.Popen, token: str) -> None:
+    """SIGKILL the producer's process group (Python driver and JVM), then every Python daemon it started.
+
+    PySpark's worker daemons put themselves into process groups of their own; they are killed too, by
+    pid, so nothing of the run (a commit in flight included) outlives the crash.
+    """
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while stragglers := _marked_processes(token):
+        assert time.monotonic() < deadline, f"processes of the killed run still alive: {stragglers}"
+        for pid in stragglers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, record_property):
+    files, rows, kills = 30, 25, 5
+    qm.define_queue("Q")
+    location = storage.queue_location(qm.root, "Q")
+    expected = _write_input(tmp_path / "input", "f{f}-r{r}", files, rows)
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER_SCRIPT)
+    checkpoint = tmp_path / "checkpoint"
+    token = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MQSPARK_TEST_RUN": token}
+    rng = random.Random(20261121)
+    started = time.monotonic()
+
+    def run(number: int) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"run-{number}.log"
+        with log.open("w") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, str(script), qm.root, str(tmp_path / "input"), str(checkpoint)],
+                stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True,
+            )
+        return process, log
+
+    logs: list[Path] = []
+    killed: list[dict] = []
+    for number in range(kills):
+        # When to kill: after the run's k-th new Delta commit (the JVM start takes 5-20 s on a loaded
+        # machine, so a wall-clock moment would often fall before the stream runs), then either at
+        # once, which lands between the Delta commit and Spark's commit log and forces a replay, or
+        # after a random delay, which lands anywhere in a micro-batch. The first kill hits batch 0.
+        at_commit = number % 2 == 0
+        new_commits = 1 if at_commit else rng.randint(1, 3)
+        delay = 0.0 if at_commit else rng.uniform(0.05, 0.8)
+        target = DeltaTable(location).version() + new_commits
+        process, log = run(number)
+        logs.append(log)
+        deadline = time.monotonic() + 120
+        while not _delta_log(location, target).exists():
+            assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
+            assert time.monotonic() < deadline, f"run {number} made no progress in 120 s: {log.read_text()[-3000:]}"
+            time.sleep(0.002)
+        time.sleep(delay)
+        assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
+        _kill_run(process, token)
+        query_id = json.loads((checkpoint / "metadata").read_text())["id"]
+        committed_batch = DeltaTable(location).transaction_version(query_id)
+        killed.append(
+            {
+                "run": number,
+                "delay_s": round(delay, 3),
+                "messages_committed": qm.depth("Q"),
+                "last_delta_batch": committed_batch,
+                "last_spark_batch": _last_spark_commit(checkpoint),
+            }
+        )
+
+    process, log = run(kills)
+    logs.append(log)
+    try:
+        final_rc = process.wait(timeout=240)
+    finally:
+        if process.poll() is None:
+            _kill_run(process, token)
+    elapsed = time.monotonic() - started
+
+    replayed = sum(log.read_text().count(REPLAYED) for log in logs)
+    # A kill after the Delta commit of batch N and before Spark's commit log recorded N must make the
+    # next run replay N, and that replay must be recognised and skipped.
+    pending = sum(kill["last_delta_batch"] > kill["last_spark_batch"] for kill in killed)
+    record_property("replayed_batches", replayed)
+    record_property("kills", json.dumps(killed))
+    print(f"\nkills: {killed}\nreplayed batches: {replayed} (expected {pending}); {elapsed:.1f} s in all")
+
+    assert len(killed) == kills
+    assert final_rc == 0, logs[-1].read_text()[-3000:]
+    assert killed[-1]["messages_committed"] < files * rows, "the stream had drained before the last kill"
+    assert replayed == pending
+
+    messages = qm.browse("Q")
+    assert Counter(_payloads(messages)) == Counter(expected)
+    assert qm.depth("Q") == len(expected)
+    assert _payloads(messages) == expected
+
+    # One commit per micro-batch, all by the one producer the restarts kept: batches 0..files-1, once each.
+    query_id = json.loads((checkpoint / "metadata").read_text())["id"]
+    puts = [commit for commit in DeltaTable(location).history() if commit.get("mqspark.operation") == "put"]
+    assert {commit["mqspark.producer"] for commit in puts} == {query_id}
+    assert sorted(commit["mqspark.batch_id"] for commit in puts) == list(range(files))
+    assert {commit["mqspark.messages"] for commit in puts} == {rows}
+
+
+STREAMS = ("A", "B", "C")
+STREAM_FILES, STREAM_ROWS = 8, 20
+PUTS, PUT_SIZE = 30, 3
+
+
+def _put_loop(root: str, go) -> None:
+    """A plain Python producer: PUTS puts of PUT_SIZE messages while the streams run."""
+    qm = QueueManager.open(root)
+    assert go.wait(180), "the streams never started"
+    for i in range(PUTS):
+        qm.put("Q", [{"payload": f"P-{i}-{n}"} for n in range(PUT_SIZE)])
+        time.sleep(0.2)
+
+
+def _maintain(location: str, stop, result: str) -> None:
+    """The one maintenance process: compact the queue table again and again until told to stop."""
+    from deltalake.exceptions import CommitFailedError
+
+    compactions = conflicts = attempts = 0
+    deadline = time.monotonic() + 240
+    while not stop.is_set() and time.monotonic() < deadline:
+        attempts += 1
+        try:
+            metrics = DeltaTable(location).optimize.compact()
+        except CommitFailedError:
+            conflicts += 1
+        else:
+            compactions += metrics["numFilesRemoved"] > 0
+        stop.wait(0.1)
+    Path(result).write_text(json.dumps({"compactions": compactions, "conflicts": conflicts, "attempts": attempts}))
+
+
+@pytest.mark.slow
+def test_four_producers_and_a_maintenance_commit_lose_nothing(spark, qm, tmp_path, record_property):
+    qm.define_queue("Q")
+    location = storage.queue_location(qm.root, "Q")
+    inputs = {name: _write_input(tmp_path / name, name + "-{f}-{r}", STREAM_FILES, STREAM_ROWS) for name in STREAMS}
+    put_payloads = [f"P-{i}-{n}" for i in range(PUTS) for n in range(PUT_SIZE)]
+    total = len(STREAMS) * STREAM_FILES * STREAM_ROWS + len(put_payloads)
+
+    # spawn, not fork: a forked child using deltalake after its parent did panics.
+    context = multiprocessing.get_context("spawn")
+    go, stop = context.Event(), context.Event()
+    result = tmp_path / "maintenance.json"
+    maintenance = context.Process(target=_maintain, args=(location, stop, str(result)))
+    putter = context.Process(target=_put_loop, args=(qm.root, go))
+    maintenance.start()
+    putter.start()
+    queries = []
+    try:
+        for name in STREAMS:
+            queries.append(
+                spark.readStream.schema("payload string")
+                .option("maxFilesPerTrigger", 1)
+                .json(str(tmp_path / name))
+                .writeStream.format("mq")
+                .option("queue", "Q")
+                .option("checkpointLocation", str(tmp_path / f"checkpoint-{name}"))
+                .trigger(availableNow=True)
+                .start(qm.root)
+            )
+        go.set()
+        for query in queries:
+            assert query.awaitTermination(240), f"query {query.name or query.id} did not finish"
+            assert query.exception() is None
+        putter.join(timeout=120)
+        assert putter.exitcode == 0
+    finally:
+        for query in queries:
+            if query.isActive:
+                query.stop()
+        stop.set()
+        maintenance.join(timeout=120)
+        for process in (putter, maintenance):
+            if process.is_alive():
+                process.kill()
+                process.join()
+    assert maintenance.exitcode == 0
+    report = json.loads(result.read_text())
+    record_property("maintenance", json.dumps(report))
+    print(f"\nmaintenance: {report}")
+
+    history = sorted(DeltaTable(location).history(), key=lambda commit: commit["version"])
+    optimizes = [c for c in history if c["operation"] == "OPTIMIZE" and c["operationMetrics"]["numFilesRemoved"] > 0]
+    puts = [c["version"] for c in history if c.get("mqspark.operation") == "put"]
+    # The compactions really ran between the producers' commits, not before or after them all.
+    assert report["compactions"] >= 1
+    assert len(optimizes) == report["compactions"]
+    assert any(puts[0] < c["version"] < puts[-1] for c in optimizes)
+
+    # Each micro-batch of each stream committed exactly once, and each Python put once.
+    by_producer = Counter(commit.get("mqspark.producer") for commit in history if commit.get("mqspark.operation"))
+    assert by_producer == Counter({**{str(query.id): STREAM_FILES for query in queries}, None: PUTS})
+    for query in queries:
+        batches = [c["mqspark.batch_id"] for c in history if c.get("mqspark.producer") == str(query.id)]
+        assert sorted(batches) == list(range(STREAM_FILES))
+
+    expected = [payload for name in STREAMS for payload in inputs[name]] + put_payloads
+    messages = _payloads(qm.browse("Q"))
+    assert Counter(messages) == Counter(expected)
+    assert qm.depth("Q") == total
+    # Each producer's messages keep its own order (file by file, row by row; put by put).
+    for prefix, own in [*((f"{name}-", inputs[name]) for name in STREAMS), ("P-", put_payloads)]:
+        assert [payload for payload in messages if payload.startswith(prefix)] == own
+
+    table = spark.read.format("delta").load(location)
+    assert table.count() == total
+    assert Counter(row.payload.decode() for row in table.select("payload").collect()) == Counter(expected)
