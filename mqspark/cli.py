@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError
-from .qmgr import ORDERS, QueueManager
+from .ordering import ORDERS
+from .qmgr import QueueManager
 
 DEFAULT_ROOT = "./mq-data"
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
@@ -110,7 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     browse = commands.add_parser("browse", parents=[output], help="show messages without removing them")
     browse.add_argument("queue")
-    browse.add_argument("--order", choices=ORDERS, default="physical")
+    browse.add_argument("--order", choices=ORDERS, default="logical")
+    browse.add_argument("--all-messages-available", action="store_true", help="only complete groups")
+    browse.add_argument("--complete-message", action="store_true", help="join segments into whole messages")
+    browse.add_argument("--msg-id")
+    browse.add_argument("--correl-id")
+    browse.add_argument("--group-id")
+    browse.add_argument("--msg-seq-number", type=int)
     browse.add_argument("--limit", type=int)
 
     depth = commands.add_parser("depth", parents=[output], help="queue depth (every queue when none is named)")
@@ -212,7 +219,17 @@ def run(args: argparse.Namespace) -> Any:
     if args.command == "put":
         return _put(qm, args)
     if args.command == "browse":
-        table = qm.browse(args.queue, order=args.order, limit=args.limit)
+        table = qm.browse(
+            args.queue,
+            order=args.order,
+            all_messages_available=args.all_messages_available,
+            complete_message=args.complete_message,
+            msg_id=args.msg_id,
+            correl_id=args.correl_id,
+            group_id=args.group_id,
+            msg_seq_number=args.msg_seq_number,
+            limit=args.limit,
+        )
         return table.select(list(_BROWSE_COLUMNS)) if not args.json else table
     names = [args.queue] if args.queue else [q.name for q in qm.queues()]
     return [{"queue": name, "depth": qm.depth(name)} for name in names]

@@ -11,15 +11,17 @@ calls the driver first (``load()``, ``save()``, ``start()``), naming the option 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from .errors import MQValidationError
-from .messages import MESSAGE_SCHEMA
-from .qmgr import ORDERS, QueueManager
+from .ordering import DeliveryOptions
+from .qmgr import BROWSE_SCHEMA, QueueManager
 from .sink import QueueStreamWriter, QueueWriter, SinkPlan
-from .source import BrowseReader
+from .source import BrowsePlan, BrowseReader
 
 SEGMENTATION = {"allowed": True, "not_allowed": False}
 
@@ -34,7 +36,7 @@ class MQDataSource(DataSource):
     def schema(self) -> StructType:
         # schema() is what load() calls: checking the options here reports mistakes at load time.
         _browse_options(dict(self.options))
-        return from_arrow_schema(MESSAGE_SCHEMA)
+        return from_arrow_schema(BROWSE_SCHEMA)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BrowseReader(_browse_options(dict(self.options)))
@@ -57,19 +59,39 @@ def _root(options: dict[str, str]) -> str:
     return _required(options, "path", 'give the queue manager root, as in .load("/data/qm")')
 
 
-def _browse_options(options: dict[str, str]) -> dict[str, object]:
+def _flag(options: dict[str, str], name: str) -> bool:
+    value = options.get(name.lower(), "false").lower()
+    if value not in ("true", "false"):
+        raise MQValidationError(f"option {name} must be true or false, got {options[name.lower()]!r}")
+    return value == "true"
+
+
+def _whole_number(options: dict[str, str], name: str, low: int) -> int | None:
+    value = options.get(name.lower())
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < low:
+        raise MQValidationError(f"option {name} must be a whole number >= {low}, got {value!r}")
+    return int(value)
+
+
+def _browse_options(options: dict[str, str]) -> BrowsePlan:
+    """Check the browse options, and fix the moment and table version every partition reads."""
     root = _root(options)
     queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
-    order = options.get("order", "physical")
-    if order not in ORDERS:
-        raise MQValidationError(f"option order must be one of {', '.join(ORDERS)}; got {order!r}")
-    limit = options.get("limit")
-    if limit is not None:
-        if not limit.isdigit():
-            raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
-        limit = int(limit)
-    QueueManager.open(root).depth(queue)
-    return {"root": root, "queue": queue, "order": order, "limit": limit}
+    delivery = DeliveryOptions(
+        order=options.get("order", "logical"),
+        all_messages_available=_flag(options, "allMessagesAvailable"),
+        complete_message=_flag(options, "completeMessage"),
+        msg_id=options.get("msgid"),
+        correl_id=options.get("correlid"),
+        group_id=options.get("groupid"),
+        msg_seq_number=_whole_number(options, "msgSeqNumber", 1),
+    )
+    limit = _whole_number(options, "limit", 0)
+    qm = QueueManager.open(root)
+    version = qm.queue_version(queue)
+    return BrowsePlan(qm.root, queue, delivery, limit, datetime.now(UTC), version)
 
 
 def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkPlan:

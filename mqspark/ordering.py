@@ -1,18 +1,205 @@
-"""Delivery order of a queue's committed messages: physical order (spec section 4).
+"""The ordering engine: which committed messages are deliverable, and in which order (spec section 4).
 
-Physical order is the Delta commit order, then the row's ``put_seq`` inside its put; under ``priority``
-delivery each priority is its own lane, highest first.
+One engine serves every reader (``qm.browse``, ``spark.read.format("mq")``, the streaming get):
+
+- **Physical order** is the Delta commit order, then ``put_seq`` (the row's position in its put).
+  Under ``priority`` delivery each priority is a lane, highest first; under ``fifo`` there is one lane.
+- **Logical order** places a group at the physical position of its first item (``msg_seq_number`` 1,
+  ``offset`` 0), in the lane of that item's priority, followed by all its items in
+  (``msg_seq_number``, ``offset``) order. Ungrouped messages keep their physical position. A group
+  whose first item is not there is not deliverable, and the messages behind it flow past.
+- Items are delivered as a gap-free prefix: item k+1 waits for item k, a segment waits for the one
+  before it. ``all_messages_available`` delivers a group only once it is complete;
+  ``complete_message`` delivers only whole logical messages, with segments joined into one payload.
+- Expired messages (``expiry`` <= now) are discarded and counted; messages with ``available_at`` >
+  now are treated as not there yet. Both are judged at one fixed ``now``.
+
+Everything works on Arrow columns and numpy arrays; no Python loop runs per message.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .errors import MQValidationError
+from .messages import TIMESTAMP
 
-def physical_order(messages: pa.Table, delivery_sequence: str) -> pa.Table:
-    """Sort ``messages`` (message columns plus ``commit_version``) into physical order."""
-    keys = [("commit_version", "ascending"), ("put_seq", "ascending")]
-    if delivery_sequence == "priority":
-        keys.insert(0, ("priority", "descending"))
-    return messages.take(pc.sort_indices(messages, sort_keys=keys))
+ORDERS = ("logical", "physical")
+
+
+@dataclass(frozen=True)
+class DeliveryOptions:
+    """How a reader wants the queue: order, group/segment options and match selectors."""
+
+    order: str = "logical"
+    all_messages_available: bool = False
+    complete_message: bool = False
+    msg_id: str | None = None
+    correl_id: str | None = None
+    group_id: str | None = None
+    msg_seq_number: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise MQValidationError(f"option order must be one of {', '.join(ORDERS)}; got {self.order!r}")
+        if self.order == "physical" and (self.all_messages_available or self.complete_message):
+            raise MQValidationError("options allMessagesAvailable and completeMessage need order logical")
+        if self.msg_seq_number is not None and self.group_id is None:
+            raise MQValidationError(f"option msgSeqNumber ({self.msg_seq_number}) needs groupId")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The deliverable messages in delivery order, and how many expired messages were discarded."""
+
+    messages: pa.Table
+    expired: int
+
+
+def deliver(messages: pa.Table, delivery_sequence: str, options: DeliveryOptions, now: datetime) -> Delivery:
+    """Order ``messages`` (message columns plus ``commit_version``) for delivery at ``now``."""
+    moment = pa.scalar(now, TIMESTAMP)
+    expired = pc.fill_null(pc.less_equal(messages["expiry"], moment), False)
+    waiting = pc.fill_null(pc.greater(messages["available_at"], moment), False)
+    expired_count = pc.sum(expired).as_py() or 0
+    present = messages.filter(pc.invert(pc.or_(expired, waiting)))
+    if options.order == "physical":
+        ordered = present.take(_sort(_lanes(present["priority"], delivery_sequence), present))
+    else:
+        ordered = _logical(present, delivery_sequence, options)
+    return Delivery(_match(ordered, options), expired_count)
+
+
+def _lanes(priority: pa.ChunkedArray, delivery_sequence: str) -> np.ndarray:
+    """Sort key of a priority lane: smaller first."""
+    if delivery_sequence == "fifo":
+        return np.zeros(len(priority), dtype=np.int64)
+    return -priority.to_numpy().astype(np.int64)
+
+
+def _sort(lane: np.ndarray, table: pa.Table) -> np.ndarray:
+    return np.lexsort((table["put_seq"].to_numpy(), table["commit_version"].to_numpy(), lane))
+
+
+def _logical(table: pa.Table, delivery_sequence: str, options: DeliveryOptions) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    grouped = pc.is_valid(table["group_id"]).to_numpy(zero_copy_only=False)
+    group = pc.dictionary_encode(pc.fill_null(table["group_id"], "")).combine_chunks().indices.to_numpy()
+    seq = table["msg_seq_number"].to_numpy().astype(np.int64)
+    offset = table["offset"].to_numpy()
+    segmented = table["segmented"].to_numpy(zero_copy_only=False)
+    last_segment = table["last_segment"].to_numpy(zero_copy_only=False)
+    last_in_group = table["last_in_group"].to_numpy(zero_copy_only=False)
+    length = pc.binary_length(table["payload"]).to_numpy().astype(np.int64)
+    lane = _lanes(table["priority"], delivery_sequence)
+    version = table["commit_version"].to_numpy()
+    put_seq = table["put_seq"].to_numpy()
+
+    # Walk each group's items in (msg_seq_number, offset) order; ungrouped rows sort last, unused.
+    order = np.lexsort((offset, seq, group, ~grouped))
+    rows = order[grouped[order]]
+    g, s, o = group[rows], seq[rows], offset[rows]
+    first_of_group = np.ones(len(rows), dtype=bool)
+    first_of_group[1:] = g[1:] != g[:-1]
+    # Is each item the one expected right after the item before it in its group?
+    previous = np.roll(rows, 1)
+    ends_message = ~segmented[previous] | last_segment[previous]
+    same_message = (
+        (s == seq[previous])
+        & segmented[previous]
+        & ~last_segment[previous]
+        & segmented[rows]
+        & (o == offset[previous] + length[previous])
+    )
+    next_message = (s == seq[previous] + 1) & ends_message & (o == 0) & ~last_in_group[previous]
+    follows = np.where(first_of_group, (s == 1) & (o == 0), same_message | next_message)
+    # The deliverable prefix of a group ends at its first gap.
+    breaks = np.cumsum(~follows)
+    group_start = np.maximum.accumulate(np.where(first_of_group, np.arange(len(rows)), 0))
+    in_prefix = breaks == (breaks[group_start] - (~follows[group_start]).astype(np.int64))
+    in_prefix &= follows[group_start]
+
+    # The last prefix item of each group tells whether its logical message and the group are complete.
+    prefix_rows = rows[in_prefix]
+    prefix_group = group[prefix_rows]
+    last_of_prefix = np.ones(len(prefix_rows), dtype=bool)
+    last_of_prefix[:-1] = prefix_group[:-1] != prefix_group[1:]
+    tail = prefix_rows[last_of_prefix]
+    tail_message_complete = ~segmented[tail] | last_segment[tail]
+    keep = np.ones(len(prefix_rows), dtype=bool)
+    if options.all_messages_available:
+        complete_groups = group[tail][tail_message_complete & last_in_group[tail]]
+        keep &= np.isin(prefix_group, complete_groups)
+    if options.complete_message:
+        incomplete = tail[~tail_message_complete]
+        # Only a group's trailing message can be incomplete: drop the rows of that (group, number).
+        keep &= ~_pairs_in(prefix_group, seq[prefix_rows], group[incomplete], seq[incomplete])
+    delivered_grouped = prefix_rows[keep]
+
+    # A group sorts at its first item's physical position and lane.
+    anchor_of_group = np.full(group.max() + 1, -1, dtype=np.int64)
+    firsts = rows[first_of_group & in_prefix]
+    anchor_of_group[group[firsts]] = firsts
+    anchors = anchor_of_group[group[delivered_grouped]]
+    ungrouped = np.flatnonzero(~grouped)
+    chosen = np.concatenate([ungrouped, delivered_grouped])
+    anchor = np.concatenate([ungrouped, anchors])
+    keys = (
+        offset[chosen],
+        np.where(grouped[chosen], seq[chosen], 0),
+        put_seq[anchor],
+        version[anchor],
+        lane[anchor],
+    )
+    result = table.take(chosen[np.lexsort(keys)])
+    return _join_segments(result) if options.complete_message else result
+
+
+def _pairs_in(
+    groups: np.ndarray, numbers: np.ndarray, wanted_groups: np.ndarray, wanted_numbers: np.ndarray
+) -> np.ndarray:
+    pairs = groups.astype(np.int64) << 32 | numbers
+    wanted = wanted_groups.astype(np.int64) << 32 | wanted_numbers
+    return np.isin(pairs, wanted)
+
+
+def _join_segments(table: pa.Table) -> pa.Table:
+    """Replace each segmented logical message (adjacent rows, in offset order) by one whole message."""
+    segmented = table["segmented"].to_numpy(zero_copy_only=False)
+    if not segmented.any():
+        return table
+    offset = table["offset"].to_numpy()
+    # A new logical message starts at every unsegmented row and at every offset 0.
+    starts = np.flatnonzero(~segmented | (offset == 0))
+    bounds = np.append(starts, table.num_rows).astype(np.int32)
+    payload = table["payload"].combine_chunks()
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(bounds), payload), b"")
+    whole = table.take(starts)
+    replaced = {
+        "payload": joined.cast(pa.binary()),
+        "segmented": pa.array(np.zeros(len(starts), dtype=bool)),
+        "last_segment": pa.array(np.zeros(len(starts), dtype=bool)),
+    }
+    for name, column in replaced.items():
+        index = whole.schema.get_field_index(name)
+        whole = whole.set_column(index, whole.schema.field(index), column)
+    return whole
+
+
+def _match(table: pa.Table, options: DeliveryOptions) -> pa.Table:
+    selectors = {
+        "msg_id": options.msg_id,
+        "correl_id": options.correl_id,
+        "group_id": options.group_id,
+        "msg_seq_number": options.msg_seq_number,
+    }
+    for column, value in selectors.items():
+        if value is not None:
+            table = table.filter(pc.equal(table[column], pa.scalar(value, table.schema.field(column).type)))
+    return table

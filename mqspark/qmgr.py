@@ -6,8 +6,10 @@ import os
 import random
 import time
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -18,11 +20,18 @@ from .catalog import Catalog, CatalogState
 from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from .errors import MQError, MQValidationError, Reason
 from .messages import MESSAGE_SCHEMA, check_group_items, prepare_put, rows_to_table
-from .ordering import physical_order
+from .ordering import DeliveryOptions, deliver
 
 MESSAGE_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
 _PUT_ATTEMPTS = 100
-ORDERS = ("physical",)
+BROWSE_SCHEMA = pa.schema(
+    [
+        *MESSAGE_SCHEMA,
+        pa.field("queue", pa.string(), nullable=False),
+        pa.field("qmgr", pa.string(), nullable=False),
+        pa.field("delivery_seq", pa.int64(), nullable=False),
+    ]
+)
 
 
 class QueueManager:
@@ -233,21 +242,55 @@ class QueueManager:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""
         return self._resolve(queue, inhibit="put")
 
+    def queue_version(self, queue: str) -> int:
+        """The current Delta version of the message table behind ``queue``."""
+        return self._message_table(self._resolve(queue).name).version()
+
     def depth(self, queue: str) -> int:
         """Number of messages on the queue."""
         return self._depth_of(self._resolve(queue).name)
 
-    def browse(self, queue: str, order: str = "physical", limit: int | None = None) -> pa.Table:
-        """Committed messages of ``queue`` without removing them, in physical order."""
-        if order not in ORDERS:
-            raise MQValidationError(f"option order must be one of {', '.join(ORDERS)}; got {order!r}")
+    def browse(
+        self,
+        queue: str,
+        order: str = "logical",
+        *,
+        all_messages_available: bool = False,
+        complete_message: bool = False,
+        msg_id: str | None = None,
+        correl_id: str | None = None,
+        group_id: str | None = None,
+        msg_seq_number: int | None = None,
+        limit: int | None = None,
+        now: datetime | None = None,
+        version: int | None = None,
+    ) -> pa.Table:
+        """Committed messages of ``queue`` in delivery order, without removing anything (spec section 4).
+
+        The result has the message columns plus ``queue``, ``qmgr`` and ``delivery_seq`` (the
+        logical position). Expired messages are left out; their number is in the schema metadata
+        under ``mqspark.expired``. ``now`` fixes the moment for expiry and ``available_at``
+        (default: the current time) and ``version`` the queue table version read (default: latest).
+        """
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
+        options = DeliveryOptions(
+            order, all_messages_available, complete_message, msg_id, correl_id, group_id, msg_seq_number
+        )
         definition = self._resolve(queue)
         table = self._message_table(definition.name)
-        messages = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
-        ordered = physical_order(messages, definition.delivery_sequence).drop_columns(["commit_version"])
-        return ordered if limit is None else ordered.slice(0, limit)
+        messages = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA, version)
+        delivery = deliver(messages, definition.delivery_sequence, options, now or datetime.now(UTC))
+        delivered = delivery.messages.drop_columns(["commit_version"])
+        if limit is not None:
+            delivered = delivered.slice(0, limit)
+        rows = delivered.num_rows
+        delivered = delivered.append_column(BROWSE_SCHEMA.field("queue"), pa.repeat(definition.name, rows))
+        delivered = delivered.append_column(BROWSE_SCHEMA.field("qmgr"), pa.repeat(self.name, rows))
+        delivered = delivered.append_column(
+            BROWSE_SCHEMA.field("delivery_seq"), pa.array(np.arange(rows, dtype=np.int64))
+        )
+        return delivered.cast(BROWSE_SCHEMA).replace_schema_metadata({"mqspark.expired": str(delivery.expired)})
 
     # Helpers
 

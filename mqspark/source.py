@@ -7,23 +7,50 @@ with delta-rs through :class:`mqspark.QueueManager`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from .ordering import DeliveryOptions
 from .qmgr import QueueManager
 
 
-class BrowseReader(DataSourceReader):
-    """Reads the whole queue in one partition, so the rows keep their delivery order."""
+@dataclass(frozen=True)
+class BrowsePlan:
+    """A browse fixed on the driver: what to read, the table version, and the moment for time rules."""
 
-    def __init__(self, options: dict[str, object]) -> None:
-        self.options = options
+    root: str
+    queue: str
+    delivery: DeliveryOptions
+    limit: int | None
+    now: datetime
+    version: int
+
+
+class BrowseReader(DataSourceReader):
+    """Reads the queue in one partition, so every group stays together and in order."""
+
+    def __init__(self, plan: BrowsePlan) -> None:
+        self.plan = plan
 
     def partitions(self) -> list[InputPartition]:
         return [InputPartition(0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        qm = QueueManager.open(self.options["root"])
-        table = qm.browse(self.options["queue"], order=self.options["order"], limit=self.options["limit"])
+        plan, delivery = self.plan, self.plan.delivery
+        table = QueueManager.open(plan.root).browse(
+            plan.queue,
+            delivery.order,
+            all_messages_available=delivery.all_messages_available,
+            complete_message=delivery.complete_message,
+            msg_id=delivery.msg_id,
+            correl_id=delivery.correl_id,
+            group_id=delivery.group_id,
+            msg_seq_number=delivery.msg_seq_number,
+            limit=plan.limit,
+            now=plan.now,
+            version=plan.version,
+        )
         yield from table.to_batches()

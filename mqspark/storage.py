@@ -102,14 +102,14 @@ def row_count(table: DeltaTable) -> int:
     return table.to_pyarrow_dataset().count_rows()
 
 
-def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema) -> pa.Table:
-    """Every committed row with the version that committed it, as ``commit_version``.
+def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema, version: int | None = None) -> pa.Table:
+    """Every row committed up to ``version`` (default: the table's), with its version as ``commit_version``.
 
     Read through the change data feed, which knows each row's commit version. Queue tables only
     ever get inserts in normal operation; any other change means the table was edited behind
     mqspark's back, so it fails loudly instead of guessing.
     """
-    feed = pa.table(table.load_cdf())
+    feed = pa.table(table.load_cdf(ending_version=table.version() if version is None else version))
     changes = pc.unique(feed["_change_type"]).to_pylist()
     if set(changes) - {"insert"}:
         raise MQError(

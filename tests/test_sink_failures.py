@@ -144,7 +144,10 @@ def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, reco
         with log.open("w") as stderr:
             process = subprocess.Popen(
                 [sys.executable, str(script), qm.root, str(tmp_path / "input"), str(checkpoint)],
-                stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=env,
+                start_new_session=True,
             )
         return process, log
 

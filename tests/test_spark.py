@@ -14,7 +14,9 @@ from pyspark.sql import functions as F
 from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
 
-PUT_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+from .samples import spec_example
+
+EXPIRY = datetime(2036, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def _put_sample(qm):
@@ -23,7 +25,7 @@ def _put_sample(qm):
         "ORDERS",
         [
             {"payload": "a", "correl_id": "C1", "properties": {"k": "v"}},
-            {"payload": b"\x00\x01", "priority": 8, "expiry": PUT_TIME},
+            {"payload": b"\x00\x01", "priority": 8, "expiry": EXPIRY},
         ],
     )
     qm.put(
@@ -56,7 +58,7 @@ def test_spark_read_mq_limit(spark, qm):
     ("options", "message"),
     [
         ({}, 'option queue is missing: give the queue to read, as in .option("queue", "ORDERS")'),
-        ({"queue": "ORDERS", "order": "sideways"}, "option order must be one of physical; got 'sideways'"),
+        ({"queue": "ORDERS", "order": "sideways"}, "option order must be one of logical, physical; got 'sideways'"),
         ({"queue": "ORDERS", "limit": "-1"}, "option limit must be a whole number >= 0, got '-1'"),
     ],
     ids=["no-queue", "bad-order", "bad-limit"],
@@ -79,7 +81,7 @@ def test_queue_table_written_by_put_reads_with_delta_spark(spark, qm):
     _put_sample(qm)
     table = spark.read.format("delta").load(storage.queue_location(qm.root, "ORDERS"))
     assert table.schema.fieldNames() == MESSAGE_SCHEMA.names
-    expected = spark.createDataFrame(qm.browse("ORDERS"), schema=table.schema)
+    expected = spark.createDataFrame(qm.browse("ORDERS").select(MESSAGE_SCHEMA.names), schema=table.schema)
     assert_df_equality(table.orderBy("msg_id"), expected.orderBy("msg_id"))
     first = table.where(F.col("correl_id") == "C1").first()
     assert (first.priority, first.properties, first.payload) == (3, {"k": "v"}, bytearray(b"a"))
@@ -110,3 +112,47 @@ def test_delta_spark_refuses_rows_without_required_fields(spark, qm):
     ):
         bad.write.format("delta").mode("append").save(location)
     assert qm.browse("ORDERS").num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "browse_options"),
+    [
+        ({}, {}),
+        ({"order": "physical"}, {"order": "physical"}),
+        ({"completeMessage": "true"}, {"complete_message": True}),
+        ({"allMessagesAvailable": "true"}, {"all_messages_available": True}),
+        (
+            {"groupId": "Y", "msgSeqNumber": "3", "completeMessage": "true"},
+            {"group_id": "Y", "msg_seq_number": 3, "complete_message": True},
+        ),
+        ({"correlId": "REQ-1"}, {"correl_id": "REQ-1"}),
+        ({"limit": "3"}, {"limit": 3}),
+    ],
+    ids=["logical", "physical", "complete-message", "all-available", "group-match", "correl-match", "limit"],
+)
+def test_spark_read_mq_agrees_with_browse(spark, qm, options, browse_options):
+    spec_example(qm)
+    qm.put("Q", [{"payload": "C", "correl_id": "REQ-1"}])
+    actual = spark.read.format("mq").option("queue", "Q").options(**options).load(qm.root)
+    expected = spark.createDataFrame(qm.browse("Q", **browse_options), schema=actual.schema)
+    assert_df_equality(actual, expected)
+    # Every group lands in one partition, in order.
+    assert actual.rdd.getNumPartitions() == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"completeMessage": "yes"}, "option completeMessage must be true or false, got 'yes'"),
+        ({"msgSeqNumber": "0", "groupId": "Y"}, "option msgSeqNumber must be a whole number >= 1, got '0'"),
+        (
+            {"order": "physical", "allMessagesAvailable": "true"},
+            "options allMessagesAvailable and completeMessage need order logical",
+        ),
+    ],
+    ids=["bad-flag", "bad-seq", "physical-with-group-option"],
+)
+def test_spark_read_mq_bad_delivery_options(spark, qm, options, message):
+    qm.define_queue("Q")
+    with pytest.raises(AnalysisException, match=re.escape(message)):
+        spark.read.format("mq").option("queue", "Q").options(**options).load(qm.root)

@@ -1,0 +1,246 @@
+"""The ordering engine against the reference model of spec section 4, and the spec's own example."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mqspark import MQValidationError, QueueDefinition, storage
+from mqspark.messages import MESSAGE_SCHEMA, prepare_put, rows_to_table
+from mqspark.ordering import DeliveryOptions, deliver
+
+from . import reference_model
+from .samples import spec_example
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+FIELDS = ("msg_id", "payload", "priority", "group_id", "msg_seq_number", "offset", "segmented", "last_segment")
+OPTION_SETS = [
+    ("physical", False, False),
+    ("logical", False, False),
+    ("logical", True, False),
+    ("logical", False, True),
+    ("logical", True, True),
+]
+
+
+@st.composite
+def puts(draw) -> list[list[dict]]:
+    """Random puts of ungrouped messages, groups and segmented messages, some incomplete or timed."""
+    items: list[dict] = []
+    for number in range(draw(st.integers(0, 5))):
+        items.append({"payload": f"P{number}", "priority": draw(st.sampled_from([0, 4, 9]))})
+    for group in range(draw(st.integers(0, 4))):
+        group_id, priority = f"G{group}", draw(st.sampled_from([0, 4, 9]))
+        messages = draw(st.integers(1, 3))
+        flags_last = draw(st.booleans())
+        for seq in range(1, messages + 1):
+            item = {
+                "group_id": group_id,
+                "msg_seq_number": seq,
+                "priority": priority,
+                "last_in_group": flags_last and seq == messages,
+            }
+            segments = draw(st.integers(0, 3))
+            if segments == 0:
+                items.append({**item, "payload": f"{group_id}.{seq}"})
+            offset = 0
+            for segment in range(segments):
+                payload = chr(ord("a") + segment) * draw(st.integers(1, 3))
+                items.append(
+                    {
+                        **item,
+                        "payload": payload,
+                        "segmented": True,
+                        "offset": offset,
+                        "last_segment": segment == segments - 1,
+                    }
+                )
+                offset += len(payload)
+    for item in items:
+        timing = draw(st.sampled_from(["none"] * 6 + ["expired", "later", "expires-later", "was-delayed"]))
+        if timing == "expired":
+            item["expiry"] = NOW - HOUR
+        elif timing == "expires-later":
+            item["expiry"] = NOW + HOUR
+        elif timing == "later":
+            item["available_at"] = NOW + HOUR
+        elif timing == "was-delayed":
+            item["available_at"] = NOW - HOUR
+    kept = [item for item in items if draw(st.integers(0, 6)) > 0]
+    shuffled = draw(st.permutations(kept))
+    cuts = sorted(draw(st.lists(st.integers(0, len(shuffled)), max_size=6)))
+    bounds = [0, *cuts, len(shuffled)]
+    return [list(shuffled[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _committed(queue: QueueDefinition, transactions: list[list[dict]]) -> pa.Table:
+    """The rows these puts commit, with the commit version each would get, without any Delta I/O."""
+    tables = []
+    for version, rows in enumerate(transactions, start=1):
+        messages = prepare_put(queue, rows_to_table(queue.name, rows)).messages
+        tables.append(
+            messages.append_column("commit_version", pa.repeat(pa.scalar(version, pa.int64()), len(messages)))
+        )
+    return (
+        pa.concat_tables(tables)
+        if tables
+        else MESSAGE_SCHEMA.empty_table().append_column("commit_version", pa.array([], pa.int64()))
+    )
+
+
+def _fields(rows: list[dict]) -> list[tuple]:
+    return [tuple(row[name] for name in FIELDS) for row in rows]
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transactions=puts(), delivery_sequence=st.sampled_from(["priority", "fifo"]))
+def test_engine_matches_reference_model(transactions, delivery_sequence):
+    queue = QueueDefinition.build("Q", delivery_sequence=delivery_sequence)
+    committed = _committed(queue, transactions)
+    rows = committed.to_pylist()
+    for order, all_available, complete in OPTION_SETS:
+        options = DeliveryOptions(order, all_available, complete)
+        delivery = deliver(committed, delivery_sequence, options, NOW)
+        expected = reference_model.delivered(rows, delivery_sequence, NOW, order, all_available, complete)
+        assert _fields(delivery.messages.to_pylist()) == _fields(expected), (order, all_available, complete)
+        assert delivery.expired == reference_model.expired_count(rows, NOW)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(transactions=puts())
+def test_browse_matches_reference_model_through_delta(tmp_path_factory, transactions):
+    from mqspark import QueueManager
+
+    qm = QueueManager.create(tmp_path_factory.mktemp("qm"), "QM1")
+    qm.define_queue("Q")
+    for rows in transactions:
+        qm.put("Q", rows)
+    table = storage.open_table(storage.queue_location(qm.root, "Q"), None)
+    rows = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
+    for order, all_available, complete in OPTION_SETS:
+        browsed = qm.browse("Q", order, all_messages_available=all_available, complete_message=complete, now=NOW)
+        expected = reference_model.delivered(rows, "priority", NOW, order, all_available, complete)
+        assert _fields(browsed.to_pylist()) == _fields(expected)
+        assert browsed["delivery_seq"].to_pylist() == list(range(len(expected)))
+        assert browsed.schema.metadata[b"mqspark.expired"] == str(reference_model.expired_count(rows, NOW)).encode()
+
+
+def test_spec_example_logical_order(qm):
+    spec_example(qm)
+    assert qm.browse("Q", "physical")["payload"].to_pylist() == [
+        b"A",
+        b"Y1",
+        b"Z2",
+        b"Y2",
+        b"Y3-1:",
+        b"Y3-2",
+        b"Z1",
+        b"B",
+    ]
+    assert qm.browse("Q")["payload"].to_pylist() == [b"A", b"Y1", b"Y2", b"Y3-1:", b"Y3-2", b"Z1", b"Z2", b"B"]
+    whole = qm.browse("Q", complete_message=True)
+    assert whole["payload"].to_pylist() == [b"A", b"Y1", b"Y2", b"Y3-1:Y3-2", b"Z1", b"Z2", b"B"]
+    assert whole["delivery_seq"].to_pylist() == list(range(7))
+
+
+def test_group_without_first_item_waits_and_others_flow_past(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "A"}, {"payload": "G2", "group_id": "G", "msg_seq_number": 2, "last_in_group": True}])
+    qm.put("Q", [{"payload": "B"}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"A", b"B"]
+    qm.put("Q", [{"payload": "G1", "group_id": "G", "msg_seq_number": 1}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"A", b"B", b"G1", b"G2"]
+
+
+def test_item_waits_for_the_one_before_it_unless_all_are_wanted(qm):
+    qm.define_queue("Q")
+    group = {"group_id": "G"}
+    qm.put("Q", [{**group, "payload": "1", "msg_seq_number": 1}, {**group, "payload": "3", "msg_seq_number": 3}])
+    qm.put("Q", [{"payload": "after"}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"1", b"after"]
+    assert qm.browse("Q", all_messages_available=True)["payload"].to_pylist() == [b"after"]
+    qm.put(
+        "Q",
+        [
+            {**group, "payload": "2", "msg_seq_number": 2},
+            {**group, "payload": "4", "msg_seq_number": 4, "last_in_group": True},
+        ],
+    )
+    assert qm.browse("Q", all_messages_available=True)["payload"].to_pylist() == [b"1", b"2", b"3", b"4", b"after"]
+
+
+def test_group_sorts_by_its_first_items_priority(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "low", "priority": 1}])
+    qm.put("Q", [{"payload": "G1", "priority": 8, "group_id": "G", "msg_seq_number": 1}])
+    qm.put("Q", [{"payload": "G2", "priority": 2, "group_id": "G", "msg_seq_number": 2, "last_in_group": True}])
+    qm.put("Q", [{"payload": "mid", "priority": 5}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"G1", b"G2", b"mid", b"low"]
+    assert qm.browse("Q", "physical")["payload"].to_pylist() == [b"G1", b"mid", b"G2", b"low"]
+
+
+def test_expired_messages_are_discarded_and_counted(qm):
+    qm.define_queue("Q")
+    qm.put(
+        "Q",
+        [
+            {"payload": "old", "expiry": NOW - HOUR},
+            {"payload": "fresh", "expiry": NOW + HOUR},
+            {"payload": "later", "available_at": NOW + HOUR},
+            {"payload": "plain"},
+        ],
+    )
+    browsed = qm.browse("Q", now=NOW)
+    assert browsed["payload"].to_pylist() == [b"fresh", b"plain"]
+    assert browsed.schema.metadata[b"mqspark.expired"] == b"1"
+    assert qm.browse("Q", now=NOW + 2 * HOUR)["payload"].to_pylist() == [b"later", b"plain"]
+
+
+def test_match_selectors(qm):
+    spec_example(qm)
+    qm.put("Q", [{"payload": "C", "correl_id": "REQ-1"}])
+    assert qm.browse("Q", group_id="Y")["payload"].to_pylist() == [b"Y1", b"Y2", b"Y3-1:", b"Y3-2"]
+    assert qm.browse("Q", group_id="Y", msg_seq_number=3, complete_message=True)["payload"].to_pylist() == [
+        b"Y3-1:Y3-2"
+    ]
+    assert qm.browse("Q", correl_id="REQ-1")["payload"].to_pylist() == [b"C"]
+    msg_id = qm.browse("Q")["msg_id"][1].as_py()
+    assert qm.browse("Q", msg_id=msg_id)["payload"].to_pylist() == [b"Y1"]
+    assert qm.browse("Q", msg_id="nope").num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"order": "random"}, "option order must be one of logical, physical; got 'random'"),
+        (
+            {"order": "physical", "complete_message": True},
+            "options allMessagesAvailable and completeMessage need order logical",
+        ),
+        ({"msg_seq_number": 2}, "option msgSeqNumber (2) needs groupId"),
+        ({"limit": -1}, "option limit must be a whole number >= 0, got -1"),
+    ],
+    ids=["bad-order", "physical-with-complete", "seq-without-group", "negative-limit"],
+)
+def test_bad_browse_options(qm, kwargs, message):
+    qm.define_queue("Q")
+    with pytest.raises(MQValidationError, match=re.escape(message)):
+        qm.browse("Q", **kwargs)
+
+
+def test_browse_changes_nothing(qm):
+    spec_example(qm)
+    location = storage.queue_location(qm.root, "Q")
+    version = storage.open_table(location, None).version()
+    for options in ({}, {"complete_message": True}, {"all_messages_available": True}):
+        qm.browse("Q", **options)
+    assert storage.open_table(location, None).version() == version
+    assert qm.depth("Q") == 8
