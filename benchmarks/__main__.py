@@ -5,11 +5,23 @@ from __future__ import annotations
 import json
 import sys
 
-from . import python_put
+from . import browse, python_put, stream_put
+
+
+def _spark():
+    import mqspark
+
+    return mqspark.session(app_name="mqspark-bench", master="local[2]", **{"spark.ui.showConsoleProgress": "false"})
+
 
 BENCHMARKS = {
     "python_put_10k": lambda: python_put.run(put_size=10_000),
     "python_put_100": lambda: python_put.run(messages=20_000, put_size=100),
+    "stream_put_10k": lambda: stream_put.run(batch_rows=10_000),
+    "stream_put_100k": lambda: stream_put.run(batch_rows=100_000),
+    "browse_ungrouped": lambda: browse.run(_spark(), "ungrouped"),
+    "browse_open_groups": lambda: browse.run(_spark(), "open_groups"),
+    "browse_segments": lambda: browse.run(_spark(), "segments"),
 }
 
 

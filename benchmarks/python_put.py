@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import tempfile
 import time
@@ -15,6 +16,13 @@ from mqspark.messages import MESSAGE_SCHEMA, prepare_put
 
 def run(messages: int = 200_000, put_size: int = 10_000, payload_bytes: int = 1024) -> dict:
     root = tempfile.mkdtemp(prefix="mqspark-bench-")
+    try:
+        return _measure(root, messages, put_size, payload_bytes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(root: str, messages: int, put_size: int, payload_bytes: int) -> dict:
     qm = QueueManager.create(f"{root}/qm", "BENCH")
     qm.define_queue("Q")
     data = pa.table({"payload": pa.array([b"x" * payload_bytes] * put_size, pa.binary())})

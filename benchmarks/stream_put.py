@@ -3,10 +3,12 @@
 The input is Parquet files of ``payload`` (binary, random bytes, so compression cannot make it cheap),
 ``file_rows`` rows each, written once before anything is timed. Each sink reads them with
 ``maxFilesPerTrigger`` files per micro-batch and ``trigger(availableNow=True)`` in the same
-SparkSession, after a small warm-up stream through both sinks. Wall time is start() to
+SparkSession (Delta's snapshotPartitions set to the core count, see :func:`run`), after a small
+warm-up stream through both sinks. Wall time is start() to
 awaitTermination(). Per micro-batch times come from each query's ``recentProgress``; commit times
 come from the Delta logs of the two tables (see :func:`_commits`), because neither sink records how
-long its commit took.
+long its commit took. The run fails instead of reporting when either table does not hold exactly
+the input rows, one commit per micro-batch.
 """
 
 from __future__ import annotations
@@ -109,7 +111,13 @@ def _progress_fields(prefix: str, progress: list) -> dict:
 
 def _commit_fields(prefix: str, commits: list[dict]) -> dict:
     timestamps = [commit["info"]["timestamp"] for commit in commits]
+    started = [c["info"]["mqspark.commit_started_ms"] for c in commits if "mqspark.commit_started_ms" in c["info"]]
+    measured = {}
+    if started:
+        # mqspark records when its driver-side commit began; commitInfo.timestamp is when it committed.
+        measured = _summary(f"{prefix}_commit_ms", [t - s for t, s in zip(timestamps, started, strict=True)])
     return {
+        **measured,
         **_summary(f"{prefix}_commit_interval_ms", [b - a for a, b in zip(timestamps, timestamps[1:], strict=False)]),
         **_summary(f"{prefix}_file_to_commit_ms", [c["log_written_ms"] - c["last_file_ms"] for c in commits]),
     }
@@ -120,20 +128,39 @@ def run(
     messages: int = 1_000_000,
     file_rows: int = 10_000,
     payload_bytes: int = 1024,
+    delta_snapshot_partitions: int | None = 2,
     keep: bool = False,
 ) -> dict:
+    """Put ``messages`` through both sinks in micro-batches of ``batch_rows`` rows.
+
+    ``delta_snapshot_partitions`` sets ``spark.databricks.delta.snapshotPartitions`` while the
+    benchmark runs (None keeps the session's). Delta's default of 50 makes its sink reconstruct the
+    table state with 50-task jobs in every micro-batch, about 2 s per batch on 2 cores, which would
+    make the baseline a measure of that setting rather than of writing Delta. ``keep`` leaves the
+    temporary folder in place for inspection.
+    """
     if batch_rows % file_rows or messages % batch_rows:
         raise ValueError(f"batch_rows {batch_rows} must be a multiple of {file_rows} and divide {messages}")
     files_per_trigger = batch_rows // file_rows
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-stream-"))
+    spark = None
+    previous: dict[str, str | None] = {}
     try:
         _write_input(root / "input", messages // file_rows, file_rows, payload_bytes, seed=1)
         _write_input(root / "warmup-input", 4, 2_500, payload_bytes, seed=2)
         load_at_start = os.getloadavg()[0]
 
-        spark = mqspark.session(app_name="mqspark-bench", master="local[2]")
+        # Console progress bars would only clutter stderr; a session that already exists keeps its settings.
+        spark = mqspark.session(
+            app_name="mqspark-bench", master="local[2]", **{"spark.ui.showConsoleProgress": "false"}
+        )
         # Keep every micro-batch's progress (Spark keeps 100 by default).
-        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "10000")
+        settings = {"spark.sql.streaming.numRecentProgressUpdates": "10000"}
+        if delta_snapshot_partitions is not None:
+            settings["spark.databricks.delta.snapshotPartitions"] = str(delta_snapshot_partitions)
+        previous = {key: spark.conf.get(key, None) for key in settings}
+        for key, value in settings.items():
+            spark.conf.set(key, value)
         qm = QueueManager.create(root / "qm", "BENCH")
         qm.define_queue("WARMUP")
         qm.define_queue("Q")
@@ -161,6 +188,7 @@ def run(
             "delta table count": (delta_count, messages),
             "mq commits": (len(mq_commits), batches),
             "mq put commits": (sum(c["info"].get("mqspark.operation") == "put" for c in mq_commits), batches),
+            "delta commits": (len(delta_commits), batches),
             "mq progress batches": (len(mq_progress), batches),
             "delta progress batches": (len(delta_progress), batches),
         }
@@ -175,6 +203,7 @@ def run(
             "messages": messages,
             "batch_rows": batch_rows,
             "payload_bytes": payload_bytes,
+            "delta_snapshot_partitions": delta_snapshot_partitions,
             "mq_seconds": round(mq_seconds, 2),
             "delta_seconds": round(delta_seconds, 2),
             "mq_messages_per_s": round(mq_rate),
@@ -194,5 +223,11 @@ def run(
             "load_avg_1m_at_start": round(load_at_start, 2),
         }
     finally:
+        if spark is not None:
+            for key, value in previous.items():
+                if value is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, value)
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -182,6 +182,7 @@ class QueueManager:
         *,
         producer: str | None = None,
         batch_id: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> int | None:
         """Commit the data files of one put in one Delta commit and return its version.
 
@@ -204,6 +205,7 @@ class QueueManager:
         *,
         producer: str | None = None,
         batch_id: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> int | None:
         location = self._location(definition.name)
         try:
@@ -224,12 +226,12 @@ class QueueManager:
                         Reason.MQRC_Q_FULL,
                     )
                 _check_against_committed(definition.name, table, groups)
-                metadata = {"mqspark.operation": "put", "mqspark.messages": rows}
+                info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
                 if producer is not None:
-                    metadata.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
+                    info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
                 try:
                     return storage.commit_files(
-                        table, files, MESSAGE_SCHEMA, app_id=producer, app_version=batch_id, metadata=metadata
+                        table, files, MESSAGE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
                     )
                 except CommitFailedError:
                     time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))

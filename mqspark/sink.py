@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -107,6 +108,8 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
 
 def commit_batch(plan: SinkPlan, messages: list[PutCommitMessage | None], batch_id: int | None) -> None:
     """Commit every task's files, once per queue (driver side)."""
+    # With commitInfo's own timestamp this gives the driver-side commit time of every batch.
+    started_ms = int(time.time() * 1000)
     messages = [message for message in messages if message is not None]
     queues = sorted({queue for message in messages for queue in message.files})
     if not queues:
@@ -122,7 +125,14 @@ def commit_batch(plan: SinkPlan, messages: list[PutCommitMessage | None], batch_
         except MQError:
             storage.remove_data_files(storage.queue_location(qm.root, queue), files)
             raise
-        version = qm.commit_put(queue, files, groups.select(GROUP_COLUMNS), producer=producer, batch_id=batch_id)
+        version = qm.commit_put(
+            queue,
+            files,
+            groups.select(GROUP_COLUMNS),
+            producer=producer,
+            batch_id=batch_id,
+            metadata={"mqspark.commit_started_ms": started_ms},
+        )
         rows = sum(file.rows for file in files)
         if version is None:
             _report(f"queue {queue}: batch {batch_id} of producer {producer} was committed before; skipped {rows} rows")

@@ -53,4 +53,10 @@ class BrowseReader(DataSourceReader):
             now=plan.now,
             version=plan.version,
         )
-        yield from table.to_batches()
+        yield from table.to_batches(max_chunksize=batch_rows(table))
+
+
+def batch_rows(table: pa.Table, target_bytes: int = 32 * 1024 * 1024) -> int:
+    """Rows per Arrow batch handed to Spark: about ``target_bytes`` each, as the JVM copies every
+    batch into a direct buffer (1 GiB by default, and a 1M-message browse is larger than that)."""
+    return max(1, target_bytes * table.num_rows // max(table.nbytes, 1))

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 
 from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
+from mqspark.source import batch_rows
 
 from .samples import spec_example
 
@@ -156,3 +157,12 @@ def test_spark_read_mq_bad_delivery_options(spark, qm, options, message):
     qm.define_queue("Q")
     with pytest.raises(AnalysisException, match=re.escape(message)):
         spark.read.format("mq").option("queue", "Q").options(**options).load(qm.root)
+
+
+def test_browse_batches_handed_to_spark_stay_small(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"x" * 1000} for _ in range(50)])
+    table = qm.browse("Q")
+    rows = batch_rows(table, target_bytes=10_000)
+    assert 5 <= rows < 10
+    assert max(batch.nbytes for batch in table.to_batches(max_chunksize=rows)) <= 2 * 10_000
