@@ -22,6 +22,7 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 PROPERTIES = pa.map_(pa.string(), pa.string())
 
 # ``put_seq`` is the row's position inside its put; with the Delta commit version it gives physical order.
+# ``top_of_queue`` and ``before_msg_id`` are Tuxedo's ordering overrides (TPQTOP, TPQBEFOREMSGID).
 MESSAGE_SCHEMA = pa.schema(
     [
         pa.field("msg_id", pa.string(), nullable=False),
@@ -41,6 +42,8 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("expiry", TIMESTAMP),
         pa.field("available_at", TIMESTAMP),
         pa.field("backout_count", pa.int32(), nullable=False),
+        pa.field("top_of_queue", pa.bool_(), nullable=False),
+        pa.field("before_msg_id", pa.string()),
         pa.field("put_seq", pa.int64(), nullable=False),
     ]
 )
@@ -48,8 +51,8 @@ MESSAGE_SCHEMA = pa.schema(
 # What a producer may give; the rest is stamped by the put.
 PRODUCER_FIELDS = tuple(name for name in MESSAGE_SCHEMA.names if name not in ("put_time", "put_seq"))
 
-_STRING_FIELDS = ("msg_id", "correl_id", "group_id", "reply_to_queue", "reply_to_qmgr")
-_BOOLEAN_FIELDS = ("last_in_group", "segmented", "last_segment")
+_STRING_FIELDS = ("msg_id", "correl_id", "group_id", "reply_to_queue", "reply_to_qmgr", "before_msg_id")
+_BOOLEAN_FIELDS = ("last_in_group", "segmented", "last_segment", "top_of_queue")
 _TIME_FIELDS = ("expiry", "available_at")
 _INTEGER_FIELDS = ("priority", "msg_seq_number", "offset", "backout_count")
 
@@ -269,6 +272,24 @@ def _check_values(queue: str, table: pa.Table) -> None:
             Reason.MQRC_OFFSET_ERROR,
         ),
         ("backout_count", pc.less(table["backout_count"], 0), "must be 0 or more", None),
+        (
+            "top_of_queue",
+            pc.and_(table["top_of_queue"], pc.is_valid(table["before_msg_id"])),
+            "cannot go with before_msg_id",
+            None,
+        ),
+        (
+            "top_of_queue",
+            pc.and_(table["top_of_queue"], pc.is_valid(table["group_id"])),
+            "is only for messages outside groups",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
+        (
+            "before_msg_id",
+            pc.and_(pc.is_valid(table["before_msg_id"]), pc.is_valid(table["group_id"])),
+            "is only for messages outside groups",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
     ]
     for field_name, mask, text, reason in checks:
         if pc.any(pc.fill_null(mask, False)).as_py():
@@ -300,6 +321,14 @@ def _segment(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.
         if len(payload) <= size:
             pieces.append(row)
             continue
+        if row["top_of_queue"] or row["before_msg_id"] is not None:
+            field_name = "top_of_queue" if row["top_of_queue"] else "before_msg_id"
+            raise _error(
+                queue.name,
+                f"field {field_name}: message {row['msg_id']} is longer than max_message_length "
+                f"{queue.max_message_length} and a message placed by {field_name} cannot be segmented",
+                Reason.MQRC_SEGMENTATION_NOT_ALLOWED,
+            )
         if row["group_id"] is None:
             row.update(group_id=new_ids(1)[0].as_py(), msg_seq_number=1, last_in_group=True)
         for start in range(0, len(payload), size):

@@ -4,6 +4,8 @@ One engine serves every reader (``qm.browse``, ``spark.read.format("mq")``, the 
 
 - **Physical order** is the Delta commit order, then ``put_seq`` (the row's position in its put).
   Under ``priority`` delivery each priority is a lane, highest first; under ``fifo`` there is one lane.
+  Tuxedo's overrides move a message: ``top_of_queue`` to the head of its lane, ``before_msg_id``
+  to just before the named message.
 - **Logical order** places a group at the physical position of its first item (``msg_seq_number`` 1,
   ``offset`` 0), in the lane of that item's priority, followed by all its items in
   (``msg_seq_number``, ``offset``) order. Ungrouped messages keep their physical position. A group
@@ -68,25 +70,57 @@ def deliver(messages: pa.Table, delivery_sequence: str, options: DeliveryOptions
     waiting = pc.fill_null(pc.greater(messages["available_at"], moment), False)
     expired_count = pc.sum(expired).as_py() or 0
     present = messages.filter(pc.invert(pc.or_(expired, waiting)))
+    keys = _physical_keys(present, delivery_sequence)
     if options.order == "physical":
-        ordered = present.take(_sort(_lanes(present["priority"], delivery_sequence), present))
+        ordered = present.take(np.lexsort(keys[::-1]))
     else:
-        ordered = _logical(present, delivery_sequence, options)
+        ordered = _logical(present, keys, options)
     return Delivery(_match(ordered, options), expired_count)
 
 
-def _lanes(priority: pa.ChunkedArray, delivery_sequence: str) -> np.ndarray:
-    """Sort key of a priority lane: smaller first."""
-    if delivery_sequence == "fifo":
-        return np.zeros(len(priority), dtype=np.int64)
-    return -priority.to_numpy().astype(np.int64)
+_LAST = np.iinfo(np.int64).max
 
 
-def _sort(lane: np.ndarray, table: pa.Table) -> np.ndarray:
-    return np.lexsort((table["put_seq"].to_numpy(), table["commit_version"].to_numpy(), lane))
+def _physical_keys(table: pa.Table, delivery_sequence: str) -> list[np.ndarray]:
+    """Each row's physical position as sort keys, most significant first.
+
+    (lane, top class, version, put_seq, insert version, insert put_seq): the lane is ``-priority``
+    (0 under fifo). A ``top_of_queue`` message goes ahead of its lane, the latest put first. A
+    ``before_msg_id`` message takes its target's position and sorts just before it, later inserts
+    closer to the target; when the target is not there it keeps its own position.
+    """
+    rows = table.num_rows
+    lane = np.zeros(rows, dtype=np.int64)
+    if delivery_sequence == "priority":
+        lane = -table["priority"].to_numpy().astype(np.int64)
+    version = table["commit_version"].to_numpy().astype(np.int64)
+    put_seq = table["put_seq"].to_numpy().astype(np.int64)
+    top = table["top_of_queue"].to_numpy(zero_copy_only=False)
+    keys = [
+        lane,
+        np.where(top, 0, 1),
+        np.where(top, -version, version),
+        put_seq,
+        np.full(rows, _LAST),
+        np.full(rows, _LAST),
+    ]
+    before = table["before_msg_id"]
+    if before.null_count < rows:
+        candidates = np.flatnonzero(
+            pc.and_(pc.is_null(table["group_id"]), pc.is_null(before)).to_numpy(zero_copy_only=False)
+        )
+        # When msg_ids repeat, the target is the first of them in physical order.
+        candidates = candidates[np.lexsort([key[candidates] for key in keys[::-1]])]
+        found = pc.index_in(before, value_set=table["msg_id"].take(candidates)).to_numpy(zero_copy_only=False)
+        inserted = np.flatnonzero(~np.isnan(found.astype(float)))
+        targets = candidates[found[inserted].astype(np.int64)]
+        for key in keys[:4]:
+            key[inserted] = key[targets]
+        keys[4][inserted], keys[5][inserted] = version[inserted], put_seq[inserted]
+    return keys
 
 
-def _logical(table: pa.Table, delivery_sequence: str, options: DeliveryOptions) -> pa.Table:
+def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions) -> pa.Table:
     if table.num_rows == 0:
         return table
     grouped = pc.is_valid(table["group_id"]).to_numpy(zero_copy_only=False)
@@ -97,9 +131,6 @@ def _logical(table: pa.Table, delivery_sequence: str, options: DeliveryOptions) 
     last_segment = table["last_segment"].to_numpy(zero_copy_only=False)
     last_in_group = table["last_in_group"].to_numpy(zero_copy_only=False)
     length = pc.binary_length(table["payload"]).to_numpy().astype(np.int64)
-    lane = _lanes(table["priority"], delivery_sequence)
-    version = table["commit_version"].to_numpy()
-    put_seq = table["put_seq"].to_numpy()
 
     # Walk each group's items in (msg_seq_number, offset) order; ungrouped rows sort last, unused.
     order = np.lexsort((offset, seq, group, ~grouped))
@@ -150,14 +181,8 @@ def _logical(table: pa.Table, delivery_sequence: str, options: DeliveryOptions) 
     ungrouped = np.flatnonzero(~grouped)
     chosen = np.concatenate([ungrouped, delivered_grouped])
     anchor = np.concatenate([ungrouped, anchors])
-    keys = (
-        offset[chosen],
-        np.where(grouped[chosen], seq[chosen], 0),
-        put_seq[anchor],
-        version[anchor],
-        lane[anchor],
-    )
-    result = table.take(chosen[np.lexsort(keys)])
+    position = [key[anchor] for key in keys] + [np.where(grouped[chosen], seq[chosen], 0), offset[chosen]]
+    result = table.take(chosen[np.lexsort(position[::-1])])
     return _join_segments(result) if options.complete_message else result
 
 

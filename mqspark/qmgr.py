@@ -171,7 +171,7 @@ class QueueManager:
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
         file = storage.write_data_file(self._location(definition.name), messages.to_batches(), MESSAGE_SCHEMA)
         if file is not None:
-            self._commit_put(queue, definition, [file], group_items(messages))
+            self._commit_put(queue, definition, [file], group_items(messages), before_targets(messages))
         return msg_ids
 
     def commit_put(
@@ -179,6 +179,7 @@ class QueueManager:
         queue: str,
         files: list[storage.DataFile],
         groups: pa.Table,
+        targets: list[str] = (),
         *,
         producer: str | None = None,
         batch_id: int | None = None,
@@ -186,14 +187,16 @@ class QueueManager:
     ) -> int | None:
         """Commit the data files of one put in one Delta commit and return its version.
 
-        Every put path ends here. Inhibit flags, max depth and the group rules (``groups``: the put's
-        group items, see :func:`group_items`) are checked against exactly the version the commit
-        follows; a concurrent commit makes it re-read and check again. With ``producer`` and
-        ``batch_id`` the commit records a Delta ``txn``, and a transaction already committed is not
-        committed again (returns None). Files that will never be committed are deleted.
+        Every put path ends here. Inhibit flags, max depth, the group rules (``groups``: the put's
+        group items, see :func:`group_items`) and the ``before_msg_id`` targets (``targets``) are
+        checked against exactly the version the commit follows; a concurrent commit makes it re-read
+        and check again. With ``producer`` and ``batch_id`` the commit records a Delta ``txn``, and a
+        transaction already committed is not committed again (returns None). Files that will never
+        be committed are deleted. ``metadata`` is added to the commit's ``commitInfo``.
         """
+        definition = self._resolve(queue, inhibit="put")
         return self._commit_put(
-            queue, self._resolve(queue, inhibit="put"), files, groups, producer=producer, batch_id=batch_id
+            queue, definition, files, groups, targets, producer=producer, batch_id=batch_id, metadata=metadata
         )
 
     def _commit_put(
@@ -202,6 +205,7 @@ class QueueManager:
         definition: QueueDefinition,
         files: list[storage.DataFile],
         groups: pa.Table,
+        targets: list[str] = (),
         *,
         producer: str | None = None,
         batch_id: int | None = None,
@@ -226,6 +230,7 @@ class QueueManager:
                         Reason.MQRC_Q_FULL,
                     )
                 _check_against_committed(definition.name, table, groups)
+                _check_before_targets(definition.name, table, targets)
                 info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
                 if producer is not None:
                     info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
@@ -362,6 +367,32 @@ GROUP_COLUMNS = ["group_id", "msg_seq_number", "offset", "last_in_group"]
 def group_items(messages: pa.Table) -> pa.Table:
     """The group columns of a put's grouped messages: what the group rules are checked on."""
     return messages.filter(pc.is_valid(messages["group_id"])).select(GROUP_COLUMNS)
+
+
+def before_targets(messages: pa.Table) -> list[str]:
+    """The msg_ids a put's messages are to be placed before."""
+    return pc.unique(messages["before_msg_id"].drop_null()).to_pylist()
+
+
+def _check_before_targets(queue: str, table: DeltaTable, targets: list[str]) -> None:
+    """A ``before_msg_id`` must name a committed message outside any group, not itself placed before another."""
+    if not targets:
+        return
+    found = table.to_pyarrow_dataset().to_table(
+        columns=["msg_id", "group_id", "before_msg_id"], filter=pc.field("msg_id").isin(targets)
+    )
+    for target in targets:
+        rows = found.filter(pc.equal(found["msg_id"], target))
+        if rows.num_rows == 0:
+            raise MQError(
+                f"queue {queue}: field before_msg_id names {target}, which is not on the queue",
+                Reason.MQRC_NO_MSG_AVAILABLE,
+            )
+        if pc.any(pc.is_valid(rows["group_id"])).as_py() or pc.any(pc.is_valid(rows["before_msg_id"])).as_py():
+            raise MQValidationError(
+                f"queue {queue}: field before_msg_id names {target}, which is in a group or was itself placed "
+                "before another message"
+            )
 
 
 def _check_against_committed(queue: str, table: DeltaTable, groups: pa.Table) -> None:

@@ -27,7 +27,7 @@ from . import storage
 from .definitions import QueueDefinition
 from .errors import MQError
 from .messages import MESSAGE_SCHEMA, check_group_items, prepare_put
-from .qmgr import GROUP_COLUMNS, QueueManager
+from .qmgr import GROUP_COLUMNS, QueueManager, before_targets
 
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
 _PARTITION_SHIFT = 32
@@ -65,6 +65,7 @@ class PutCommitMessage(WriterCommitMessage):
     producer: str | None
     files: dict[str, list[storage.DataFile]] = field(default_factory=dict)
     groups: dict[str, bytes] = field(default_factory=dict)
+    targets: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -84,6 +85,7 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
     first_seq = context.partitionId() << _PARTITION_SHIFT
     producer = plan.producer or context.getLocalProperty("sql.streaming.queryId")
     groups: list[pa.Table] = []
+    targets: set[str] = set()
 
     def prepared() -> Iterator[pa.RecordBatch]:
         written = 0
@@ -96,6 +98,7 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
             rows = rows.set_column(rows.schema.get_field_index("put_seq"), MESSAGE_SCHEMA.field("put_seq"), seq)
             written += rows.num_rows
             groups.append(rows.filter(pc.is_valid(rows["group_id"])).select(_GROUP_ITEM_COLUMNS))
+            targets.update(before_targets(rows))
             yield from rows.to_batches()
 
     file = storage.write_data_file(plan.location, prepared(), MESSAGE_SCHEMA)
@@ -103,6 +106,7 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
     if file is not None:
         message.files[plan.definition.name] = [file]
         message.groups[plan.definition.name] = _to_ipc(pa.concat_tables(groups))
+        message.targets[plan.definition.name] = sorted(targets)
     return message
 
 
@@ -125,10 +129,12 @@ def commit_batch(plan: SinkPlan, messages: list[PutCommitMessage | None], batch_
         except MQError:
             storage.remove_data_files(storage.queue_location(qm.root, queue), files)
             raise
+        targets = sorted({target for message in messages for target in message.targets.get(queue, [])})
         version = qm.commit_put(
             queue,
             files,
             groups.select(GROUP_COLUMNS),
+            targets,
             producer=producer,
             batch_id=batch_id,
             metadata={"mqspark.commit_started_ms": started_ms},

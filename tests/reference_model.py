@@ -20,10 +20,7 @@ def delivered(
     """The messages a reader gets, in order. ``rows`` carry the message fields and commit_version."""
     present = [r for r in rows if not _expired(r, now) and not _waiting(r, now)]
 
-    def lane(row: dict) -> int:
-        return -row["priority"] if delivery_sequence == "priority" else 0
-
-    physical = sorted(present, key=lambda r: (lane(r), r["commit_version"], r["put_seq"]))
+    physical = _physical(present, delivery_sequence)
     if order == "physical":
         return physical
     result = []
@@ -35,6 +32,41 @@ def delivered(
             items = [r for r in present if r["group_id"] == row["group_id"]]
             result.extend(_group(items, all_messages_available, complete_message))
     return result
+
+
+def _physical(present: list[dict], delivery_sequence: str) -> list[dict]:
+    """Place the messages one by one, in the order their puts committed (Tuxedo's ordering overrides)."""
+    lanes: dict[int, list[dict]] = {}
+    for row in sorted(present, key=lambda r: (r["commit_version"], r["put_seq"])):
+        lane = -row["priority"] if delivery_sequence == "priority" else 0
+        target = _placed_target(lanes, row["before_msg_id"])
+        if target is not None:
+            # Immediately before the named message, in its lane.
+            lanes[target[0]].insert(target[1], row)
+        elif row["top_of_queue"]:
+            # At the head of the lane, after the tops of the same put.
+            queue = lanes.setdefault(lane, [])
+            same_put = 0
+            while (
+                same_put < len(queue)
+                and queue[same_put]["top_of_queue"]
+                and queue[same_put]["commit_version"] == row["commit_version"]
+            ):
+                same_put += 1
+            queue.insert(same_put, row)
+        else:
+            lanes.setdefault(lane, []).append(row)
+    return [row for lane in sorted(lanes) for row in lanes[lane]]
+
+
+def _placed_target(lanes: dict[int, list[dict]], msg_id: str | None) -> tuple[int, int] | None:
+    if msg_id is None:
+        return None
+    for lane in sorted(lanes):
+        for index, row in enumerate(lanes[lane]):
+            if row["msg_id"] == msg_id and row["group_id"] is None and row["before_msg_id"] is None:
+                return lane, index
+    return None
 
 
 def expired_count(rows: list[dict], now: datetime) -> int:

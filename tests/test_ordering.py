@@ -19,7 +19,18 @@ from .samples import spec_example
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-FIELDS = ("msg_id", "payload", "priority", "group_id", "msg_seq_number", "offset", "segmented", "last_segment")
+FIELDS = (
+    "msg_id",
+    "payload",
+    "priority",
+    "group_id",
+    "msg_seq_number",
+    "offset",
+    "segmented",
+    "last_segment",
+    "top_of_queue",
+    "before_msg_id",
+)
 OPTION_SETS = [
     ("physical", False, False),
     ("logical", False, False),
@@ -34,7 +45,20 @@ def puts(draw) -> list[list[dict]]:
     """Random puts of ungrouped messages, groups and segmented messages, some incomplete or timed."""
     items: list[dict] = []
     for number in range(draw(st.integers(0, 5))):
-        items.append({"payload": f"P{number}", "priority": draw(st.sampled_from([0, 4, 9]))})
+        plain = {"msg_id": f"P{number}", "payload": f"P{number}", "priority": draw(st.sampled_from([0, 4, 9]))}
+        if draw(st.integers(0, 4)) == 0:
+            plain["top_of_queue"] = True
+        items.append(plain)
+    for number in range(draw(st.integers(0, 4))):
+        # Tuxedo's "before msg_id": kept only when the target was committed by an earlier put (below).
+        items.append(
+            {
+                "msg_id": f"I{number}",
+                "payload": f"I{number}",
+                "priority": draw(st.sampled_from([0, 4, 9])),
+                "before_msg_id": f"P{draw(st.integers(0, 4))}",
+            }
+        )
     for group in range(draw(st.integers(0, 4))):
         group_id, priority = f"G{group}", draw(st.sampled_from([0, 4, 9]))
         messages = draw(st.integers(1, 3))
@@ -76,7 +100,14 @@ def puts(draw) -> list[list[dict]]:
     shuffled = draw(st.permutations(kept))
     cuts = sorted(draw(st.lists(st.integers(0, len(shuffled)), max_size=6)))
     bounds = [0, *cuts, len(shuffled)]
-    return [list(shuffled[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    transactions = [list(shuffled[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    committed: set[str] = set()
+    for rows in transactions:
+        for index, row in enumerate(rows):
+            if row.get("before_msg_id") not in (None, *committed):
+                rows[index] = {key: value for key, value in row.items() if key != "before_msg_id"}
+        committed |= {row["msg_id"] for row in rows if row.get("msg_id", "").startswith("P")}
+    return transactions
 
 
 def _committed(queue: QueueDefinition, transactions: list[list[dict]]) -> pa.Table:
@@ -244,3 +275,74 @@ def test_browse_changes_nothing(qm):
         qm.browse("Q", **options)
     assert storage.open_table(location, None).version() == version
     assert qm.depth("Q") == 8
+
+
+def test_top_of_queue_goes_ahead_of_its_priority_latest_first(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "a"}, {"payload": "hi", "priority": 9}])
+    qm.put("Q", [{"payload": "top1", "top_of_queue": True}, {"payload": "top2", "top_of_queue": True}])
+    qm.put("Q", [{"payload": "top3", "top_of_queue": True}, {"payload": "b"}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"hi", b"top3", b"top1", b"top2", b"a", b"b"]
+
+
+def test_before_msg_id_places_a_message_just_before_another(qm):
+    qm.define_queue("Q", delivery_sequence="fifo")
+    qm.put("Q", [{"payload": "a", "msg_id": "A"}, {"payload": "b", "msg_id": "B"}])
+    qm.put("Q", [{"payload": "x", "before_msg_id": "B"}])
+    qm.put("Q", [{"payload": "y", "before_msg_id": "B"}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"a", b"x", b"y", b"b"]
+
+
+def test_before_msg_id_of_an_expired_message_keeps_its_own_place(qm):
+    qm.define_queue("Q", delivery_sequence="fifo")
+    qm.put("Q", [{"payload": "a"}, {"payload": "old", "msg_id": "OLD", "expiry": NOW + HOUR}])
+    qm.put("Q", [{"payload": "x", "before_msg_id": "OLD"}])
+    assert qm.browse("Q", now=NOW)["payload"].to_pylist() == [b"a", b"x", b"old"]
+    assert qm.browse("Q", now=NOW + 2 * HOUR)["payload"].to_pylist() == [b"a", b"x"]
+
+
+@pytest.mark.parametrize(
+    ("row", "message", "reason"),
+    [
+        (
+            {"payload": "x", "before_msg_id": "NOPE"},
+            "MQRC_NO_MSG_AVAILABLE (2033): queue Q: field before_msg_id names NOPE, which is not on the queue",
+            2033,
+        ),
+        (
+            {"payload": "x", "before_msg_id": "G1"},
+            "queue Q: field before_msg_id names G1, which is in a group or was itself placed before another message",
+            None,
+        ),
+        (
+            {"payload": "x", "top_of_queue": True, "group_id": "G", "msg_seq_number": 2},
+            "MQRC_GROUP_ID_ERROR (2258): queue Q: field top_of_queue has value True in message 0: "
+            "is only for messages outside groups",
+            2258,
+        ),
+        (
+            {"payload": "x", "top_of_queue": True, "before_msg_id": "A"},
+            "queue Q: field top_of_queue has value True in message 0: cannot go with before_msg_id",
+            None,
+        ),
+        (
+            {"payload": "0123456789", "top_of_queue": True, "msg_id": "LONG"},
+            "MQRC_SEGMENTATION_NOT_ALLOWED (2443): queue Q: field top_of_queue: message LONG is longer than "
+            "max_message_length 4 and a message placed by top_of_queue cannot be segmented",
+            2443,
+        ),
+    ],
+    ids=["unknown-target", "grouped-target", "top-in-group", "top-and-before", "top-segmented"],
+)
+def test_bad_ordering_overrides(qm, row, message, reason):
+    from mqspark import MQError
+
+    qm.define_queue("Q", max_message_length=4)
+    qm.put(
+        "Q", [{"payload": "a", "msg_id": "A"}, {"payload": "g", "msg_id": "G1", "group_id": "G", "msg_seq_number": 1}]
+    )
+    version = storage.open_table(storage.queue_location(qm.root, "Q"), None).version()
+    with pytest.raises(MQError, match=re.escape(message)) as raised:
+        qm.put("Q", [row], segmentation=True)
+    assert (raised.value.reason or None) == reason
+    assert storage.open_table(storage.queue_location(qm.root, "Q"), None).version() == version

@@ -20,7 +20,7 @@ from mqspark.messages import MESSAGE_SCHEMA
 
 FIELDS = (
     "msg_id, correl_id, priority, group_id, msg_seq_number, offset, last_in_group, segmented, last_segment, "
-    "payload, properties, reply_to_queue, reply_to_qmgr, expiry, available_at, backout_count"
+    "payload, properties, reply_to_queue, reply_to_qmgr, expiry, available_at, backout_count, top_of_queue, before_msg_id"
 )
 
 
@@ -172,6 +172,8 @@ def test_defaults_are_filled(qm: QueueManager) -> None:
         "expiry": None,
         "available_at": None,
         "backout_count": 0,
+        "top_of_queue": False,
+        "before_msg_id": None,
         "put_seq": 0,
     }
 
@@ -200,6 +202,8 @@ FULL_ROWS = [
         "expiry": datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC),
         "available_at": datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
         "backout_count": 3,
+        "top_of_queue": False,
+        "before_msg_id": None,
     },
     {
         "msg_id": "M-2",
@@ -218,6 +222,8 @@ FULL_ROWS = [
         "expiry": datetime(1999, 12, 31, 23, 59, 59, tzinfo=UTC),
         "available_at": datetime(1970, 1, 1, tzinfo=UTC),
         "backout_count": 0,
+        "top_of_queue": False,
+        "before_msg_id": None,
     },
 ]
 
