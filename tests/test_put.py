@@ -20,7 +20,8 @@ from mqspark.messages import MESSAGE_SCHEMA
 
 FIELDS = (
     "msg_id, correl_id, priority, group_id, msg_seq_number, offset, last_in_group, segmented, last_segment, "
-    "payload, properties, reply_to_queue, reply_to_qmgr, expiry, available_at, backout_count, top_of_queue, before_msg_id"
+    "payload, properties, reply_to_queue, reply_to_qmgr, expiry, available_at, backout_count, "
+    "top_of_queue, before_msg_id"
 )
 
 
