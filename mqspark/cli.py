@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError
-from .ordering import ORDERS
+from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
 
 DEFAULT_ROOT = "./mq-data"
@@ -219,17 +219,16 @@ def run(args: argparse.Namespace) -> Any:
     if args.command == "put":
         return _put(qm, args)
     if args.command == "browse":
-        table = qm.browse(
-            args.queue,
-            order=args.order,
-            all_messages_available=args.all_messages_available,
-            complete_message=args.complete_message,
-            msg_id=args.msg_id,
-            correl_id=args.correl_id,
-            group_id=args.group_id,
-            msg_seq_number=args.msg_seq_number,
-            limit=args.limit,
+        options = DeliveryOptions(
+            args.order,
+            args.all_messages_available,
+            args.complete_message,
+            args.msg_id,
+            args.correl_id,
+            args.group_id,
+            args.msg_seq_number,
         )
+        table = qm.browse_with(args.queue, options, limit=args.limit)
         return table.select(list(_BROWSE_COLUMNS)) if not args.json else table
     names = [args.queue] if args.queue else [q.name for q in qm.queues()]
     return [{"queue": name, "depth": qm.depth(name)} for name in names]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -171,7 +171,7 @@ class QueueManager:
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
         file = storage.write_data_file(self._location(definition.name), messages.to_batches(), MESSAGE_SCHEMA)
         if file is not None:
-            self._commit_put(queue, definition, [file], group_items(messages), before_targets(messages))
+            self.commit_put(queue, [file], group_items(messages), before_targets(messages), definition=definition)
         return msg_ids
 
     def commit_put(
@@ -179,11 +179,12 @@ class QueueManager:
         queue: str,
         files: list[storage.DataFile],
         groups: pa.Table,
-        targets: list[str] = (),
+        targets: Sequence[str] = (),
         *,
         producer: str | None = None,
         batch_id: int | None = None,
         metadata: dict[str, Any] | None = None,
+        definition: QueueDefinition | None = None,
     ) -> int | None:
         """Commit the data files of one put in one Delta commit and return its version.
 
@@ -193,24 +194,9 @@ class QueueManager:
         and check again. With ``producer`` and ``batch_id`` the commit records a Delta ``txn``, and a
         transaction already committed is not committed again (returns None). Files that will never
         be committed are deleted. ``metadata`` is added to the commit's ``commitInfo``.
+        ``definition`` is the queue's definition when the caller has just read it.
         """
-        definition = self._resolve(queue, inhibit="put")
-        return self._commit_put(
-            queue, definition, files, groups, targets, producer=producer, batch_id=batch_id, metadata=metadata
-        )
-
-    def _commit_put(
-        self,
-        queue: str,
-        definition: QueueDefinition,
-        files: list[storage.DataFile],
-        groups: pa.Table,
-        targets: list[str] = (),
-        *,
-        producer: str | None = None,
-        batch_id: int | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> int | None:
+        definition = definition or self._resolve(queue, inhibit="put")
         location = self._location(definition.name)
         try:
             for attempt in range(_PUT_ATTEMPTS):
@@ -270,20 +256,31 @@ class QueueManager:
         msg_seq_number: int | None = None,
         limit: int | None = None,
         now: datetime | None = None,
-        version: int | None = None,
     ) -> pa.Table:
         """Committed messages of ``queue`` in delivery order, without removing anything (spec section 4).
 
         The result has the message columns plus ``queue``, ``qmgr`` and ``delivery_seq`` (the
         logical position). Expired messages are left out; their number is in the schema metadata
         under ``mqspark.expired``. ``now`` fixes the moment for expiry and ``available_at``
-        (default: the current time) and ``version`` the queue table version read (default: latest).
+        (default: the current time).
         """
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
         options = DeliveryOptions(
             order, all_messages_available, complete_message, msg_id, correl_id, group_id, msg_seq_number
         )
+        return self.browse_with(queue, options, limit=limit, now=now)
+
+    def browse_with(
+        self,
+        queue: str,
+        options: DeliveryOptions,
+        *,
+        limit: int | None = None,
+        now: datetime | None = None,
+        version: int | None = None,
+    ) -> pa.Table:
+        """:meth:`browse` with its options as one value, at queue table ``version`` (default: latest)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
         definition = self._resolve(queue)
         table = self._message_table(definition.name)
         messages = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA, version)

@@ -39,19 +39,9 @@ class BrowseReader(DataSourceReader):
         return [InputPartition(0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        plan, delivery = self.plan, self.plan.delivery
-        table = QueueManager.open(plan.root).browse(
-            plan.queue,
-            delivery.order,
-            all_messages_available=delivery.all_messages_available,
-            complete_message=delivery.complete_message,
-            msg_id=delivery.msg_id,
-            correl_id=delivery.correl_id,
-            group_id=delivery.group_id,
-            msg_seq_number=delivery.msg_seq_number,
-            limit=plan.limit,
-            now=plan.now,
-            version=plan.version,
+        plan = self.plan
+        table = QueueManager.open(plan.root).browse_with(
+            plan.queue, plan.delivery, limit=plan.limit, now=plan.now, version=plan.version
         )
         yield from table.to_batches(max_chunksize=batch_rows(table))
 

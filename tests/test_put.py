@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 
-from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, storage
+from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
 from mqspark.messages import MESSAGE_SCHEMA
+
+from .state import refused, unchanged
 
 FIELDS = (
     "msg_id, correl_id, priority, group_id, msg_seq_number, offset, last_in_group, segmented, last_segment, "
@@ -25,50 +22,11 @@ FIELDS = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class State:
-    queues: list[QueueDefinition]
-    catalog_version: int
-    queue_dirs: list[str]
-    messages: dict[str, tuple[int, list[dict[str, Any]]]]
-
-
 def stored(qm: QueueManager, queue: str) -> pa.Table:
     """The queue table's rows in physical (commit, put_seq) order, as stored: no delivery rules applied."""
     table = storage.open_table(storage.queue_location(qm.root, queue), None)
     rows = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
     return rows.sort_by([("commit_version", "ascending"), ("put_seq", "ascending")]).drop_columns(["commit_version"])
-
-
-def snapshot(qm: QueueManager) -> State:
-    """Catalog, table directories, and the Delta version and browse result of every local queue."""
-    queues = qm.queues()
-    return State(
-        queues=queues,
-        catalog_version=DeltaTable(storage.catalog_location(qm.root)).version(),
-        queue_dirs=sorted(os.listdir(Path(qm.root) / storage.QUEUES_DIR)),
-        messages={
-            q.name: (DeltaTable(storage.queue_location(qm.root, q.name)).version(), qm.browse(q.name).to_pylist())
-            for q in queues
-            if q.type == "local"
-        },
-    )
-
-
-@contextmanager
-def unchanged(qm: QueueManager) -> Iterator[None]:
-    before = snapshot(qm)
-    yield
-    assert snapshot(qm) == before
-
-
-@contextmanager
-def refused(error: type[MQError], text: str, reason: Reason | None = None) -> Iterator[None]:
-    """Expect exactly ``error`` with exactly ``text`` as its message and ``reason`` as its reason."""
-    with pytest.raises(error, match=f"^{re.escape(text)}$") as caught:
-        yield
-    assert type(caught.value) is error
-    assert caught.value.reason is reason
 
 
 def queue_with_message(qm: QueueManager, name: str = "Q", **attributes: Any) -> None:

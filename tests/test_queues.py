@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,47 +12,10 @@ from deltalake import DeltaTable
 
 from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, storage
 
+from .state import refused, unchanged
+
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ATTRIBUTES = [f.name for f in dataclasses.fields(QueueDefinition) if f.name != "name"]
-
-
-@dataclasses.dataclass(frozen=True)
-class State:
-    queues: list[QueueDefinition]
-    catalog_version: int
-    queue_dirs: list[str]
-    messages: dict[str, tuple[int, list[dict[str, Any]]]]
-
-
-def snapshot(qm: QueueManager) -> State:
-    """Everything an administration command could change: catalog, table directories, every local queue."""
-    queues = qm.queues()
-    locals_ = [q.name for q in queues if q.type == "local"]
-    return State(
-        queues=queues,
-        catalog_version=DeltaTable(storage.catalog_location(qm.root)).version(),
-        queue_dirs=sorted(os.listdir(Path(qm.root) / storage.QUEUES_DIR)),
-        messages={
-            name: (DeltaTable(storage.queue_location(qm.root, name)).version(), qm.browse(name).to_pylist())
-            for name in locals_
-        },
-    )
-
-
-@contextmanager
-def unchanged(qm: QueueManager) -> Iterator[None]:
-    before = snapshot(qm)
-    yield
-    assert snapshot(qm) == before
-
-
-@contextmanager
-def refused(error: type[MQError], text: str, reason: Reason | None = None) -> Iterator[None]:
-    """Expect exactly ``error`` with exactly ``text`` as its message and ``reason`` as its reason."""
-    with pytest.raises(error, match=f"^{re.escape(text)}$") as caught:
-        yield
-    assert type(caught.value) is error
-    assert caught.value.reason is reason
 
 
 def dead_letter_definition() -> QueueDefinition:
