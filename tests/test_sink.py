@@ -20,6 +20,7 @@ GIVEN = (
     "last_in_group boolean, payload string, properties map<string,string>, expiry timestamp"
 )
 EXPIRY = datetime(2030, 1, 1, tzinfo=UTC)
+STREAM_SCHEMA = "payload string, group_id string, msg_seq_number int, last_in_group boolean"
 
 
 def _rows() -> list[tuple]:
@@ -52,7 +53,7 @@ def _write_json_batch(folder, name: str, rows: list[dict]) -> None:
 
 
 def _stream(spark, source, qm, checkpoint, queue: str = "Q", **options):
-    reader = spark.readStream.schema("payload string, group_id string, msg_seq_number int, last_in_group boolean")
+    reader = spark.readStream.schema(STREAM_SCHEMA)
     query = (
         reader.option("maxFilesPerTrigger", 1)
         .json(str(source))
@@ -101,6 +102,10 @@ def test_streaming_put_lands_exactly_the_input_rows(spark, qm, tmp_path):
     )
     query = _stream(spark, source, qm, tmp_path / "ckpt")
     assert query.exception() is None
+    given = spark.read.schema(STREAM_SCHEMA).json(str(source))
+    stored = _queue_table(spark, qm, "Q").select(given.columns).withColumn("payload", F.col("payload").cast("string"))
+    expected = given.fillna({"msg_seq_number": 1, "last_in_group": False})
+    assert_df_equality(stored, expected, ignore_row_order=True, ignore_nullable=True)
     browsed = qm.browse("Q")
     assert browsed["payload"].to_pylist() == [f"a{n}".encode() for n in range(5)] + [f"b{n}".encode() for n in range(3)]
     assert browsed["msg_seq_number"].to_pylist() == [1] * 5 + [1, 2, 3]
