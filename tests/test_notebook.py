@@ -97,3 +97,10 @@ def test_quickstart_notebook_runs(tmp_path, kernel_name):
     # The queue manager lived in a temporary folder, which the last cell removed.
     assert location.startswith(tempfile.gettempdir()) and location.endswith("/qm/queues/ORDERS")
     assert not Path(location).parents[2].exists()
+
+    replies = result_text(tagged(nb, "spark-put"))
+    assert -1 < replies.find("reply 2") < replies.find("reply 3") < replies.find("reply 4"), replies
+    assert stdout_text(tagged(nb, "segments")).splitlines() == [
+        "[b'a messag', b'e in sev', b'eral pie', b'ces']",
+        "[b'a message in several pieces']",
+    ]
