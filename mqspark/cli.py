@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("--group-id", help="put the messages as one complete group, numbered 1..N")
     put.add_argument("--property", action="append", type=_property, default=[], metavar="KEY=VALUE")
     put.add_argument("--segmentation", action="store_true", help="split payloads longer than max_message_length")
+    put.add_argument("--top-of-queue", action="store_true", help="put ahead of every message of its priority")
+    put.add_argument("--before-msg-id", help="put just before this message")
 
     browse = commands.add_parser("browse", parents=[output], help="show messages without removing them")
     browse.add_argument("queue")
@@ -148,6 +150,8 @@ def _put(qm: QueueManager, args: argparse.Namespace) -> dict[str, Any]:
         "correl_id": args.correl_id,
         "reply_to_queue": args.reply_to_queue,
         "properties": dict(args.property) or None,
+        "top_of_queue": args.top_of_queue or None,
+        "before_msg_id": args.before_msg_id,
     }
     rows = [{key: value for key, value in common.items() if value is not None} | {"payload": p} for p in payloads]
     if args.group_id:

@@ -196,40 +196,57 @@ class QueueManager:
         be committed are deleted. ``metadata`` is added to the commit's ``commitInfo``.
         ``definition`` is the queue's definition when the caller has just read it.
         """
+        if producer is not None and batch_id is None:
+            raise MQValidationError(f"queue {queue}: a commit with producer {producer!r} needs a batch_id")
+        if not files:
+            return None
         definition = definition or self._resolve(queue, inhibit="put")
-        location = self._location(definition.name)
+        local = definition.name
+        location = self._location(local)
+        rows = sum(file.rows for file in files)
+        committing = False
         try:
             for attempt in range(_PUT_ATTEMPTS):
                 if attempt:
                     definition = self._resolve(queue, inhibit="put")
-                table = self._message_table(definition.name)
+                    if definition.name != local:
+                        # The files lie in the first target's folder: never commit them elsewhere.
+                        raise MQError(
+                            f"queue {queue} now resolves to {definition.name}, not {local}; the put is backed out",
+                            Reason.MQRC_BACKED_OUT,
+                        )
+                table = self._message_table(local)
                 committed = table.transaction_version(producer) if producer is not None else None
                 if committed is not None and committed >= batch_id:
                     storage.remove_data_files(location, files)
                     return None
-                rows = sum(file.rows for file in files)
                 depth = storage.row_count(table)
                 if depth + rows > definition.max_depth:
                     raise MQError(
-                        f"queue {definition.name} is full (max_depth {definition.max_depth}, depth {depth}, "
-                        f"put of {rows})",
+                        f"queue {local} is full (max_depth {definition.max_depth}, depth {depth}, put of {rows})",
                         Reason.MQRC_Q_FULL,
                     )
-                _check_against_committed(definition.name, table, groups)
-                _check_before_targets(definition.name, table, targets)
+                _check_against_committed(local, table, groups)
+                _check_before_targets(local, table, targets)
                 info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
                 if producer is not None:
                     info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
+                committing = True
                 try:
                     return storage.commit_files(
                         table, files, MESSAGE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
                     )
                 except CommitFailedError:
+                    committing = False
                     time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
-        except MQError:
-            storage.remove_data_files(location, files)
+            raise MQError(
+                f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT
+            )
+        except BaseException:
+            # A commit that failed in an unknown way may have landed: its files must then stay.
+            if not committing:
+                storage.remove_data_files(location, files)
             raise
-        raise MQError(f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
     def resolve_for_put(self, queue: str) -> QueueDefinition:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""

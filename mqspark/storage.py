@@ -191,7 +191,9 @@ def remove_data_files(location: str, files: Iterable[DataFile]) -> None:
     """Delete written files that will never be committed."""
     filesystem, base = _filesystem(location)
     for file in files:
-        filesystem.delete_file(f"{base}/{file.path}")
+        # Spark may abort a batch whose commit already removed its files.
+        if filesystem.get_file_info(f"{base}/{file.path}").type != pafs.FileType.NotFound:
+            filesystem.delete_file(f"{base}/{file.path}")
 
 
 def commit_files(

@@ -387,3 +387,12 @@ def test_usage_errors_exit_2(error_qm, args, last_line):
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith("usage: mqspark")
     assert result.stderr.splitlines()[-1] == last_line
+
+
+def test_put_ordering_overrides(qm):
+    qm.define_queue("ORDERS", delivery_sequence="fifo")
+    qm.put("ORDERS", [{"payload": "a", "msg_id": "A"}, {"payload": "b", "msg_id": "B"}])
+    ok(qm.root, "put", "ORDERS", "first", "--top-of-queue")
+    ok(qm.root, "put", "ORDERS", "before-b", "--before-msg-id", "B")
+    browsed = json.loads(ok(qm.root, "browse", "ORDERS", "--json"))
+    assert [row["payload"] for row in browsed] == ["first", "a", "before-b", "b"]

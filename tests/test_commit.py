@@ -1,0 +1,80 @@
+"""The shared commit path under real concurrent commits, injected between its checks and its commit."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from mqspark import MQError, MQValidationError, qmgr, storage
+from mqspark.messages import MESSAGE_SCHEMA, prepare_put
+
+
+def _parquet_files(qm, queue: str) -> list[str]:
+    return sorted(f for f in os.listdir(storage.queue_location(qm.root, queue)) if f.endswith(".parquet"))
+
+
+def _rival_put(qm, queue: str) -> None:
+    """Another producer's put, committed straight through delta-rs so it does not re-enter the hook."""
+    rows = prepare_put(qm.inquire_queue(queue), pa.table({"payload": ["rival"]})).messages
+    write_deltalake(storage.queue_location(qm.root, queue), rows, mode="append")
+
+
+@pytest.fixture
+def before_commit(monkeypatch) -> list:
+    """Actions run just before each real commit attempt, so the attempt meets a real concurrent change."""
+    actions: list = []
+    real = storage.commit_files
+
+    def commit_files(*args, **kwargs):
+        for action in list(actions):
+            action()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "commit_files", commit_files)
+    return actions
+
+
+def test_alias_retargeted_during_a_put_backs_it_out(qm, before_commit):
+    qm.define_queue("Q")
+    qm.define_queue("R")
+    qm.define_queue("A", type="alias", target_queue="Q")
+
+    def retarget_once():
+        before_commit.clear()
+        _rival_put(qm, "Q")
+        qm.alter_queue("A", target_queue="R")
+
+    before_commit.append(retarget_once)
+    with pytest.raises(
+        MQError, match=re.escape("MQRC_BACKED_OUT (2003): queue A now resolves to R, not Q; the put is backed out")
+    ):
+        qm.put("A", [{"payload": "mine"}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"rival"]
+    assert qm.depth("R") == 0
+    assert len(_parquet_files(qm, "Q")) == 1
+    assert _parquet_files(qm, "R") == []
+
+
+def test_put_that_gives_up_leaves_no_files(qm, before_commit, monkeypatch):
+    monkeypatch.setattr(qmgr, "_PUT_ATTEMPTS", 3)
+    qm.define_queue("Q")
+    before_commit.append(lambda: _rival_put(qm, "Q"))
+    with pytest.raises(
+        MQError, match=re.escape("MQRC_BACKED_OUT (2003): queue Q: put gave up after 3 conflicting commits")
+    ):
+        qm.put("Q", [{"payload": "mine"}])
+    assert qm.browse("Q")["payload"].to_pylist() == [b"rival"] * 3
+    assert len(_parquet_files(qm, "Q")) == 3
+
+
+def test_commit_put_argument_errors(qm):
+    qm.define_queue("Q")
+    groups = MESSAGE_SCHEMA.empty_table().select(qmgr.GROUP_COLUMNS)
+    assert qm.commit_put("Q", [], groups) is None
+    with pytest.raises(MQValidationError, match=re.escape("queue Q: a commit with producer 'p' needs a batch_id")):
+        qm.commit_put("Q", [], groups, producer="p")
+    assert storage.open_table(storage.queue_location(qm.root, "Q"), None).version() == 0
