@@ -31,5 +31,5 @@ setup(
             "ipykernel>=6.29",
         ],
     },
-    entry_points={"console_scripts": ["mqspark=mqspark.cli:main"]},
+    entry_points={"console_scripts": ["mqspark=mqspark.cli:entry"]},
 )

@@ -174,17 +174,27 @@ def _apply(root: str, path: str) -> dict[str, Any]:
     if qm.name != name:
         raise MQError(f"{path}: the queue manager at {qm.root} is {qm.name}, not {name}")
     existing = {q.name: q for q in qm.queues()}
-    # Validate every queue before changing any, so a bad file changes nothing.
+    planned = dict(existing)
+    # Validate every queue, alias targets included, before changing any, so a bad file changes nothing.
     for queue, attributes in document.get("queues", {}).items():
         if queue in existing:
             current = existing[queue].type
             if attributes.get("type", current) != current:
                 raise MQError(f"{path}: queue {queue} is {current}; its type cannot change to {attributes['type']}")
-            QueueDefinition.build(queue, base=existing[queue], **attributes)
+            planned[queue] = QueueDefinition.build(queue, base=existing[queue], **attributes)
         else:
-            QueueDefinition.build(queue, **attributes)
+            planned[queue] = QueueDefinition.build(queue, **attributes)
+    for definition in planned.values():
+        target = planned.get(definition.target_queue) if definition.type == "alias" else definition
+        if target is None or target.type != "local":
+            raise MQError(
+                f"{path}: queue {definition.name}: target_queue {definition.target_queue} is not a local queue"
+            )
     changes = []
-    for queue, attributes in document.get("queues", {}).items():
+    # Local queues first, so that every alias finds its target.
+    for queue, attributes in sorted(
+        document.get("queues", {}).items(), key=lambda item: planned[item[0]].type != "local"
+    ):
         if queue in existing:
             attributes = {key: value for key, value in attributes.items() if key != "type"}
             qm.alter_queue(queue, **attributes)
@@ -306,5 +316,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The console command: run :func:`main`, then leave without running interpreter shutdown.
+
+    delta-rs can abort the process at shutdown ("terminate called without an active exception",
+    delta-io/delta-rs#2184) while its threads are torn down, turning a clean exit into SIGABRT.
+    Everything is flushed and written by then, so the exit code is made final here.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import storage
@@ -70,3 +71,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Skip interpreter shutdown, where delta-rs can abort a finished process (see mqspark.cli.entry).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -344,19 +344,29 @@ def _segment(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.
     return pa.Table.from_pylist(pieces, schema=table.schema)
 
 
+# What the group rules are checked on, for a put and for the committed items of its groups.
+GROUP_COLUMNS = ["group_id", "msg_seq_number", "offset", "last_in_group", "segmented", "last_segment"]
+
+
+def group_items(messages: pa.Table, *, with_priority: bool = False) -> pa.Table:
+    """The group columns of a put's grouped messages (with priority, for the rules inside one put)."""
+    columns = [*GROUP_COLUMNS, "priority"] if with_priority else GROUP_COLUMNS
+    return messages.filter(pc.is_valid(messages["group_id"])).select(columns)
+
+
 def _check_groups(queue: str, table: pa.Table) -> None:
     """Group rules inside one put: unique (msg_seq_number, offset), one priority, one last item."""
-    items = table.filter(pc.is_valid(table["group_id"]))
-    if items.num_rows == 0:
-        return
-    check_group_items(queue, items.select(["group_id", "msg_seq_number", "offset", "last_in_group", "priority"]))
+    items = group_items(table, with_priority=True)
+    if items.num_rows:
+        check_group_items(queue, items)
 
 
 def check_group_items(queue: str, items: pa.Table) -> None:
     """Validate the group items of a put, alone or together with the already committed items of its groups.
 
-    ``items`` has group_id, msg_seq_number, offset, last_in_group (and priority for one put).
+    ``items`` has the :data:`GROUP_COLUMNS` (and priority, for one put).
     """
+    _check_messages_of_groups(queue, items)
     keys = items.group_by(["group_id", "msg_seq_number", "offset"]).aggregate([([], "count_all")])
     duplicates = keys.filter(pc.greater(keys["count_all"], 1))
     if duplicates.num_rows:
@@ -402,4 +412,42 @@ def check_group_items(queue: str, items: pa.Table) -> None:
             queue,
             f"field msg_seq_number: group {group_id} has msg_seq_number {highest} after its last message {last_number}",
             Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        )
+
+
+def _check_messages_of_groups(queue: str, items: pa.Table) -> None:
+    """Each logical message of a group is either one whole item or segments ending at one last segment."""
+    flags = items.append_column("last_segment_count", pc.cast(items["last_segment"], pa.int32()))
+    per_message = flags.group_by(["group_id", "msg_seq_number"]).aggregate(
+        [
+            ("segmented", "count_distinct"),
+            ("last_in_group", "count_distinct"),
+            ("last_segment_count", "sum"),
+            ("offset", "max"),
+        ]
+    )
+    rules = [
+        ("segmented_count_distinct", "is both a whole message and segments", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
+        (
+            "last_in_group_count_distinct",
+            "has segments that disagree on last_in_group",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+        ("last_segment_count_sum", "has more than one last segment", Reason.MQRC_OFFSET_ERROR),
+    ]
+    for column, text, reason in rules:
+        bad = per_message.filter(pc.greater(per_message[column], 1))
+        if bad.num_rows:
+            group_id, seq = bad["group_id"][0].as_py(), bad["msg_seq_number"][0].as_py()
+            raise _error(queue, f"group {group_id}: message {seq} {text}", reason)
+    ends = items.filter(items["last_segment"]).group_by(["group_id", "msg_seq_number"]).aggregate([("offset", "min")])
+    beyond = per_message.join(ends, ["group_id", "msg_seq_number"])
+    beyond = beyond.filter(pc.greater(beyond["offset_max"], beyond["offset_min"]))
+    if beyond.num_rows:
+        group_id, seq = beyond["group_id"][0].as_py(), beyond["msg_seq_number"][0].as_py()
+        raise _error(
+            queue,
+            f"group {group_id}: message {seq} has a segment at offset {beyond['offset_max'][0].as_py()} "
+            f"after its last segment at offset {beyond['offset_min'][0].as_py()}",
+            Reason.MQRC_OFFSET_ERROR,
         )

@@ -109,11 +109,14 @@ def _physical_keys(table: pa.Table, delivery_sequence: str) -> list[np.ndarray]:
         candidates = np.flatnonzero(
             pc.and_(pc.is_null(table["group_id"]), pc.is_null(before)).to_numpy(zero_copy_only=False)
         )
-        # When msg_ids repeat, the target is the first of them in physical order.
-        candidates = candidates[np.lexsort([key[candidates] for key in keys[::-1]])]
+        # When msg_ids repeat, the target is the earliest committed of them, and only if it was
+        # committed before the message placed in front of it (as the put checked).
+        candidates = candidates[np.lexsort((put_seq[candidates], version[candidates]))]
         found = pc.index_in(before, value_set=table["msg_id"].take(candidates)).to_numpy(zero_copy_only=False)
         inserted = np.flatnonzero(~np.isnan(found.astype(float)))
         targets = candidates[found[inserted].astype(np.int64)]
+        earlier = version[targets] < version[inserted]
+        inserted, targets = inserted[earlier], targets[earlier]
         for key in keys[:4]:
             key[inserted] = key[targets]
         keys[4][inserted], keys[5][inserted] = version[inserted], put_seq[inserted]
@@ -208,6 +211,7 @@ def _join_segments(table: pa.Table) -> pa.Table:
     whole = table.take(starts)
     replaced = {
         "payload": joined.cast(pa.binary()),
+        "last_in_group": table["last_in_group"].take(pa.array(bounds[1:] - 1)),
         "segmented": pa.array(np.zeros(len(starts), dtype=bool)),
         "last_segment": pa.array(np.zeros(len(starts), dtype=bool)),
     }

@@ -19,7 +19,7 @@ from . import storage
 from .catalog import Catalog, CatalogState
 from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from .errors import MQError, MQValidationError, Reason
-from .messages import MESSAGE_SCHEMA, check_group_items, prepare_put, rows_to_table
+from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, check_group_items, group_items, prepare_put, rows_to_table
 from .ordering import DeliveryOptions, deliver
 
 MESSAGE_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
@@ -373,14 +373,6 @@ def _check_references(state: CatalogState, definition: QueueDefinition) -> None:
             )
         if target.type != "local":
             raise MQValidationError(f"queue {definition.name}: target_queue {target.name} must be a local queue")
-
-
-GROUP_COLUMNS = ["group_id", "msg_seq_number", "offset", "last_in_group"]
-
-
-def group_items(messages: pa.Table) -> pa.Table:
-    """The group columns of a put's grouped messages: what the group rules are checked on."""
-    return messages.filter(pc.is_valid(messages["group_id"])).select(GROUP_COLUMNS)
 
 
 def before_targets(messages: pa.Table) -> list[str]:

@@ -26,12 +26,11 @@ from pyspark.sql.types import StructType
 from . import storage
 from .definitions import QueueDefinition
 from .errors import MQError
-from .messages import MESSAGE_SCHEMA, check_group_items, prepare_put
-from .qmgr import GROUP_COLUMNS, QueueManager, before_targets
+from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, check_group_items, group_items, prepare_put
+from .qmgr import QueueManager, before_targets
 
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
 _PARTITION_SHIFT = 32
-_GROUP_ITEM_COLUMNS = [*GROUP_COLUMNS, "priority"]
 
 _log = logging.getLogger("mqspark.sink")
 
@@ -97,7 +96,7 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
             seq = pc.add(rows["put_seq"], first_seq + written)
             rows = rows.set_column(rows.schema.get_field_index("put_seq"), MESSAGE_SCHEMA.field("put_seq"), seq)
             written += rows.num_rows
-            groups.append(rows.filter(pc.is_valid(rows["group_id"])).select(_GROUP_ITEM_COLUMNS))
+            groups.append(group_items(rows, with_priority=True))
             targets.update(before_targets(rows))
             yield from rows.to_batches()
 

@@ -60,13 +60,16 @@ def _physical(present: list[dict], delivery_sequence: str) -> list[dict]:
 
 
 def _placed_target(lanes: dict[int, list[dict]], msg_id: str | None) -> tuple[int, int] | None:
+    """Where the earliest committed message with ``msg_id`` (outside groups, not itself placed) stands."""
     if msg_id is None:
         return None
-    for lane in sorted(lanes):
-        for index, row in enumerate(lanes[lane]):
-            if row["msg_id"] == msg_id and row["group_id"] is None and row["before_msg_id"] is None:
-                return lane, index
-    return None
+    matches = [
+        (row["commit_version"], row["put_seq"], lane, index)
+        for lane, rows in lanes.items()
+        for index, row in enumerate(rows)
+        if row["msg_id"] == msg_id and row["group_id"] is None and row["before_msg_id"] is None
+    ]
+    return min(matches)[2:] if matches else None
 
 
 def expired_count(rows: list[dict], now: datetime) -> int:
@@ -109,7 +112,11 @@ def _group(items: list[dict], all_messages_available: bool, complete_message: bo
     whole: list[dict] = []
     for item in run:
         if item["segmented"] and item["offset"] > 0:
-            whole[-1] = {**whole[-1], "payload": whole[-1]["payload"] + item["payload"]}
+            whole[-1] = {
+                **whole[-1],
+                "payload": whole[-1]["payload"] + item["payload"],
+                "last_in_group": item["last_in_group"],
+            }
         else:
             whole.append({**item, "segmented": False, "last_segment": False})
     return whole

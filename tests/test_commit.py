@@ -10,7 +10,7 @@ import pytest
 from deltalake import write_deltalake
 
 from mqspark import MQError, MQValidationError, qmgr, storage
-from mqspark.messages import MESSAGE_SCHEMA, prepare_put
+from mqspark.messages import GROUP_COLUMNS, MESSAGE_SCHEMA, prepare_put
 
 
 def _parquet_files(qm, queue: str) -> list[str]:
@@ -73,7 +73,7 @@ def test_put_that_gives_up_leaves_no_files(qm, before_commit, monkeypatch):
 
 def test_commit_put_argument_errors(qm):
     qm.define_queue("Q")
-    groups = MESSAGE_SCHEMA.empty_table().select(qmgr.GROUP_COLUMNS)
+    groups = MESSAGE_SCHEMA.empty_table().select(GROUP_COLUMNS)
     assert qm.commit_put("Q", [], groups) is None
     with pytest.raises(MQValidationError, match=re.escape("queue Q: a commit with producer 'p' needs a batch_id")):
         qm.commit_put("Q", [], groups, producer="p")

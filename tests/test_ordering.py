@@ -45,7 +45,9 @@ def puts(draw) -> list[list[dict]]:
     """Random puts of ungrouped messages, groups and segmented messages, some incomplete or timed."""
     items: list[dict] = []
     for number in range(draw(st.integers(0, 5))):
-        plain = {"msg_id": f"P{number}", "payload": f"P{number}", "priority": draw(st.sampled_from([0, 4, 9]))}
+        # Some msg_ids repeat: MQ does not require them to be unique.
+        msg_id = f"P{draw(st.integers(0, 2)) if draw(st.integers(0, 3)) == 0 else number}"
+        plain = {"msg_id": msg_id, "payload": f"P{number}", "priority": draw(st.sampled_from([0, 4, 9]))}
         if draw(st.integers(0, 4)) == 0:
             plain["top_of_queue"] = True
         items.append(plain)

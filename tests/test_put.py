@@ -794,3 +794,47 @@ def test_put_to_bad_queue_name_is_refused(qm: QueueManager) -> None:
         refused(MQValidationError, "queue name '../_qmgr' must not be a path (no '..', no leading '/', not '.')"),
     ):
         qm.put("../_qmgr", [{"payload": "x"}])
+
+
+SEGMENT = {"group_id": "G", "msg_seq_number": 1, "segmented": True}
+
+
+@pytest.mark.parametrize(
+    ("committed", "put", "text", "reason"),
+    [
+        (
+            [{**GROUP, "msg_seq_number": 1, "payload": "whole"}],
+            [{**SEGMENT, "payload": "seg", "offset": 5, "last_segment": True}],
+            "queue Q: group G: message 1 is both a whole message and segments",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+        (
+            [{**SEGMENT, "payload": "ab", "offset": 0, "last_segment": True}],
+            [{**SEGMENT, "payload": "cd", "offset": 2, "last_segment": True}],
+            "queue Q: group G: message 1 has more than one last segment",
+            Reason.MQRC_OFFSET_ERROR,
+        ),
+        (
+            [{**SEGMENT, "payload": "ab", "offset": 0, "last_segment": True}],
+            [{**SEGMENT, "payload": "cd", "offset": 2}],
+            "queue Q: group G: message 1 has a segment at offset 2 after its last segment at offset 0",
+            Reason.MQRC_OFFSET_ERROR,
+        ),
+        (
+            [{**SEGMENT, "payload": "ab", "offset": 0}],
+            [{**SEGMENT, "payload": "cd", "offset": 2, "last_segment": True, "last_in_group": True}],
+            "queue Q: group G: message 1 has segments that disagree on last_in_group",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+    ],
+    ids=["whole-and-segments", "two-last-segments", "segment-after-last", "last-in-group-disagrees"],
+)
+def test_segments_of_one_message_must_agree(qm: QueueManager, committed, put, text, reason) -> None:
+    qm.define_queue("Q")
+    qm.put("Q", committed)
+    with unchanged(qm), refused(MQValidationError, f"{reason.name} ({reason.value}): {text}", reason):
+        qm.put("Q", put)
+    # The same items in a single put are refused the same way.
+    qm.define_queue("Q2")
+    with refused(MQValidationError, f"{reason.name} ({reason.value}): {text.replace('queue Q:', 'queue Q2:')}", reason):
+        qm.put("Q2", committed + put)
