@@ -46,7 +46,7 @@ def run(root: str) -> None:
     )
     print(f"\nput 6 messages on ORDERS; depth is {qm.depth('ORDERS')}")
 
-    print("\nqm.browse('ORDERS'): physical order, priority 9 first, then commit order")
+    print("\nqm.browse('ORDERS'): logical order, priority 9 first, then commit order, the basket together")
     columns = ["priority", "group_id", "msg_seq_number", "last_in_group", "correl_id", "payload"]
     print(render(qm.browse("ORDERS").select(columns), as_json=False))
 
