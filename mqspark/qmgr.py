@@ -167,7 +167,7 @@ class QueueManager:
         """
         validate_name(queue)
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
-        definition = self._resolve(queue, inhibit="put")
+        definition = self.resolve_for_put(queue)
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
         file = storage.write_data_file(self._location(definition.name), messages.to_batches(), MESSAGE_SCHEMA)
         if file is not None:
@@ -200,7 +200,7 @@ class QueueManager:
             raise MQValidationError(f"queue {queue}: a commit with producer {producer!r} needs a batch_id")
         if not files:
             return None
-        definition = definition or self._resolve(queue, inhibit="put")
+        definition = definition or self.resolve_for_put(queue)
         local = definition.name
         location = self._location(local)
         rows = sum(file.rows for file in files)
@@ -208,7 +208,7 @@ class QueueManager:
         try:
             for attempt in range(_PUT_ATTEMPTS):
                 if attempt:
-                    definition = self._resolve(queue, inhibit="put")
+                    definition = self.resolve_for_put(queue)
                     if definition.name != local:
                         # The files lie in the first target's folder: never commit them elsewhere.
                         raise MQError(
@@ -250,7 +250,7 @@ class QueueManager:
 
     def resolve_for_put(self, queue: str) -> QueueDefinition:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""
-        return self._resolve(queue, inhibit="put")
+        return self._resolve(queue, for_put=True)
 
     def queue_version(self, queue: str) -> int:
         """The current Delta version of the message table behind ``queue``."""
@@ -337,8 +337,8 @@ class QueueManager:
                 f"queue {name} is not defined in queue manager {self.name}", Reason.MQRC_UNKNOWN_OBJECT_NAME
             ) from None
 
-    def _resolve(self, queue: str, inhibit: str | None = None) -> QueueDefinition:
-        """The local queue behind ``queue`` (itself, or an alias's target), checking inhibit flags on both."""
+    def _resolve(self, queue: str, for_put: bool = False) -> QueueDefinition:
+        """The local queue behind ``queue`` (itself, or an alias's target); for a put, neither may be put-inhibited."""
         validate_name(queue)
         state = self._catalog.read()
         definition = self._definition_in(state, queue)
@@ -347,10 +347,8 @@ class QueueManager:
             definition = self._definition_in(state, definition.target_queue)
             chain.append(definition)
         for item in chain:
-            if inhibit == "put" and item.put_inhibited:
+            if for_put and item.put_inhibited:
                 raise MQError(f"queue {item.name} is put-inhibited", Reason.MQRC_PUT_INHIBITED)
-            if inhibit == "get" and item.get_inhibited:
-                raise MQError(f"queue {item.name} is get-inhibited", Reason.MQRC_GET_INHIBITED)
         return definition
 
 
