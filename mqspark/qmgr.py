@@ -134,21 +134,38 @@ class QueueManager:
             raise MQValidationError(f"queue {name} is the dead-letter queue of queue manager {self.name}")
 
         def apply(state: CatalogState) -> dict[str, QueueDefinition]:
-            definition = self._definition_in(state, name)
+            self._definition_in(state, name)
             aliases = sorted(q.name for q in state.queues.values() if q.target_queue == name)
             if aliases:
                 raise MQValidationError(f"queue {name} is the target of alias queue {aliases[0]}")
-            if definition.type == "local" and not purge:
-                depth = self._depth_of(name)
-                if depth:
-                    raise MQError(
-                        f"queue {name} holds {depth} messages; delete with purge to discard them",
-                        Reason.MQRC_Q_NOT_EMPTY,
-                    )
             return {queue: d for queue, d in state.queues.items() if queue != name}
 
-        self._catalog.change(apply)
+        state = self._catalog.read()
+        apply(state)
+        if self._definition_in(state, name).type == "local":
+            self._close(name, purge)
+        try:
+            self._catalog.change(apply)
+        except MQError:
+            storage.close_table(self._message_table(name), closed=False)
+            raise
         storage.remove_tree(self._location(name))
+
+    def _close(self, name: str, purge: bool) -> None:
+        """Check the depth and close the message table in one step, so no put can land in between."""
+        for attempt in range(_PUT_ATTEMPTS):
+            table = self._message_table(name)
+            depth = storage.row_count(table)
+            if depth and not purge:
+                raise MQError(
+                    f"queue {name} holds {depth} messages; delete with purge to discard them", Reason.MQRC_Q_NOT_EMPTY
+                )
+            try:
+                storage.close_table(table)
+                return
+            except CommitFailedError:
+                time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
+        raise MQError(f"queue {name}: delete gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
     # Messages
 
@@ -216,6 +233,8 @@ class QueueManager:
                             Reason.MQRC_BACKED_OUT,
                         )
                 table = self._message_table(local)
+                if storage.is_closed(table):
+                    raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
                 committed = table.transaction_version(producer) if producer is not None else None
                 if committed is not None and committed >= batch_id:
                     storage.remove_data_files(location, files)

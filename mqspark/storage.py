@@ -30,6 +30,8 @@ from deltalake.transaction import AddAction
 from .errors import MQError
 
 CATALOG_DIR = "_qmgr"
+# A table property set on a message table that is being deleted; puts refuse to commit on top of it.
+CLOSED_PROPERTY = "mqspark.closed"
 QUEUES_DIR = "queues"
 
 StorageOptions = dict[str, str] | None
@@ -221,3 +223,19 @@ def commit_files(
         ),
     )
     return table.version() + 1
+
+
+def close_table(table: DeltaTable, closed: bool = True) -> None:
+    """Mark a message table closed (or open again), in a commit at exactly the version after ``table``'s.
+
+    Raises ``CommitFailedError`` when another commit got in first, so the caller re-checks.
+    """
+    table.alter.set_table_properties(
+        {CLOSED_PROPERTY: str(closed).lower()},
+        raise_if_not_exists=False,
+        commit_properties=CommitProperties(max_commit_retries=0),
+    )
+
+
+def is_closed(table: DeltaTable) -> bool:
+    return table.metadata().configuration.get(CLOSED_PROPERTY) == "true"

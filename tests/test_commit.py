@@ -78,3 +78,34 @@ def test_commit_put_argument_errors(qm):
     with pytest.raises(MQValidationError, match=re.escape("queue Q: a commit with producer 'p' needs a batch_id")):
         qm.commit_put("Q", [], groups, producer="p")
     assert storage.open_table(storage.queue_location(qm.root, "Q"), None).version() == 0
+
+
+def test_put_landing_during_a_delete_keeps_the_queue(qm, monkeypatch):
+    qm.define_queue("Q")
+    real = storage.close_table
+
+    def close_table(table, closed=True):
+        # Another producer commits after the delete checked the depth, before it closes the table.
+        _rival_put(qm, "Q")
+        monkeypatch.setattr(storage, "close_table", real)
+        return real(table, closed)
+
+    monkeypatch.setattr(storage, "close_table", close_table)
+    with pytest.raises(
+        MQError, match=re.escape("MQRC_Q_NOT_EMPTY (2055): queue Q holds 1 messages; delete with purge to discard them")
+    ):
+        qm.delete_queue("Q")
+    assert [q.name for q in qm.queues()] == ["Q", "SYSTEM.DEAD.LETTER.QUEUE"]
+    assert qm.browse("Q")["payload"].to_pylist() == [b"rival"]
+    qm.put("Q", [{"payload": "still open"}])
+    assert qm.depth("Q") == 2
+
+
+def test_put_to_a_queue_being_deleted_is_refused(qm):
+    qm.define_queue("Q")
+    storage.close_table(storage.open_table(storage.queue_location(qm.root, "Q"), None))
+    with pytest.raises(MQError, match=re.escape("MQRC_Q_DELETED (2052): queue Q is being deleted")):
+        qm.put("Q", [{"payload": "late"}])
+    assert _parquet_files(qm, "Q") == []
+    qm.delete_queue("Q")
+    assert [q.name for q in qm.queues()] == ["SYSTEM.DEAD.LETTER.QUEUE"]
