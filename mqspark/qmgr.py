@@ -106,16 +106,13 @@ class QueueManager:
         validate_name(name)
         if "type" in attributes:
             raise MQValidationError(f"queue {name}: attribute type cannot be altered; delete and define the queue")
-        changed: dict[str, QueueDefinition] = {}
 
         def apply(state: CatalogState) -> dict[str, QueueDefinition]:
             definition = QueueDefinition.build(name, base=self._definition_in(state, name), **attributes)
             _check_references(state, definition)
-            changed[name] = definition
             return {**state.queues, name: definition}
 
-        self._catalog.change(apply)
-        return changed[name]
+        return self._catalog.change(apply).queues[name]
 
     def inquire_queue(self, name: str) -> QueueDefinition:
         """The queue's definition."""
