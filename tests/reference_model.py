@@ -39,7 +39,7 @@ def _physical(present: list[dict], delivery_sequence: str) -> list[dict]:
     lanes: dict[int, list[dict]] = {}
     for row in sorted(present, key=lambda r: (r["commit_version"], r["put_seq"])):
         lane = -row["priority"] if delivery_sequence == "priority" else 0
-        target = _placed_target(lanes, row["before_msg_id"])
+        target = _placed_target(lanes, row["before_msg_id"], row["commit_version"])
         if target is not None:
             # Immediately before the named message, in its lane.
             lanes[target[0]].insert(target[1], row)
@@ -59,15 +59,19 @@ def _physical(present: list[dict], delivery_sequence: str) -> list[dict]:
     return [row for lane in sorted(lanes) for row in lanes[lane]]
 
 
-def _placed_target(lanes: dict[int, list[dict]], msg_id: str | None) -> tuple[int, int] | None:
-    """Where the earliest committed message with ``msg_id`` (outside groups, not itself placed) stands."""
+def _placed_target(lanes: dict[int, list[dict]], msg_id: str | None, version: int) -> tuple[int, int] | None:
+    """Where the earliest message with ``msg_id`` (outside groups, not itself placed) stands, among those
+    committed before ``version``: the put could only name a message already on the queue."""
     if msg_id is None:
         return None
     matches = [
         (row["commit_version"], row["put_seq"], lane, index)
         for lane, rows in lanes.items()
         for index, row in enumerate(rows)
-        if row["msg_id"] == msg_id and row["group_id"] is None and row["before_msg_id"] is None
+        if row["msg_id"] == msg_id
+        and row["group_id"] is None
+        and row["before_msg_id"] is None
+        and row["commit_version"] < version
     ]
     return min(matches)[2:] if matches else None
 

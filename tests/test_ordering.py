@@ -348,3 +348,12 @@ def test_bad_ordering_overrides(qm, row, message, reason):
         qm.put("Q", [row], segmentation=True)
     assert (raised.value.reason or None) == reason
     assert storage.open_table(storage.queue_location(qm.root, "Q"), None).version() == version
+
+
+def test_before_msg_id_ignores_a_namesake_put_with_it(qm):
+    qm.define_queue("Q", delivery_sequence="fifo")
+    qm.put("Q", [{"payload": "old", "msg_id": "X", "expiry": NOW + HOUR}])
+    qm.put("Q", [{"payload": "namesake", "msg_id": "X"}, {"payload": "ins", "before_msg_id": "X"}])
+    assert qm.browse("Q", now=NOW)["payload"].to_pylist() == [b"ins", b"old", b"namesake"]
+    # Once the message it was put before has expired, it keeps its own place.
+    assert qm.browse("Q", now=NOW + 2 * HOUR)["payload"].to_pylist() == [b"namesake", b"ins"]
