@@ -8,7 +8,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -122,7 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     browse.add_argument("--msg-seq-number", type=int)
     browse.add_argument("--limit", type=int)
 
-    depth = commands.add_parser("depth", parents=[output], help="queue depth (every queue when none is named)")
+    depth = commands.add_parser(
+        "depth",
+        parents=[output],
+        help="queue depth and oldest message age, in all and per consumer group (every queue when none is named)",
+    )
     depth.add_argument("queue", nargs="?")
 
     apply = commands.add_parser(
@@ -244,8 +248,22 @@ def run(args: argparse.Namespace) -> Any:
         )
         table = qm.browse_with(args.queue, options, limit=args.limit)
         return table.select(list(_BROWSE_COLUMNS)) if not args.json else table
-    names = [args.queue] if args.queue else [q.name for q in qm.queues()]
-    return [{"queue": name, "depth": qm.depth(name)} for name in names]
+    names = [args.queue] if args.queue else [q.name for q in qm.queues() if q.type == "local"]
+    rows = []
+    now = datetime.now(UTC)
+    for name in names:
+        for consumer in [None, *qm.consumers(name)]:
+            backlog = qm.backlog(name, consumer)
+            age = backlog.oldest_age(now)
+            rows.append(
+                {
+                    "queue": name,
+                    "consumer": consumer,
+                    "depth": backlog.depth,
+                    "oldest_age_s": None if age is None else round(age, 1),
+                }
+            )
+    return rows
 
 
 def _jsonable(value: Any) -> Any:

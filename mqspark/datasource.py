@@ -1,6 +1,8 @@
 """The ``mq`` Spark data source: the options users give, checked on the driver, and the reader and writers.
 
 - ``spark.read.format("mq").option("queue", Q).load(root)``: browse (:mod:`mqspark.source`);
+- ``spark.readStream.format("mq").option("queue", Q).load(root)``: streaming get, destructive for
+  its consumer group (:mod:`mqspark.stream`);
 - ``df.write.format("mq").option("queue", Q).mode("append").save(root)``: batch put (:mod:`mqspark.sink`);
 - ``df.writeStream.format("mq").option("queue", Q).option("checkpointLocation", C).start(root)``:
   streaming put, exactly once per micro-batch (:mod:`mqspark.sink`).
@@ -11,19 +13,29 @@ calls the driver first (``load()``, ``save()``, ``start()``), naming the option 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamWriter, DataSourceWriter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from .definitions import validate_name
 from .errors import MQValidationError
 from .ordering import DeliveryOptions
 from .qmgr import BROWSE_SCHEMA, QueueManager
 from .sink import QueueStreamWriter, QueueWriter, SinkPlan
 from .source import BrowsePlan, BrowseReader
+from .stream import GetOptions, QueueStreamReader
 
 SEGMENTATION = {"allowed": True, "not_allowed": False}
+# Browse options that select or cap messages; the streaming get has its own limits instead.
+BROWSE_ONLY = ("msgId", "correlId", "groupId", "msgSeqNumber", "limit")
 
 
 class MQDataSource(DataSource):
@@ -34,12 +46,18 @@ class MQDataSource(DataSource):
         return "mq"
 
     def schema(self) -> StructType:
-        # schema() is what load() calls: checking the options here reports mistakes at load time.
-        _browse_options(dict(self.options))
+        # schema() is what load() calls, for read and readStream alike: checking the options here
+        # reports mistakes at load time.
+        options = dict(self.options)
+        _stream_limits(options)
+        _browse_options(options)
         return from_arrow_schema(BROWSE_SCHEMA)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BrowseReader(_browse_options(dict(self.options)))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return QueueStreamReader(_get_options(dict(self.options)))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return QueueWriter(_sink_plan(dict(self.options), schema, overwrite))
@@ -75,11 +93,8 @@ def _whole_number(options: dict[str, str], name: str, low: int) -> int | None:
     return int(value)
 
 
-def _browse_options(options: dict[str, str]) -> BrowsePlan:
-    """Check the browse options, and fix the moment and table version every partition reads."""
-    root = _root(options)
-    queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
-    delivery = DeliveryOptions(
+def _delivery(options: dict[str, str]) -> DeliveryOptions:
+    return DeliveryOptions(
         order=options.get("order", "logical"),
         all_messages_available=_flag(options, "allMessagesAvailable"),
         complete_message=_flag(options, "completeMessage"),
@@ -88,10 +103,48 @@ def _browse_options(options: dict[str, str]) -> BrowsePlan:
         group_id=options.get("groupid"),
         msg_seq_number=_whole_number(options, "msgSeqNumber", 1),
     )
+
+
+def _browse_options(options: dict[str, str]) -> BrowsePlan:
+    """Check the browse options, and fix the moment and table version every partition reads."""
+    root = _root(options)
+    queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
+    delivery = _delivery(options)
     limit = _whole_number(options, "limit", 0)
     qm = QueueManager.open(root)
     version = qm.queue_version(queue)
     return BrowsePlan(qm.root, queue, delivery, limit, datetime.now(UTC), version)
+
+
+def _get_options(options: dict[str, str]) -> GetOptions:
+    """Check the streaming get's options; the queue itself is checked when the query plans."""
+    for name in BROWSE_ONLY:
+        if name.lower() in options:
+            raise MQValidationError(f"option {name} is for browse (spark.read); the streaming get does not take it")
+    root = _root(options)
+    queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
+    consumer, max_messages, max_bytes, lease = _stream_limits(options)
+    return GetOptions(
+        root=QueueManager.open(root).root,
+        queue=validate_name(queue),
+        consumer=consumer,
+        delivery=_delivery(options),
+        max_messages=max_messages,
+        max_bytes=max_bytes,
+        lease_timeout=lease,
+    )
+
+
+def _stream_limits(options: dict[str, str]) -> tuple[str, int | None, int | None, timedelta]:
+    """The streaming get's own options: consumer group, per-trigger limits and lease timeout."""
+    consumer = validate_name(options.get("consumer", "default"), "consumer group")
+    lease = _whole_number(options, "leaseTimeout", 1)
+    return (
+        consumer,
+        _whole_number(options, "maxMessagesPerTrigger", 1),
+        _whole_number(options, "maxBytesPerTrigger", 1),
+        timedelta(seconds=30 if lease is None else lease),
+    )
 
 
 def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkPlan:

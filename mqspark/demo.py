@@ -1,16 +1,54 @@
-"""The demo pipeline: a queue manager under ./mq-data, queues, puts (one a group), browsed from Python and Spark."""
+"""The demo pipeline: a streaming producer and a streaming consumer on a local queue manager under ./mq-data.
+
+A file stream of orders (with priorities, and a basket sent as a message group over several files)
+is put on ORDERS with ``writeStream.format("mq")``, while ``readStream.format("mq")`` gets them in
+logical order for the consumer group ``fulfilment`` and appends them to a Delta table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from . import storage
 from .cli import render
 from .qmgr import QueueManager
 
 DEMO_QMGR = "DEMO.QM"
+CONSUMER = "fulfilment"
+# Each list is one input file, which the producer puts as one micro-batch (one transaction).
+ORDER_FILES = [
+    [
+        {"payload": "order 1", "priority": 4},
+        {"payload": "basket item 1", "group_id": "BASKET-7", "msg_seq_number": 1, "priority": 4},
+        {"payload": "order 2", "priority": 4, "correl_id": "C2"},
+    ],
+    [
+        {"payload": "rush order", "priority": 9},
+        {"payload": "order 3", "priority": 4},
+        {"payload": "basket item 2", "group_id": "BASKET-7", "msg_seq_number": 2, "priority": 4},
+    ],
+    [
+        {"payload": "bulk order", "priority": 1},
+        {"payload": "basket item 3", "group_id": "BASKET-7", "msg_seq_number": 3, "last_in_group": True},
+        {"payload": "order 4", "priority": 4},
+    ],
+]
+COLUMNS = ["delivery_seq", "priority", "group_id", "msg_seq_number", "payload"]
+
+
+def _write_input(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    base = int(time.time()) - 60
+    for number, rows in enumerate(ORDER_FILES):
+        path = folder / f"orders-{number}.json"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        # The file source takes files in modification-time order.
+        os.utime(path, (base + number, base + number))
 
 
 def run(root: str) -> None:
@@ -23,43 +61,57 @@ def run(root: str) -> None:
 
     qm = QueueManager.create(location, DEMO_QMGR)
     qm.define_queue("ORDERS", default_priority=4, max_depth=10_000, description="incoming orders")
-    qm.define_queue("REPLIES", delivery_sequence="fifo", description="replies to requesters")
-    print(f"queue manager {qm.name} at {qm.root}")
-    print(
-        render(
-            [
-                {"queue": q.name, "delivery_sequence": q.delivery_sequence, "default_priority": q.default_priority}
-                for q in qm.queues()
-            ],
-            as_json=False,
-        )
-    )
-
-    qm.put("ORDERS", [{"payload": "order 1"}, {"payload": "order 2", "correl_id": "C2"}])
-    qm.put("ORDERS", [{"payload": "rush order", "priority": 9}])
-    qm.put(
-        "ORDERS",
-        [
-            {"payload": f"basket item {n}", "group_id": "BASKET-7", "msg_seq_number": n, "last_in_group": n == 3}
-            for n in (1, 2, 3)
-        ],
-    )
-    print(f"\nput 6 messages on ORDERS; depth is {qm.depth('ORDERS')}")
-
-    print("\nqm.browse('ORDERS'): logical order, priority 9 first, then commit order, the basket together")
-    columns = ["priority", "group_id", "msg_seq_number", "last_in_group", "correl_id", "payload"]
-    print(render(qm.browse("ORDERS").select(columns), as_json=False))
+    print(f"queue manager {qm.name} at {qm.root}; queue ORDERS delivers by priority, then in logical order")
+    work = Path(location) / "demo"
+    _write_input(work / "input")
 
     from .spark import session
 
-    spark = session(app_name="mqspark-demo")
-    print('\nspark.read.format("mq").option("queue", "ORDERS").load(root)')
-    orders = spark.read.format("mq").option("queue", "ORDERS").load(qm.root)
-    orders.select(*columns[:-1], orders.payload.cast("string").alias("payload")).show(truncate=False)
-    print('spark.read.format("delta") on the queue table, as any Delta table')
-    spark.read.format("delta").load(storage.queue_location(qm.root, "ORDERS")).groupBy("priority").count().orderBy(
-        "priority"
-    ).show()
+    spark = session(app_name="mqspark-demo", **{"spark.ui.showConsoleProgress": "false"})
+
+    def show(batch, batch_id: int) -> None:
+        rows = batch.select(*COLUMNS[:-1], batch.payload.cast("string").alias("payload")).orderBy("delivery_seq")
+        collected = rows.collect()
+        if collected:
+            print(f"\nconsumer {CONSUMER}, micro-batch {batch_id}:")
+            print(render([row.asDict() for row in collected], as_json=False))
+            rows.write.format("delta").mode("append").save(str(work / "fulfilled"))
+
+    consumer = (
+        spark.readStream.format("mq")
+        .option("queue", "ORDERS")
+        .option("consumer", CONSUMER)
+        .option("maxMessagesPerTrigger", 3)
+        .load(qm.root)
+        .writeStream.foreachBatch(show)
+        .option("checkpointLocation", str(work / "get-checkpoint"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    print('consumer: spark.readStream.format("mq").option("consumer", "fulfilment").option("maxMessagesPerTrigger", 3)')
+    print('producer: a file stream of orders -> writeStream.format("mq"), one transaction per file')
+    producer = (
+        spark.readStream.schema(
+            "payload string, priority int, group_id string, msg_seq_number int, last_in_group boolean, correl_id string"
+        )
+        .option("maxFilesPerTrigger", 1)
+        .json(str(work / "input"))
+        .writeStream.format("mq")
+        .option("queue", "ORDERS")
+        .option("checkpointLocation", str(work / "put-checkpoint"))
+        .trigger(availableNow=True)
+        .start(qm.root)
+    )
+    producer.awaitTermination()
+    deadline = time.monotonic() + 120
+    while qm.depth("ORDERS", consumer=CONSUMER) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    consumer.stop()
+
+    print("\nqueue depth now, in all and for the consumer group:")
+    print(render([{"queue": "ORDERS", "consumer": c, "depth": qm.depth("ORDERS", c)} for c in (None, CONSUMER)], False))
+    print("\nthe fulfilled orders, a Delta table, in delivery_seq order:")
+    spark.read.format("delta").load(str(work / "fulfilled")).orderBy("delivery_seq").show(truncate=False)
     spark.stop()
 
 

@@ -63,8 +63,15 @@ class Delivery:
     expired: int
 
 
-def deliver(messages: pa.Table, delivery_sequence: str, options: DeliveryOptions, now: datetime) -> Delivery:
-    """Order ``messages`` (message columns plus ``commit_version``) for delivery at ``now``."""
+def deliver(
+    messages: pa.Table, delivery_sequence: str, options: DeliveryOptions, now: datetime, *, join: bool = True
+) -> Delivery:
+    """Order ``messages`` (message columns plus ``commit_version``) for delivery at ``now``.
+
+    ``messages`` may carry ``payload_length`` instead of ``payload`` (the streaming get plans on an
+    index without payloads); then ``join`` must be false and segments are joined when they are read.
+    Columns other than the message columns travel along with their rows.
+    """
     moment = pa.scalar(now, TIMESTAMP)
     expired = pc.fill_null(pc.less_equal(messages["expiry"], moment), False)
     waiting = pc.fill_null(pc.greater(messages["available_at"], moment), False)
@@ -74,7 +81,7 @@ def deliver(messages: pa.Table, delivery_sequence: str, options: DeliveryOptions
     if options.order == "physical":
         ordered = present.take(np.lexsort(keys[::-1]))
     else:
-        ordered = _logical(present, keys, options)
+        ordered = _logical(present, keys, options, join)
     return Delivery(_match(ordered, options), expired_count)
 
 
@@ -123,7 +130,7 @@ def _physical_keys(table: pa.Table, delivery_sequence: str) -> list[np.ndarray]:
     return keys
 
 
-def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions) -> pa.Table:
+def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions, join: bool) -> pa.Table:
     if table.num_rows == 0:
         return table
     grouped = pc.is_valid(table["group_id"]).to_numpy(zero_copy_only=False)
@@ -133,7 +140,7 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions) 
     segmented = table["segmented"].to_numpy(zero_copy_only=False)
     last_segment = table["last_segment"].to_numpy(zero_copy_only=False)
     last_in_group = table["last_in_group"].to_numpy(zero_copy_only=False)
-    length = pc.binary_length(table["payload"]).to_numpy().astype(np.int64)
+    length = payload_lengths(table)
 
     # Walk each group's items in (msg_seq_number, offset) order; ungrouped rows sort last, unused.
     order = np.lexsort((offset, seq, group, ~grouped))
@@ -186,7 +193,14 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions) 
     anchor = np.concatenate([ungrouped, anchors])
     position = [key[anchor] for key in keys] + [np.where(grouped[chosen], seq[chosen], 0), offset[chosen]]
     result = table.take(chosen[np.lexsort(position[::-1])])
-    return _join_segments(result) if options.complete_message else result
+    return join_segments(result) if options.complete_message and join else result
+
+
+def payload_lengths(table: pa.Table) -> np.ndarray:
+    """Each row's payload length in bytes, from ``payload_length`` when the payloads were left out."""
+    if "payload_length" in table.column_names:
+        return table["payload_length"].to_numpy().astype(np.int64)
+    return pc.binary_length(table["payload"]).to_numpy().astype(np.int64)
 
 
 def _pairs_in(
@@ -197,8 +211,11 @@ def _pairs_in(
     return np.isin(pairs, wanted)
 
 
-def _join_segments(table: pa.Table) -> pa.Table:
-    """Replace each segmented logical message (adjacent rows, in offset order) by one whole message."""
+def join_segments(table: pa.Table) -> pa.Table:
+    """Replace each segmented logical message (adjacent rows, in offset order) by one whole message.
+
+    Other columns keep the value of the message's first segment.
+    """
     segmented = table["segmented"].to_numpy(zero_copy_only=False)
     if not segmented.any():
         return table

@@ -6,6 +6,7 @@ import os
 import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from deltalake.exceptions import CommitFailedError
 
 from . import storage
 from .catalog import Catalog, CatalogState
+from .consumers import KEY_COLUMNS, ConsumerState
 from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from .errors import MQError, MQValidationError, Reason
 from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, check_group_items, group_items, prepare_put, rows_to_table
@@ -32,6 +34,22 @@ BROWSE_SCHEMA = pa.schema(
         pa.field("delivery_seq", pa.int64(), nullable=False),
     ]
 )
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits on a queue for one consumer group (``consumer`` None: every committed message)."""
+
+    queue: str
+    consumer: str | None
+    depth: int
+    oldest_put_time: datetime | None
+
+    def oldest_age(self, now: datetime | None = None) -> float | None:
+        """Seconds the oldest waiting message has waited, None when nothing waits."""
+        if self.oldest_put_time is None:
+            return None
+        return ((now or datetime.now(UTC)) - self.oldest_put_time).total_seconds()
 
 
 class QueueManager:
@@ -147,6 +165,7 @@ class QueueManager:
             storage.close_table(self._message_table(name), closed=False)
             raise
         storage.remove_tree(self._location(name))
+        storage.remove_tree(storage.state_location(self.root, name))
 
     def _close(self, name: str, purge: bool) -> None:
         """Check the depth and close the message table in one step, so no put can land in between."""
@@ -268,13 +287,47 @@ class QueueManager:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""
         return self._resolve(queue, for_put=True)
 
+    def resolve_for_get(self, queue: str) -> QueueDefinition:
+        """The local queue a get from ``queue`` reads; raises when it is unknown or get-inhibited."""
+        return self._resolve(queue, for_get=True)
+
     def queue_version(self, queue: str) -> int:
         """The current Delta version of the message table behind ``queue``."""
         return self._message_table(self._resolve(queue).name).version()
 
-    def depth(self, queue: str) -> int:
-        """Number of messages on the queue."""
-        return self._depth_of(self._resolve(queue).name)
+    def depth(self, queue: str, consumer: str | None = None) -> int:
+        """Number of messages on the queue, or still waiting for consumer group ``consumer``."""
+        local = self._resolve(queue).name
+        committed = self._depth_of(local)
+        if consumer is None:
+            return committed
+        return committed - self._state(local).consumed_keys(validate_name(consumer, "consumer group")).num_rows
+
+    def consumers(self, queue: str) -> list[str]:
+        """The consumer groups that have read the queue, by name."""
+        table = self._state(self._resolve(queue).name).table()
+        if table is None:
+            return []
+        return sorted(pc.unique(table.to_pyarrow_dataset().to_table(columns=["consumer"])["consumer"]).to_pylist())
+
+    def backlog(self, queue: str, consumer: str | None = None) -> Backlog:
+        """Depth and oldest waiting message of the queue (for ``consumer``); reads every put_time."""
+        local = self._resolve(queue).name
+        table = self._message_table(local)
+        location = self._location(local)
+        pieces = []
+        for path in pa.table(table.get_add_actions())["path"].to_pylist():
+            times = storage.read_data_file(location, path, ["put_time"])["put_time"]
+            pieces.append(
+                pa.table({"file": pa.repeat(path, len(times)), "row": np.arange(len(times)), "put_time": times})
+            )
+        waiting = pa.concat_tables(pieces) if pieces else None
+        if waiting is not None and consumer is not None:
+            consumed = self._state(local).consumed_keys(validate_name(consumer, "consumer group"))
+            waiting = waiting.join(consumed, KEY_COLUMNS, join_type="left anti")
+        if waiting is None or waiting.num_rows == 0:
+            return Backlog(local, consumer, 0, None)
+        return Backlog(local, consumer, waiting.num_rows, pc.min(waiting["put_time"]).as_py())
 
     def browse(
         self,
@@ -342,6 +395,9 @@ class QueueManager:
             )
         return table
 
+    def _state(self, queue: str) -> ConsumerState:
+        return ConsumerState(self.root, queue, self.storage_options)
+
     def _depth_of(self, queue: str) -> int:
         return storage.row_count(self._message_table(queue))
 
@@ -353,8 +409,9 @@ class QueueManager:
                 f"queue {name} is not defined in queue manager {self.name}", Reason.MQRC_UNKNOWN_OBJECT_NAME
             ) from None
 
-    def _resolve(self, queue: str, for_put: bool = False) -> QueueDefinition:
-        """The local queue behind ``queue`` (itself, or an alias's target); for a put, neither may be put-inhibited."""
+    def _resolve(self, queue: str, for_put: bool = False, for_get: bool = False) -> QueueDefinition:
+        """The local queue behind ``queue`` (itself, or an alias's target); for a put (a get), neither
+        may be put-inhibited (get-inhibited)."""
         validate_name(queue)
         state = self._catalog.read()
         definition = self._definition_in(state, queue)
@@ -365,6 +422,8 @@ class QueueManager:
         for item in chain:
             if for_put and item.put_inhibited:
                 raise MQError(f"queue {item.name} is put-inhibited", Reason.MQRC_PUT_INHIBITED)
+            if for_get and item.get_inhibited:
+                raise MQError(f"queue {item.name} is get-inhibited", Reason.MQRC_GET_INHIBITED)
         return definition
 
 

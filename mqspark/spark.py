@@ -7,6 +7,7 @@ cache folder and later sessions load the cached jars directly.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from typing import Any
 
 from delta import configure_spark_with_delta_pip
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
 
 CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
 DELTA_CONF = {
@@ -105,11 +107,59 @@ def session(app_name: str = "mqspark", master: str = "local[*]", **conf: Any) ->
 
 
 def register(spark: SparkSession) -> SparkSession:
-    """Register mqspark's data sources (format ``mq``) on an existing session."""
+    """Register mqspark's data sources (format ``mq``) on an existing session, and the listener
+    that records the last micro-batch of a streaming get as consumed when its query ends."""
     from .datasource import MQDataSource
 
     spark.dataSource.register(MQDataSource)
+    if not getattr(spark, "_mqspark_listener", None):
+        listener = ConsumptionListener()
+        spark.streams.addListener(listener)
+        spark._mqspark_listener = listener
+        atexit.register(_drain_listener_events, spark)
     return spark
+
+
+class ConsumptionListener(StreamingQueryListener):
+    """Records the last finished micro-batch of every streaming get as consumed when its query ends.
+
+    ``latestOffset`` records each batch as consumed when the next one is planned; after the last
+    batch of a run (``stop()``, a failure, the end of ``availableNow``) that never happens. Progress
+    events name each finished batch's end offset; at termination the last one is recorded and the
+    consumer group's lease is released.
+    """
+
+    def __init__(self) -> None:
+        self._last_offsets: dict[str, list[str]] = {}
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        self._last_offsets[str(event.progress.id)] = [source.endOffset for source in event.progress.sources]
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        from .stream import record_finished_batch
+
+        for end_offset in self._last_offsets.pop(str(event.id), []):
+            try:
+                record_finished_batch(end_offset)
+            except Exception as error:  # a listener must not break the session; the next run redelivers
+                print(
+                    f"mqspark: could not record the last batch of query {event.id} as consumed: {error}",
+                    file=sys.stderr,
+                )
+
+
+def _drain_listener_events(spark: SparkSession) -> None:
+    """At exit, let the listener see the end of queries stopped just before (events are asynchronous)."""
+    try:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(30_000)
+    except Exception:
+        pass  # the session is already gone: nothing left to wait for
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +30,7 @@ from deltalake.transaction import AddAction
 from .errors import MQError
 
 CATALOG_DIR = "_qmgr"
+STATE_DIR = "state"
 # A table property set on a message table that is being deleted; puts refuse to commit on top of it.
 CLOSED_PROPERTY = "mqspark.closed"
 QUEUES_DIR = "queues"
@@ -58,6 +59,10 @@ def catalog_location(root: str) -> str:
 
 def queue_location(root: str, queue: str) -> str:
     return f"{root}/{QUEUES_DIR}/{queue_dir_name(queue)}"
+
+
+def state_location(root: str, queue: str) -> str:
+    return f"{root}/{STATE_DIR}/{queue_dir_name(queue)}"
 
 
 def table_exists(location: str, storage_options: StorageOptions) -> bool:
@@ -119,6 +124,54 @@ def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema, ver
         )
     versions = feed["_commit_version"].cast(pa.int64())
     return feed.select(columns).cast(schema).append_column("commit_version", versions)
+
+
+def _log_entry(location: str, version: int) -> tuple[pafs.FileSystem, str]:
+    filesystem, base = _filesystem(location)
+    return filesystem, f"{base}/_delta_log/{version:020d}.json"
+
+
+def version_exists(location: str, version: int) -> bool:
+    """Whether commit ``version`` of the table exists: one file lookup, cheap enough for idle polling."""
+    filesystem, path = _log_entry(location, version)
+    return filesystem.get_file_info(path).type == pafs.FileType.File
+
+
+def files_added(location: str, version: int) -> list[str]:
+    """The data files (paths relative to the table) that commit ``version`` added with new rows.
+
+    Read straight from the commit's log entry, the only place that says which version added a file.
+    Files rewritten without changing data (``dataChange: false``, as compaction writes) are left out:
+    their rows were already read from the files they came from. A commit that removed data, or used
+    deletion vectors, means the queue table was edited behind mqspark's back, so it fails loudly.
+    """
+    filesystem, path = _log_entry(location, version)
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            lines = stream.read().decode().splitlines()
+    except FileNotFoundError:
+        raise MQError(
+            f"table {location}: log entry of version {version} is gone (log clean-up?); "
+            "the physical order of its messages cannot be rebuilt"
+        ) from None
+    added = []
+    for line in lines:
+        action = json.loads(line) if line.strip() else {}
+        if "remove" in action and action["remove"].get("dataChange", True):
+            raise MQError(f"table {location}: version {version} removed data; queue tables are append-only")
+        if "add" in action:
+            add = action["add"]
+            if add.get("deletionVector"):
+                raise MQError(f"table {location}: version {version} added a deletion vector, which mqspark cannot read")
+            if add.get("dataChange", True):
+                added.append(unquote(add["path"]))
+    return added
+
+
+def read_data_file(location: str, path: str, columns: list[str] | None = None) -> pa.Table:
+    """One data file of the table at ``location`` (``path`` relative to it), as written."""
+    filesystem, base = _filesystem(location)
+    return pq.read_table(f"{base}/{path}", columns=columns, filesystem=filesystem, use_threads=False)
 
 
 @dataclass(frozen=True)

@@ -220,8 +220,12 @@ def test_put_browse_and_depth(qm, tmp_path):
     assert [row["correl_id"] for row in rows] == ["", "C1", "C1", "", "", "", "", ""]
     assert all(PUT_TIME.fullmatch(row["put_time"]) for row in rows)
 
-    assert lines(ok(root, "depth", "ORDERS")) == ["queue   depth", "ORDERS  8"]
-    assert ok_json(root, "depth") == [{"queue": "ORDERS", "depth": 8}, {"queue": DLQ, "depth": 0}]
+    table = lines(ok(root, "depth", "ORDERS"))
+    assert table[0] == "queue   consumer  depth  oldest_age_s"
+    assert re.fullmatch(r"ORDERS            8      \d+\.\d", table[1]) and len(table) == 2
+    depths = ok_json(root, "depth")
+    assert [(d["queue"], d["consumer"], d["depth"]) for d in depths] == [("ORDERS", None, 8), (DLQ, None, 0)]
+    assert 0 <= depths[0]["oldest_age_s"] < 600 and depths[1]["oldest_age_s"] is None
 
     browsed = ok_json(root, "browse", "ORDERS")
     assert [m["payload"] for m in browsed] == payloads

@@ -1,0 +1,397 @@
+"""The streaming get: ``spark.readStream.format("mq")``, destructive for its consumer group.
+
+How a micro-batch goes (the planner methods run in one long-lived driver process per query run):
+
+1. ``latestOffset(start, limit)``: the batch that ended at ``start`` has been processed, so its plan
+   is recorded as consumed. New commits are read from the log into the group's pending messages,
+   the ordering engine orders them, admission control takes a prefix (higher priorities first,
+   never ending inside a logical message, or inside a group under ``allMessagesAvailable``), and
+   the plan (which messages, in which order, judged at which moment) is recorded in the state table
+   before the offset that names it is returned.
+2. ``partitions(start, end)``: the recorded plan of ``end``, split into partitions at message (or
+   group) boundaries. A replay after a crash finds the same plan, so it delivers the same messages.
+3. ``read(partition)``: the executor reads the planned rows from their data files.
+
+The last batch of a run is recorded as consumed by the listener :func:`mqspark.register` installs
+(``latestOffset`` after it never comes), or by ``latestOffset`` when the query restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from . import storage
+from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat
+from .errors import MQError, Reason
+from .messages import MESSAGE_SCHEMA, TIMESTAMP
+from .ordering import DeliveryOptions, deliver, join_segments
+from .pending import PendingMessages, message_keys
+from .qmgr import BROWSE_SCHEMA, QueueManager
+from .source import batch_rows
+
+OFFSET_KEYS = ("root", "queue", "consumer", "owner", "seq", "plan", "delivered", "version", "now")
+# Planned messages are split into partitions of about this many payload bytes.
+PARTITION_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GetOptions:
+    """A streaming get as the user asked for it, checked on the driver."""
+
+    root: str
+    queue: str
+    consumer: str
+    delivery: DeliveryOptions
+    max_messages: int | None
+    max_bytes: int | None
+    lease_timeout: timedelta
+
+
+def offset(values: dict) -> dict:
+    """An offset with its keys in one fixed order: Spark compares offsets as JSON strings."""
+    return {key: values[key] for key in OFFSET_KEYS}
+
+
+def is_offset(value: object) -> bool:
+    return isinstance(value, dict) and tuple(value) == OFFSET_KEYS
+
+
+@dataclass
+class QueuePartition(InputPartition):
+    """Planned messages for one task: where they lie and their delivery_seq, in delivery order."""
+
+    location: str
+    storage_options: dict | None
+    queue: str
+    qmgr: str
+    files: list[str]
+    file: np.ndarray
+    row: np.ndarray
+    delivery_seq: np.ndarray
+    complete_message: bool
+    value: int = field(default=0)
+
+    def messages(self) -> pa.Table:
+        by_file = np.argsort(self.file, kind="stable")
+        pieces = []
+        bounds = np.flatnonzero(np.diff(self.file[by_file])) + 1
+        for positions in np.split(by_file, bounds):
+            if len(positions) == 0:
+                continue
+            data = storage.read_data_file(self.location, self.files[self.file[positions[0]]], MESSAGE_SCHEMA.names)
+            pieces.append(data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA).take(self.row[positions]))
+        table = pa.concat_tables(pieces).take(np.argsort(by_file, kind="stable"))
+        table = table.append_column("delivery_seq", pa.array(self.delivery_seq, pa.int64()))
+        if self.complete_message:
+            table = join_segments(table)
+        rows = table.num_rows
+        table = table.append_column("queue", pa.repeat(self.queue, rows)).append_column(
+            "qmgr", pa.repeat(self.qmgr, rows)
+        )
+        return table.select(BROWSE_SCHEMA.names).cast(BROWSE_SCHEMA)
+
+
+class _Group:
+    """What the planner process knows of its consumer group while the query runs."""
+
+    def __init__(self, options: GetOptions, owner: str) -> None:
+        qm = QueueManager.open(options.root)
+        definition = qm.resolve_for_get(options.queue)
+        self.qm = qm
+        self.queue = definition.name
+        self.delivery_sequence = definition.delivery_sequence
+        self.location = storage.queue_location(qm.root, self.queue)
+        self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self.owner = owner
+        self.state.acquire(options.consumer, owner, options.lease_timeout)
+        self.heartbeat = Heartbeat(self.state, options.consumer, owner, options.lease_timeout)
+        self.pending: PendingMessages | None = None
+        self.plans: dict[str, pa.Table] = {}
+        self.consumed_plans: set[str] = set()
+        self.exhausted = False
+        self.next_due: datetime | None = None
+
+
+class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The streaming get of one consumer group. Pickled to executors right after construction, so
+    everything heavy is created lazily, in the driver planner process only."""
+
+    def __init__(self, options: GetOptions) -> None:
+        self.options = options
+        self._group: _Group | None = None
+        self._initial: dict | None = None
+        self._target: tuple[int, datetime] | None = None
+
+    # Planner methods (driver)
+
+    def initialOffset(self) -> dict:
+        if self._initial is None:
+            group = self._join(uuid.uuid4().hex)
+            seq, delivered = group.state.last_position(self.options.consumer)
+            self._initial = offset(
+                {
+                    "root": group.qm.root,
+                    "queue": self.options.queue,
+                    "consumer": self.options.consumer,
+                    "owner": group.owner,
+                    "seq": seq,
+                    "plan": "",
+                    "delivered": delivered,
+                    "version": -1,
+                    "now": 0,
+                }
+            )
+        return self._initial
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages is not None:
+            return ReadMaxRows(self.options.max_messages)
+        if self.options.max_bytes is not None:
+            return ReadMaxBytes(self.options.max_bytes)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = (QueueManager.open(self.options.root).queue_version(self.options.queue), datetime.now(UTC))
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        group = self._join(start["owner"])
+        self._consume(group, start)
+        if group.plans:
+            # A plan returned earlier that Spark did not start from was never run: its messages wait again.
+            group.plans.clear()
+            group.exhausted = False
+        if group.heartbeat.lost is not None:
+            raise group.heartbeat.lost
+        up_to, now = self._target if self._target else (None, datetime.now(UTC))
+        news = group.pending.refresh(up_to) if group.pending.has_news() else False
+        due = group.next_due is not None and now >= group.next_due
+        if group.exhausted and not news and not due:
+            return start
+        plan = self._plan(group, start, now, limit)
+        if plan is None:
+            return start
+        end = offset(
+            {
+                **start,
+                "seq": start["seq"] + 1,
+                "plan": plan.schema.metadata[b"plan_id"].decode(),
+                "delivered": int(plan.schema.metadata[b"delivered"]),
+                "version": group.pending.version,
+                "now": int(now.timestamp() * 1_000_000),
+            }
+        )
+        self._record(group, end, plan)
+        return end
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        if start == end or not end["plan"]:
+            return []
+        group = self._join(end["owner"])
+        plan = group.plans.get(end["plan"])
+        if plan is None:
+            plan = group.state.plan(self.options.consumer, end["plan"])
+        delivered = plan.filter(pc.is_valid(plan["delivery_seq"]))
+        delivered = delivered.take(pc.sort_indices(delivered, [("delivery_seq", "ascending")]))
+        files = pc.unique(delivered["file"]).to_pylist()
+        numbers = pc.index_in(delivered["file"], pa.array(files, pa.string())).to_numpy().astype(np.int32)
+        partition = delivered["partition"].to_numpy()
+        result = []
+        for index, number in enumerate(np.unique(partition)):
+            chosen = partition == number
+            result.append(
+                QueuePartition(
+                    location=group.location,
+                    storage_options=group.qm.storage_options,
+                    queue=group.queue,
+                    qmgr=group.qm.name,
+                    files=files,
+                    file=numbers[chosen],
+                    row=delivered["row"].to_numpy()[chosen],
+                    delivery_seq=delivered["delivery_seq"].to_numpy()[chosen],
+                    complete_message=self.options.delivery.complete_message,
+                    value=index,
+                )
+            )
+        return result
+
+    def commit(self, end: dict) -> None:
+        if self._group is not None and end.get("plan"):
+            self._consume(self._group, end)
+
+    # Executor
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        table = partition.messages()
+        yield from table.to_batches(max_chunksize=batch_rows(table))
+
+    # Helpers
+
+    def _join(self, owner: str) -> _Group:
+        """The group state of this run, taking the group's lease for ``owner`` on first use."""
+        if self._group is None:
+            self._group = _Group(self.options, owner)
+        elif self._group.owner != owner:
+            raise MQError(
+                f"queue {self.options.queue}: offsets of another query reached consumer {self.options.consumer!r}",
+                Reason.MQRC_OBJECT_IN_USE,
+            )
+        return self._group
+
+    def _consume(self, group: _Group, start: dict) -> None:
+        """Record the plan that ended at ``start`` as consumed (once), and load the pending
+        messages on first use, without everything the group has consumed."""
+        plan_id = start["plan"]
+        if plan_id and plan_id not in group.consumed_plans:
+            group.state.record_consumed(self.options.consumer, group.owner, plan_id, start["seq"])
+            group.consumed_plans.add(plan_id)
+            plan = group.plans.pop(plan_id, None)
+            if plan is not None and group.pending is not None:
+                numbers = np.array([group.pending.file_number(path) for path in plan["file"].to_pylist()], np.int64)
+                group.pending.mark_consumed(message_keys(numbers, plan["row"].to_numpy()))
+        if group.pending is None:
+            group.pending = PendingMessages(group.location, group.qm.storage_options)
+            group.pending.load(
+                group.state.consumed_keys(self.options.consumer), self._target[0] if self._target else None
+            )
+
+    def _plan(self, group: _Group, start: dict, now: datetime, limit: ReadLimit) -> pa.Table | None:
+        """The next micro-batch: delivered messages (with delivery_seq and partition) and expired ones."""
+        options = self.options
+        group.qm.resolve_for_get(options.queue)
+        rows = group.pending.rows
+        moment = pa.scalar(now, TIMESTAMP)
+        waiting = pc.invert(rows["consumed"])
+        expired = rows.filter(pc.and_(waiting, pc.fill_null(pc.less_equal(rows["expiry"], moment), False)))
+        later = pc.filter(
+            rows["available_at"], pc.and_(waiting, pc.fill_null(pc.greater(rows["available_at"], moment), False))
+        )
+        group.next_due = pc.min(later).as_py() if len(later) else None
+        ordered = deliver(rows, group.delivery_sequence, options.delivery, now, join=False).messages
+        candidates = ordered.filter(pc.invert(ordered["consumed"]))
+        taken, delivered = self._admit(candidates, limit, start["delivered"])
+        group.exhausted = taken.num_rows == candidates.num_rows
+        if taken.num_rows == 0 and expired.num_rows == 0:
+            return None
+        files = group.pending.files
+        plan = pa.table(
+            {
+                "file": pa.array([files[n] for n in taken["file"].to_pylist()], pa.string()),
+                "row": taken["row"],
+                "delivery_seq": taken["delivery_seq"],
+                "partition": taken["partition"],
+            }
+        )
+        if expired.num_rows:
+            plan = pa.concat_tables(
+                [
+                    plan,
+                    pa.table(
+                        {
+                            "file": pa.array([files[n] for n in expired["file"].to_pylist()], pa.string()),
+                            "row": expired["row"],
+                            "delivery_seq": pa.nulls(expired.num_rows, pa.int64()),
+                            "partition": pa.nulls(expired.num_rows, pa.int32()),
+                        }
+                    ),
+                ]
+            )
+        return plan.replace_schema_metadata({"plan_id": uuid.uuid4().hex, "delivered": str(delivered)})
+
+    def _admit(self, candidates: pa.Table, limit: ReadLimit, first_seq: int) -> tuple[pa.Table, int]:
+        """The prefix of ``candidates`` this batch delivers, with delivery_seq and partition, and the
+        next delivery_seq. Limits count delivered messages and payload bytes; at least one unit goes."""
+        options = self.options
+        max_messages = max_bytes = None
+        if not isinstance(limit, ReadAllAvailable):
+            max_messages = limit.max_rows if isinstance(limit, ReadMaxRows) else options.max_messages
+            max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else options.max_bytes
+        count = candidates.num_rows
+        if count == 0:
+            return candidates.append_column("delivery_seq", pa.array([], pa.int64())).append_column(
+                "partition", pa.array([], pa.int32())
+            ), first_seq
+        grouped = pc.is_valid(candidates["group_id"]).to_numpy(zero_copy_only=False)
+        group = pc.dictionary_encode(pc.fill_null(candidates["group_id"], "")).combine_chunks().indices.to_numpy()
+        seq = candidates["msg_seq_number"].to_numpy()
+        segmented = candidates["segmented"].to_numpy(zero_copy_only=False)
+        same_group = np.zeros(count, dtype=bool)
+        same_group[1:] = grouped[1:] & grouped[:-1] & (group[1:] == group[:-1])
+        same_message = np.zeros(count, dtype=bool)
+        same_message[1:] = same_group[1:] & (seq[1:] == seq[:-1]) & segmented[1:] & segmented[:-1]
+        unit_start = ~(same_group if options.delivery.all_messages_available else same_message)
+        message_start = ~same_message if options.delivery.complete_message else np.ones(count, dtype=bool)
+        messages = np.cumsum(message_start)
+        size = np.cumsum(candidates["payload_length"].to_numpy())
+        unit_end = np.append(unit_start[1:], True)
+        ends = np.flatnonzero(unit_end)
+        fits = np.ones(len(ends), dtype=bool)
+        if max_messages is not None:
+            fits &= messages[ends] <= max_messages
+        if max_bytes is not None:
+            fits &= size[ends] <= max_bytes
+        # Whole units are taken while they fit; the first always goes, so a big message cannot stall.
+        units = len(ends) if fits.all() else max(1, int(np.argmin(fits)))
+        stop = int(ends[units - 1]) + 1
+        taken = candidates.slice(0, stop)
+        total = int(size[stop - 1])
+        parts = max(1, min(units, math.ceil(total / PARTITION_BYTES)))
+        length = candidates["payload_length"].to_numpy()[:stop]
+        before_unit = np.maximum.accumulate(np.where(unit_start[:stop], size[:stop] - length, 0))
+        partition = np.minimum(before_unit * parts // max(total, 1), parts - 1).astype(np.int32)
+        delivery_seq = first_seq + messages[:stop] - 1
+        taken = taken.append_column("delivery_seq", pa.array(delivery_seq, pa.int64()))
+        taken = taken.append_column("partition", pa.array(partition, pa.int32()))
+        return taken, int(first_seq + messages[stop - 1])
+
+    def _record(self, group: _Group, end: dict, plan: pa.Table) -> None:
+        rows = plan.num_rows
+        at = datetime.now(UTC)
+        record = pa.table(
+            {
+                "consumer": pa.repeat(self.options.consumer, rows),
+                "owner": pa.repeat(group.owner, rows),
+                "event": pa.repeat("plan", rows),
+                "plan_id": pa.repeat(end["plan"], rows),
+                "seq": pa.repeat(pa.scalar(end["seq"], pa.int64()), rows),
+                "file": plan["file"],
+                "row": plan["row"],
+                "delivery_seq": plan["delivery_seq"],
+                "partition": plan["partition"],
+                "at": pa.repeat(pa.scalar(at, TIMESTAMP), rows),
+            }
+        )
+        group.state.append(record.select(STATE_SCHEMA.names))
+        group.plans[end["plan"]] = plan
+
+
+def record_finished_batch(end_offset: str) -> None:
+    """Record the plan of a finished batch as consumed, given the source's end offset as Spark
+    reports it (a JSON string). Offsets of other sources are ignored."""
+    try:
+        end = json.loads(end_offset)
+    except (TypeError, ValueError):
+        return
+    if not is_offset(end) or not end["plan"]:
+        return
+    qm = QueueManager.open(end["root"])
+    state = ConsumerState(qm.root, qm.resolve_for_get(end["queue"]).name, qm.storage_options)
+    if end["plan"] not in state.consumed_plans(end["consumer"]).to_pylist():
+        state.record_consumed(end["consumer"], end["owner"], end["plan"], end["seq"])
+    state.release(end["consumer"], end["owner"])

@@ -1,0 +1,155 @@
+"""The streaming get's planner on its own: the calls Spark makes, made directly, on real Delta tables.
+
+Spark runs these methods in a planner process and replays them after crashes; calling them here
+shows exactly what a replay, a rolled-back plan or an idle poll does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from mqspark import MQError, Reason, storage
+from mqspark.cli import main
+from mqspark.datasource import _get_options
+from mqspark.stream import OFFSET_KEYS, QueueStreamReader
+
+from .samples import spec_example
+
+
+def _reader(qm, **options) -> QueueStreamReader:
+    given = {"path": qm.root, "queue": "Q", **{key.lower(): value for key, value in options.items()}}
+    return QueueStreamReader(_get_options(given))
+
+
+def _read(reader: QueueStreamReader, start: dict, end: dict) -> list[tuple]:
+    rows = []
+    for partition in reader.partitions(start, end):
+        for batch in reader.read(partition):
+            rows += [(r["delivery_seq"], r["payload"].decode()) for r in batch.to_pylist()]
+    return rows
+
+
+def _state_version(qm) -> int:
+    return DeltaTable(storage.state_location(qm.root, "Q")).version()
+
+
+def test_offsets_have_one_fixed_key_order(qm):
+    spec_example(qm)
+    reader = _reader(qm)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert tuple(start) == tuple(end) == OFFSET_KEYS
+    assert (end["seq"], end["delivered"]) == (1, 8)
+
+
+def test_a_replay_in_a_new_process_delivers_the_same_rows(qm):
+    spec_example(qm)
+    reader = _reader(qm, maxMessagesPerTrigger="3")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(3))
+    first = _read(reader, start, end)
+    # More messages arrive; a new planner (after a crash) asked for the same offsets reads the recorded plan.
+    qm.put("Q", [{"payload": "late", "priority": 9}])
+    assert _read(_reader(qm), start, end) == first == [(0, "A"), (1, "Y1"), (2, "Y2")]
+
+
+def test_a_plan_that_never_ran_is_rolled_back(qm):
+    spec_example(qm)
+    reader = _reader(qm)
+    start = reader.initialOffset()
+    abandoned = reader.latestOffset(start, ReadMaxRows(2))
+    # Spark asks again from the same start: the first plan was never run, so its messages wait again.
+    again = reader.latestOffset(start, ReadMaxRows(2))
+    assert again["plan"] != abandoned["plan"]
+    assert _read(reader, start, again) == [(0, "A"), (1, "Y1")]
+    assert qm.depth("Q", consumer="default") == 8
+
+
+def test_consumption_is_recorded_when_the_next_batch_is_planned(qm):
+    spec_example(qm)
+    reader = _reader(qm)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(2))
+    assert qm.depth("Q", consumer="default") == 8
+    reader.latestOffset(end, ReadMaxRows(2))
+    assert qm.depth("Q", consumer="default") == 6
+
+
+def test_idle_polling_writes_nothing_and_returns_the_start(qm):
+    spec_example(qm)
+    reader = _reader(qm)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    reader.latestOffset(end, ReadAllAvailable())
+    version = _state_version(qm)
+    for _ in range(50):
+        assert reader.latestOffset(end, ReadAllAvailable()) == end
+    assert _state_version(qm) == version
+    qm.put("Q", [{"payload": "new"}])
+    later = reader.latestOffset(end, ReadAllAvailable())
+    assert _read(reader, end, later) == [(8, "new")]
+
+
+def test_available_now_stops_at_what_was_there_at_start(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "before"}])
+    reader = _reader(qm)
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    qm.put("Q", [{"payload": "after"}])
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert _read(reader, start, end) == [(0, "before")]
+    assert reader.latestOffset(end, ReadAllAvailable()) == end
+
+
+def test_a_second_reader_of_the_group_is_refused_while_the_lease_lives(qm):
+    qm.define_queue("Q")
+    _reader(qm).initialOffset()
+    with pytest.raises(MQError) as refused:
+        _reader(qm).initialOffset()
+    assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
+    assert re.fullmatch(
+        r"MQRC_OBJECT_IN_USE \(2042\): queue Q: consumer group 'default' is already being read by a running query "
+        r"\(last seen \d+\.\d s ago\); stop it, wait 30 s after it died, or read with another consumer",
+        str(refused.value),
+    )
+    _reader(qm, consumer="other").initialOffset()
+
+
+def test_an_expired_message_is_discarded_by_a_batch_and_leaves_the_depth(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "gone", "expiry": datetime.now(UTC) - timedelta(seconds=1)}, {"payload": "kept"}])
+    reader = _reader(qm)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert _read(reader, start, end) == [(0, "kept")]
+    reader.latestOffset(end, ReadAllAvailable())
+    assert qm.depth("Q", consumer="default") == 0
+
+
+def test_cli_depth_shows_each_consumer_group(qm, capsys):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
+    reader = _reader(qm, consumer="billing")
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(1))
+    reader.latestOffset(end, ReadMaxRows(1))
+    assert main(["--root", qm.root, "depth", "Q", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["queue"], r["consumer"], r["depth"]) for r in rows] == [("Q", None, 2), ("Q", "billing", 1)]
+    assert all(isinstance(r["oldest_age_s"], float) for r in rows)
+
+
+def test_a_delete_behind_mqspark_s_back_stops_the_get(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "one"}])
+    DeltaTable(storage.queue_location(qm.root, "Q")).delete()
+    reader = _reader(qm)
+    with pytest.raises(MQError, match=r"version 2 removed data; queue tables are append-only"):
+        reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
