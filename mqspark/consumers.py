@@ -214,13 +214,18 @@ class Heartbeat:
     def __init__(self, state: ConsumerState, consumer: str, owner: str, timeout: timedelta) -> None:
         self.state, self.consumer, self.owner, self.timeout = state, consumer, owner, timeout
         self.lost: MQError | None = None
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mqspark-lease-{consumer}", daemon=True)
         self._thread.start()
 
+    def stop(self) -> None:
+        self._stopped.set()
+
     def _run(self) -> None:
         interval = self.timeout.total_seconds() / 3
-        while self.lost is None:
-            time.sleep(interval)
+        while not self._stopped.wait(interval):
+            if self.state.table() is None:
+                return  # the queue was deleted
             holder = self.state.lease(self.consumer, self.timeout * 1000)
             if holder is not None and holder.owner != self.owner:
                 self.lost = MQError(

@@ -235,6 +235,14 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._group is not None and end.get("plan"):
             self._consume(self._group, end)
 
+    def stop(self) -> None:
+        """Release the group's lease. Spark does not call this for Python sources today (the planner
+        process is killed); the lease then lapses, or the query listener releases it."""
+        if self._group is not None:
+            self._group.heartbeat.stop()
+            self._group.state.release(self.options.consumer, self._group.owner)
+            self._group = None
+
     # Executor
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -22,9 +22,24 @@ from mqspark.stream import OFFSET_KEYS, QueueStreamReader
 from .samples import spec_example
 
 
-def _reader(qm, **options) -> QueueStreamReader:
-    given = {"path": qm.root, "queue": "Q", **{key.lower(): value for key, value in options.items()}}
-    return QueueStreamReader(_get_options(given))
+@pytest.fixture(autouse=True)
+def readers():
+    """Every planner a test made, stopped at its end (their lease threads would run on)."""
+    made: list[QueueStreamReader] = []
+    yield made
+    for reader in made:
+        reader.stop()
+
+
+@pytest.fixture
+def new_reader(qm, readers):
+    def make(**options) -> QueueStreamReader:
+        given = {"path": qm.root, "queue": "Q", **{key.lower(): value for key, value in options.items()}}
+        reader = QueueStreamReader(_get_options(given))
+        readers.append(reader)
+        return reader
+
+    return make
 
 
 def _read(reader: QueueStreamReader, start: dict, end: dict) -> list[tuple]:
@@ -39,29 +54,29 @@ def _state_version(qm) -> int:
     return DeltaTable(storage.state_location(qm.root, "Q")).version()
 
 
-def test_offsets_have_one_fixed_key_order(qm):
+def test_offsets_have_one_fixed_key_order(qm, new_reader):
     spec_example(qm)
-    reader = _reader(qm)
+    reader = new_reader()
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
     assert tuple(start) == tuple(end) == OFFSET_KEYS
     assert (end["seq"], end["delivered"]) == (1, 8)
 
 
-def test_a_replay_in_a_new_process_delivers_the_same_rows(qm):
+def test_a_replay_in_a_new_process_delivers_the_same_rows(qm, new_reader):
     spec_example(qm)
-    reader = _reader(qm, maxMessagesPerTrigger="3")
+    reader = new_reader(maxMessagesPerTrigger="3")
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(3))
     first = _read(reader, start, end)
     # More messages arrive; a new planner (after a crash) asked for the same offsets reads the recorded plan.
     qm.put("Q", [{"payload": "late", "priority": 9}])
-    assert _read(_reader(qm), start, end) == first == [(0, "A"), (1, "Y1"), (2, "Y2")]
+    assert _read(new_reader(), start, end) == first == [(0, "A"), (1, "Y1"), (2, "Y2")]
 
 
-def test_a_plan_that_never_ran_is_rolled_back(qm):
+def test_a_plan_that_never_ran_is_rolled_back(qm, new_reader):
     spec_example(qm)
-    reader = _reader(qm)
+    reader = new_reader()
     start = reader.initialOffset()
     abandoned = reader.latestOffset(start, ReadMaxRows(2))
     # Spark asks again from the same start: the first plan was never run, so its messages wait again.
@@ -71,9 +86,9 @@ def test_a_plan_that_never_ran_is_rolled_back(qm):
     assert qm.depth("Q", consumer="default") == 8
 
 
-def test_consumption_is_recorded_when_the_next_batch_is_planned(qm):
+def test_consumption_is_recorded_when_the_next_batch_is_planned(qm, new_reader):
     spec_example(qm)
-    reader = _reader(qm)
+    reader = new_reader()
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(2))
     assert qm.depth("Q", consumer="default") == 8
@@ -81,9 +96,9 @@ def test_consumption_is_recorded_when_the_next_batch_is_planned(qm):
     assert qm.depth("Q", consumer="default") == 6
 
 
-def test_idle_polling_writes_nothing_and_returns_the_start(qm):
+def test_idle_polling_writes_nothing_and_returns_the_start(qm, new_reader):
     spec_example(qm)
-    reader = _reader(qm)
+    reader = new_reader()
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
     reader.latestOffset(end, ReadAllAvailable())
@@ -96,10 +111,10 @@ def test_idle_polling_writes_nothing_and_returns_the_start(qm):
     assert _read(reader, end, later) == [(8, "new")]
 
 
-def test_available_now_stops_at_what_was_there_at_start(qm):
+def test_available_now_stops_at_what_was_there_at_start(qm, new_reader):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": "before"}])
-    reader = _reader(qm)
+    reader = new_reader()
     reader.prepareForTriggerAvailableNow()
     start = reader.initialOffset()
     qm.put("Q", [{"payload": "after"}])
@@ -108,24 +123,27 @@ def test_available_now_stops_at_what_was_there_at_start(qm):
     assert reader.latestOffset(end, ReadAllAvailable()) == end
 
 
-def test_a_second_reader_of_the_group_is_refused_while_the_lease_lives(qm):
+def test_a_second_reader_of_the_group_is_refused_while_the_lease_lives(qm, new_reader):
     qm.define_queue("Q")
-    _reader(qm).initialOffset()
+    first = new_reader()
+    first.initialOffset()
     with pytest.raises(MQError) as refused:
-        _reader(qm).initialOffset()
+        new_reader().initialOffset()
     assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
     assert re.fullmatch(
         r"MQRC_OBJECT_IN_USE \(2042\): queue Q: consumer group 'default' is already being read by a running query "
         r"\(last seen \d+\.\d s ago\); stop it, wait 30 s after it died, or read with another consumer",
         str(refused.value),
     )
-    _reader(qm, consumer="other").initialOffset()
+    new_reader(consumer="other").initialOffset()
+    first.stop()
+    new_reader().initialOffset()
 
 
-def test_an_expired_message_is_discarded_by_a_batch_and_leaves_the_depth(qm):
+def test_an_expired_message_is_discarded_by_a_batch_and_leaves_the_depth(qm, new_reader):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": "gone", "expiry": datetime.now(UTC) - timedelta(seconds=1)}, {"payload": "kept"}])
-    reader = _reader(qm)
+    reader = new_reader()
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
     assert _read(reader, start, end) == [(0, "kept")]
@@ -133,10 +151,10 @@ def test_an_expired_message_is_discarded_by_a_batch_and_leaves_the_depth(qm):
     assert qm.depth("Q", consumer="default") == 0
 
 
-def test_cli_depth_shows_each_consumer_group(qm, capsys):
+def test_cli_depth_shows_each_consumer_group(qm, capsys, new_reader):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
-    reader = _reader(qm, consumer="billing")
+    reader = new_reader(consumer="billing")
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(1))
     reader.latestOffset(end, ReadMaxRows(1))
@@ -146,10 +164,10 @@ def test_cli_depth_shows_each_consumer_group(qm, capsys):
     assert all(isinstance(r["oldest_age_s"], float) for r in rows)
 
 
-def test_a_delete_behind_mqspark_s_back_stops_the_get(qm):
+def test_a_delete_behind_mqspark_s_back_stops_the_get(qm, new_reader):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": "one"}])
     DeltaTable(storage.queue_location(qm.root, "Q")).delete()
-    reader = _reader(qm)
+    reader = new_reader()
     with pytest.raises(MQError, match=r"version 2 removed data; queue tables are append-only"):
         reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
