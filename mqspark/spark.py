@@ -113,6 +113,12 @@ def register(spark: SparkSession) -> SparkSession:
 
     spark.dataSource.register(MQDataSource)
     if not getattr(spark, "_mqspark_listener", None):
+        # The listener may run during interpreter exit, when modules that start threads (as
+        # pyarrow.dataset does, through concurrent.futures) can no longer be imported.
+        import pyarrow.dataset  # noqa: F401
+
+        from . import stream  # noqa: F401
+
         listener = ConsumptionListener()
         spark.streams.addListener(listener)
         spark._mqspark_listener = listener

@@ -142,15 +142,18 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # Planner methods (driver)
 
     def initialOffset(self) -> dict:
+        # Spark calls this again after a crash in the first micro-batch (to replay it), so it takes no
+        # lease: the lease goes to the owner named by the offsets the query actually runs on.
         if self._initial is None:
-            group = self._join(uuid.uuid4().hex)
-            seq, delivered = group.state.last_position(self.options.consumer)
+            qm = QueueManager.open(self.options.root)
+            state = ConsumerState(qm.root, qm.resolve_for_get(self.options.queue).name, qm.storage_options)
+            seq, delivered = state.last_position(self.options.consumer)
             self._initial = offset(
                 {
-                    "root": group.qm.root,
+                    "root": qm.root,
                     "queue": self.options.queue,
                     "consumer": self.options.consumer,
-                    "owner": group.owner,
+                    "owner": uuid.uuid4().hex,
                     "seq": seq,
                     "plan": "",
                     "delivered": delivered,

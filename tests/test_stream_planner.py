@@ -74,6 +74,21 @@ def test_a_replay_in_a_new_process_delivers_the_same_rows(qm, new_reader):
     assert _read(new_reader(), start, end) == first == [(0, "A"), (1, "Y1"), (2, "Y2")]
 
 
+def test_a_crash_in_the_first_batch_is_replayed_by_the_restarted_query(qm, new_reader):
+    spec_example(qm)
+    crashed = new_reader()
+    end = crashed.latestOffset(crashed.initialOffset(), ReadMaxRows(2))
+    first = _read(crashed, crashed.initialOffset(), end)
+    # The restarted planner: Spark asks for the initial offset again, then replays batch 0 and goes on,
+    # while the crashed run's lease is still fresh.
+    restarted = new_reader()
+    start = restarted.initialOffset()
+    assert start["owner"] != end["owner"]
+    assert _read(restarted, start, end) == first == [(0, "A"), (1, "Y1")]
+    after = restarted.latestOffset(end, ReadMaxRows(2))
+    assert _read(restarted, end, after) == [(2, "Y2")]
+
+
 def test_a_plan_that_never_ran_is_rolled_back(qm, new_reader):
     spec_example(qm)
     reader = new_reader()
@@ -126,18 +141,21 @@ def test_available_now_stops_at_what_was_there_at_start(qm, new_reader):
 def test_a_second_reader_of_the_group_is_refused_while_the_lease_lives(qm, new_reader):
     qm.define_queue("Q")
     first = new_reader()
-    first.initialOffset()
+    first.latestOffset(first.initialOffset(), ReadAllAvailable())
+    second = new_reader()
     with pytest.raises(MQError) as refused:
-        new_reader().initialOffset()
+        second.latestOffset(second.initialOffset(), ReadAllAvailable())
     assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
     assert re.fullmatch(
         r"MQRC_OBJECT_IN_USE \(2042\): queue Q: consumer group 'default' is already being read by a running query "
         r"\(last seen \d+\.\d s ago\); stop it, wait 30 s after it died, or read with another consumer",
         str(refused.value),
     )
-    new_reader(consumer="other").initialOffset()
+    other = new_reader(consumer="other")
+    other.latestOffset(other.initialOffset(), ReadAllAvailable())
     first.stop()
-    new_reader().initialOffset()
+    third = new_reader()
+    third.latestOffset(third.initialOffset(), ReadAllAvailable())
 
 
 def test_an_expired_message_is_discarded_by_a_batch_and_leaves_the_depth(qm, new_reader):

@@ -1,0 +1,59 @@
+"""Killing a Spark driver the hard way: SIGKILL for its process group and every process it started.
+
+A driver is spawned in a session of its own (``start_new_session=True``) with ``MQSPARK_TEST_RUN``
+set to a token in its environment, which its JVM and PySpark's Python daemons inherit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def last_spark_commit(checkpoint: Path) -> int:
+    """The last micro-batch Spark recorded as done in the checkpoint's commit log (-1: none)."""
+    commits = checkpoint / "commits"
+    done = [int(name) for name in os.listdir(commits) if name.isdigit()] if commits.exists() else []
+    return max(done, default=-1)
+
+
+def marked_processes(token: str) -> list[int]:
+    """Live processes (the JVM's Python daemons included) started with MQSPARK_TEST_RUN=token."""
+    marker = f"MQSPARK_TEST_RUN={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                found.append(int(entry))
+    return found
+
+
+def kill_run(process: subprocess.Popen, token: str) -> None:
+    """SIGKILL the driver's process group (Python driver and JVM), then every Python daemon it started.
+
+    PySpark's worker daemons put themselves into process groups of their own; they are killed too, by
+    pid, so nothing of the run (a commit in flight included) outlives the crash.
+    """
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    kill_marked(token)
+
+
+def kill_marked(token: str) -> None:
+    """SIGKILL, by pid, every process still alive that was started with MQSPARK_TEST_RUN=token."""
+    deadline = time.monotonic() + 30
+    while stragglers := marked_processes(token):
+        assert time.monotonic() < deadline, f"processes of the killed run still alive: {stragglers}"
+        for pid in stragglers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
