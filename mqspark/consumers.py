@@ -16,16 +16,14 @@ from the message table.
 
 from __future__ import annotations
 
-import random
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
 from . import storage
 from .errors import MQError, Reason
@@ -125,31 +123,25 @@ class ConsumerState:
         """Append rows; concurrent appends of other processes are fine, so conflicts just retry."""
         self._commit(rows.cast(STATE_SCHEMA), check=None)
 
-    def _commit(self, rows: pa.Table, check) -> None:
+    def _commit(self, rows: pa.Table, check: Callable[[], None] | None) -> None:
         self._table_or_create()
         file = storage.write_data_file(self.location, rows.to_batches(), STATE_SCHEMA)
         if file is None:
             return
-        committing = False
-        try:
-            for attempt in range(_ATTEMPTS):
-                table = self._table_or_create()
-                if check is not None:
-                    check(table)
-                committing = True
-                try:
-                    storage.commit_files(table, [file], STATE_SCHEMA)
-                    return
-                except CommitFailedError:
-                    committing = False
-                    time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
-            raise MQError(
-                f"queue {self.queue}: state commit gave up after {_ATTEMPTS} conflicts", Reason.MQRC_BACKED_OUT
-            )
-        except BaseException:
-            if not committing:
-                storage.remove_data_files(self.location, [file])
-            raise
+
+        def prepare(attempt: int) -> Callable[[], int]:
+            table = self._table_or_create()
+            if check is not None:
+                check()
+            return lambda: storage.commit_files(table, [file], STATE_SCHEMA)
+
+        storage.commit_until_landed(
+            self.location,
+            [file],
+            prepare,
+            _ATTEMPTS,
+            f"queue {self.queue}: state commit gave up after {_ATTEMPTS} conflicts",
+        )
 
     def record_consumed(self, consumer: str, owner: str, plan_id: str, seq: int) -> None:
         self.append(_event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq))
@@ -173,7 +165,7 @@ class ConsumerState:
         starting at once only one gets the lease.
         """
 
-        def check(table: DeltaTable) -> None:
+        def check() -> None:
             holder = self.lease(consumer, timeout)
             if holder is not None and holder.owner != owner:
                 age = (datetime.now(UTC) - holder.seen).total_seconds()

@@ -237,51 +237,43 @@ class QueueManager:
         local = definition.name
         location = self._location(local)
         rows = sum(file.rows for file in files)
-        committing = False
-        try:
-            for attempt in range(_PUT_ATTEMPTS):
-                if attempt:
-                    definition = self.resolve_for_put(queue)
-                    if definition.name != local:
-                        # The files lie in the first target's folder: never commit them elsewhere.
-                        raise MQError(
-                            f"queue {queue} now resolves to {definition.name}, not {local}; the put is backed out",
-                            Reason.MQRC_BACKED_OUT,
-                        )
-                table = self._message_table(local)
-                if storage.is_closed(table):
-                    raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
-                committed = table.transaction_version(producer) if producer is not None else None
-                if committed is not None and committed >= batch_id:
-                    storage.remove_data_files(location, files)
-                    return None
-                depth = storage.row_count(table)
-                if depth + rows > definition.max_depth:
-                    raise MQError(
-                        f"queue {local} is full (max_depth {definition.max_depth}, depth {depth}, put of {rows})",
-                        Reason.MQRC_Q_FULL,
-                    )
-                _check_against_committed(local, table, groups)
-                _check_before_targets(local, table, targets)
-                info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
-                if producer is not None:
-                    info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
-                committing = True
-                try:
-                    return storage.commit_files(
-                        table, files, MESSAGE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
-                    )
-                except CommitFailedError:
-                    committing = False
-                    time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
-            raise MQError(
-                f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT
+
+        def prepare(attempt: int):
+            resolved = self.resolve_for_put(queue) if attempt else definition
+            if resolved.name != local:
+                # The files lie in the first target's folder: never commit them elsewhere.
+                raise MQError(
+                    f"queue {queue} now resolves to {resolved.name}, not {local}; the put is backed out",
+                    Reason.MQRC_BACKED_OUT,
+                )
+            table = self._message_table(local)
+            if storage.is_closed(table):
+                raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
+            committed = table.transaction_version(producer) if producer is not None else None
+            if committed is not None and committed >= batch_id:
+                return None
+            depth = storage.row_count(table)
+            if depth + rows > resolved.max_depth:
+                raise MQError(
+                    f"queue {local} is full (max_depth {resolved.max_depth}, depth {depth}, put of {rows})",
+                    Reason.MQRC_Q_FULL,
+                )
+            _check_against_committed(local, table, groups)
+            _check_before_targets(local, table, targets)
+            info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
+            if producer is not None:
+                info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
+            return lambda: storage.commit_files(
+                table, files, MESSAGE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
             )
-        except BaseException:
-            # A commit that failed in an unknown way may have landed: its files must then stay.
-            if not committing:
-                storage.remove_data_files(location, files)
-            raise
+
+        return storage.commit_until_landed(
+            location,
+            files,
+            prepare,
+            _PUT_ATTEMPTS,
+            f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits",
+        )
 
     def resolve_for_put(self, queue: str) -> QueueDefinition:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""

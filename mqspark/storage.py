@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
@@ -24,10 +25,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
-from .errors import MQError
+from .errors import MQError, Reason
 
 CATALOG_DIR = "_qmgr"
 STATE_DIR = "state"
@@ -276,6 +277,40 @@ def commit_files(
         ),
     )
     return table.version() + 1
+
+
+def commit_until_landed(
+    location: str,
+    files: list[DataFile],
+    prepare: Callable[[int], Callable[[], int] | None],
+    attempts: int,
+    giving_up: str,
+) -> int | None:
+    """Commit written ``files`` with optimistic retries, and delete them when they never will be.
+
+    ``prepare(attempt)`` reads the table, checks what must hold, and returns the commit to make
+    (a call of :func:`commit_files` on the table it checked), or None when nothing is to be
+    committed. A commit that loses to a concurrent one (``CommitFailedError``) is prepared again.
+    Files stay when a commit failed in an unknown way: it may have landed.
+    """
+    committing = False
+    try:
+        for attempt in range(attempts):
+            commit = prepare(attempt)
+            if commit is None:
+                remove_data_files(location, files)
+                return None
+            committing = True
+            try:
+                return commit()
+            except CommitFailedError:
+                committing = False
+                time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
+        raise MQError(giving_up, Reason.MQRC_BACKED_OUT)
+    except BaseException:
+        if not committing:
+            remove_data_files(location, files)
+        raise
 
 
 def close_table(table: DeltaTable, closed: bool = True) -> None:
