@@ -22,7 +22,7 @@ import json
 import math
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -78,7 +78,6 @@ class QueuePartition(InputPartition):
     """Planned messages for one task: where they lie and their delivery_seq, in delivery order."""
 
     location: str
-    storage_options: dict | None
     queue: str
     qmgr: str
     files: list[str]
@@ -86,7 +85,7 @@ class QueuePartition(InputPartition):
     row: np.ndarray
     delivery_seq: np.ndarray
     complete_message: bool
-    value: int = field(default=0)
+    value: int = 0
 
     def messages(self) -> pa.Table:
         by_file = np.argsort(self.file, kind="stable")
@@ -221,7 +220,6 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             result.append(
                 QueuePartition(
                     location=group.location,
-                    storage_options=group.qm.storage_options,
                     queue=group.queue,
                     qmgr=group.qm.name,
                     files=files,
