@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import browse, python_put, stream_put
+from . import browse, python_put, stream_get, stream_put
 
 
 def _spark():
@@ -22,6 +22,9 @@ BENCHMARKS = {
     "browse_ungrouped": lambda: browse.run(_spark(), "ungrouped"),
     "browse_open_groups": lambda: browse.run(_spark(), "open_groups"),
     "browse_segments": lambda: browse.run(_spark(), "segments"),
+    "stream_get_drain": lambda: stream_get.run("drain", _spark()),
+    "stream_get_latency": lambda: stream_get.run("latency", _spark()),
+    "stream_get_planning": lambda: stream_get.run("planning"),
 }
 
 

@@ -1,0 +1,504 @@
+"""Streaming get: ``spark.readStream.format("mq")`` (destructive, one consumer group) in three cases.
+
+``drain``: ``messages`` messages of ``payload_bytes`` random bytes, put in ``puts`` commits through the
+mq batch sink (``spark.read.parquet(...).write.format("mq")``), are drained with
+``trigger(availableNow=True)`` into Spark's ``noop`` sink, against
+``spark.readStream.format("delta")`` on the same queue table into the same ``noop`` sink, in the
+same SparkSession and run, after a warm-up of both sources on a small queue. ``noop`` for both, so
+the comparison is the cost of the source alone (planning, reading, handing rows to the JVM), not
+of writing anything. Wall time is start() to awaitTermination(); per micro-batch times come from
+``recentProgress``. The run fails instead of reporting when the mq stream did not deliver exactly
+``messages`` rows (sum of ``numInputRows``), when the Delta stream did not read them all, or when
+the consumer group's depth is not 0 afterwards (checked once the listener that records the last
+batch as consumed has seen the query end).
+
+``latency``: a streaming get with ``trigger(processingTime="0 seconds")`` into ``foreachBatch`` runs
+while the benchmark's main thread puts ``messages`` messages, one per ``qm.put``, every
+``interval_s`` seconds (``foreachBatch`` runs on Py4J's callback thread of the same process). A
+message's commit time is when its ``qm.put`` returned (correlated by the msg_id the put returns);
+its latency is ``time.time()`` when its batch's rows are in the ``foreachBatch`` function's hands
+(after ``collect()``) minus that. The time the function was called (before Spark ran the read) is
+reported as a second figure. ``warmup`` messages go first and are not counted (the first batch with
+rows starts the executors' Python workers: several seconds, reported as
+``cold_first_message_latency_s``). The run fails unless every message arrived exactly once and
+nothing else arrived, and the group's depth is 0 after stop().
+
+``planning``: the planner alone, without Spark. Two queues get ``small_versions`` and
+``large_versions`` commits of one small message each (``qm.put``). For each, a
+:class:`mqspark.stream.QueueStreamReader` is built as Spark builds it (option keys lower-cased);
+start-up is ``initialOffset()`` plus the first ``latestOffset()`` (which reads the table's history
+and plans the whole backlog in one batch); the backlog is then drained, and ``rounds`` rounds of
+one ``qm.put`` (not timed) then ``latestOffset(start, ReadMaxRows(10))`` + ``partitions(start, end)``
+(timed) give the per-micro-batch planning time. Each round must plan exactly the message just put.
+Planning time drifts up within a run, as the group's state table gains commits every batch
+(``plan_ms_first10_median`` / ``plan_ms_last10_median``); both tables get the same number of rounds.
+
+Every case also reports how busy the machine was with other work while it measured (see
+:class:`_Contention`): ``own_cpu_s`` is the CPU time of this benchmark's processes (driver, JVM,
+Python workers), ``other_processes_cores`` the average number of cores other processes used.
+Wall times on a shared 2-core machine are only comparable when that is near 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+import mqspark
+from mqspark import QueueManager, storage
+
+from .stream_put import _write_input
+
+
+class _Contention:
+    """CPU seconds the machine spent on processes outside this benchmark's process tree (other users
+    of the machine) between construction and :meth:`fields`, from ``/proc``; Linux only.
+
+    This process tree (the Python driver, its JVM, Spark's Python workers) is counted as the
+    utime+stime+cutime+cstime of its live processes: children that ended are in their parent's
+    cutime/cstime once reaped.
+    """
+
+    _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def __init__(self) -> None:
+        self.load = os.getloadavg()[0]
+        self.wall = time.perf_counter()
+        self.machine, self.mine = self._machine(), self._tree()
+
+    @staticmethod
+    def _machine() -> float:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
+        return (sum(fields[:8]) - fields[3] - fields[4]) / _Contention._TICK
+
+    @staticmethod
+    def _tree() -> float:
+        parents, used = {}, {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry)] = int(fields[1])
+            used[int(entry)] = sum(int(value) for value in fields[11:15]) / _Contention._TICK
+        total, me = 0.0, os.getpid()
+        for pid in used:
+            ancestor = pid
+            while ancestor not in (me, 0, 1) and ancestor in parents:
+                ancestor = parents[ancestor]
+            if ancestor == me:
+                total += used[pid]
+        return total
+
+    def fields(self) -> dict:
+        wall = time.perf_counter() - self.wall
+        mine = self._tree() - self.mine
+        others = max(0.0, self._machine() - self.machine - mine)
+        return {
+            "load_avg_1m_at_start": round(self.load, 2),
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+            "own_cpu_s": round(mine, 1),
+            "other_processes_cpu_s": round(others, 1),
+            "other_processes_cores": round(others / wall, 2),
+        }
+
+
+def _p(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def _session(spark):
+    if spark is None:
+        spark = mqspark.session(
+            app_name="mqspark-bench", master="local[2]", **{"spark.ui.showConsoleProgress": "false"}
+        )
+    return spark
+
+
+@contextmanager
+def _progress_kept(spark):
+    """Keep every micro-batch's progress (Spark keeps 100 by default) while the block runs."""
+    key = "spark.sql.streaming.numRecentProgressUpdates"
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, "10000")
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
+
+
+def _wait_for_listener(spark) -> None:
+    """Let the mq listener see queries that just ended (it records their last batch as consumed)."""
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
+
+
+def _drain_stream(spark, reader, checkpoint: Path):
+    """Run one availableNow stream into noop to its end; returns (seconds start() to awaitTermination(), progress)."""
+    writer = reader.writeStream.format("noop").option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+    start = time.perf_counter()
+    query = writer.start()
+    query.awaitTermination()
+    elapsed = time.perf_counter() - start
+    if query.exception() is not None:
+        raise RuntimeError(f"stream failed: {query.exception()}")
+    return elapsed, list(query.recentProgress)
+
+
+def _durations(prefix: str, progress: list) -> dict:
+    """Median per-batch duration (ms) of each phase Spark reports, over batches that read rows."""
+    batches = [p for p in progress if p.numInputRows > 0]
+    keys = sorted({key for p in batches for key in p.durationMs})
+    return {f"{prefix}_{key}_ms_median": statistics.median(p.durationMs.get(key, 0) for p in batches) for key in keys}
+
+
+def _outside_triggers(seconds: float, progress: list) -> float:
+    """Wall time of a run not spent in any trigger: query start-up (for mq, the planner process and
+    initialOffset) and shutdown."""
+    return round(seconds - sum(p.durationMs.get("triggerExecution", 0) for p in progress) / 1000, 2)
+
+
+def _mq(spark, root: str, queue: str, consumer: str, **options):
+    return (
+        spark.readStream.format("mq").option("queue", queue).option("consumer", consumer).options(**options).load(root)
+    )
+
+
+def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> dict:
+    if messages % puts:
+        raise ValueError(f"messages {messages} must be a multiple of puts {puts}")
+    spark = _session(spark)
+    root = Path(tempfile.mkdtemp(prefix="mqspark-bench-get-"))
+    try:
+        _write_input(root / "input", puts, messages // puts, payload_bytes, seed=1)
+        _write_input(root / "warmup-input", 2, 5_000, payload_bytes, seed=2)
+        qm = QueueManager.create(root / "qm", "BENCH")
+        qm.define_queue("WARMUP")
+        qm.define_queue("Q")
+
+        fill_start = time.perf_counter()
+        for path in sorted((root / "input").glob("*.parquet")):
+            spark.read.parquet(str(path)).write.format("mq").option("queue", "Q").mode("append").save(qm.root)
+        fill_s = time.perf_counter() - fill_start
+        for path in sorted((root / "warmup-input").glob("*.parquet")):
+            spark.read.parquet(str(path)).write.format("mq").option("queue", "WARMUP").mode("append").save(qm.root)
+        location = storage.queue_location(qm.root, "Q")
+        table = storage.open_table(location, None)
+        files = len(table.file_uris())
+        if qm.depth("Q") != messages or table.version() != puts:
+            raise RuntimeError(f"fill is broken: depth {qm.depth('Q')}, table version {table.version()}")
+
+        # Warm-up: JVM code paths, Python workers and the planner of both sources, on a small queue.
+        _drain_stream(spark, _mq(spark, qm.root, "WARMUP", "warmup"), root / "ckpt-warmup-mq")
+        warmup = storage.queue_location(qm.root, "WARMUP")
+        _drain_stream(spark, spark.readStream.format("delta").load(warmup), root / "ckpt-warmup-delta")
+
+        contention = _Contention()
+        with _progress_kept(spark):
+            mq_s, mq_progress = _drain_stream(spark, _mq(spark, qm.root, "Q", "drain"), root / "ckpt-mq")
+            mq_contention = contention.fields()
+            contention = _Contention()
+            delta_s, delta_progress = _drain_stream(
+                spark, spark.readStream.format("delta").load(location), root / "ckpt-delta"
+            )
+            delta_contention = contention.fields()
+
+        _wait_for_listener(spark)
+        depth = qm.depth("Q", consumer="drain")
+        checks = {
+            "mq rows delivered": (sum(p.numInputRows for p in mq_progress), messages),
+            "delta rows read": (sum(p.numInputRows for p in delta_progress), messages),
+            "mq consumer depth afterwards": (depth, 0),
+            "queue depth (non-destructive count)": (qm.depth("Q"), messages),
+        }
+        wrong = {name: values for name, values in checks.items() if values[0] != values[1]}
+        if wrong:
+            raise RuntimeError(f"stream_get_drain run is broken (got, expected): {wrong}")
+
+        mq_rate = messages / mq_s
+        delta_rate = messages / delta_s
+        return {
+            "benchmark": "stream_get_drain",
+            "messages": messages,
+            "payload_bytes": payload_bytes,
+            "puts": puts,
+            "table_files": files,
+            "sink": "noop",
+            "fill_s": round(fill_s, 2),
+            "mq_seconds": round(mq_s, 2),
+            "delta_seconds": round(delta_s, 2),
+            "mq_messages_per_s": round(mq_rate),
+            "delta_messages_per_s": round(delta_rate),
+            "ratio_to_delta": round(mq_rate / delta_rate, 3),
+            "mq_outside_triggers_s": _outside_triggers(mq_s, mq_progress),
+            "delta_outside_triggers_s": _outside_triggers(delta_s, delta_progress),
+            "mq_batches": sum(p.numInputRows > 0 for p in mq_progress),
+            "delta_batches": sum(p.numInputRows > 0 for p in delta_progress),
+            **_durations("mq", mq_progress),
+            **_durations("delta", delta_progress),
+            **{f"mq_{key}": value for key, value in mq_contention.items()},
+            **{f"delta_{key}": value for key, value in delta_contention.items()},
+        }
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _latency(spark, messages: int, warmup: int, interval_s: float, payload_bytes: int, timeout_s: float) -> dict:
+    spark = _session(spark)
+    root = Path(tempfile.mkdtemp(prefix="mqspark-bench-get-"))
+    query = None
+    try:
+        qm = QueueManager.create(root / "qm", "BENCH")
+        qm.define_queue("Q")
+        lock = threading.Lock()
+        arrivals: dict[str, list[tuple[float, float, int]]] = {}  # msg_id: (foreachBatch called, rows in hand, batch)
+
+        def on_batch(frame, batch_id: int) -> None:
+            called = time.time()
+            rows = frame.select("msg_id").collect()
+            in_hand = time.time()
+            with lock:
+                for row in rows:
+                    arrivals.setdefault(row.msg_id, []).append((called, in_hand, batch_id))
+
+        with _progress_kept(spark):
+            query = (
+                _mq(spark, qm.root, "Q", "latency")
+                .writeStream.foreachBatch(on_batch)
+                .option("checkpointLocation", str(root / "ckpt"))
+                .trigger(processingTime="0 seconds")
+                .start()
+            )
+        # Let the query start its planner and go idle before the first put.
+        deadline = time.time() + 120
+        while not query.recentProgress and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)
+
+        generator = np.random.default_rng(3)
+        committed: dict[str, float] = {}
+        put_s = []
+
+        def produce(count: int) -> list[str]:
+            """Put ``count`` messages one by one, ``interval_s`` apart; wait until all have arrived."""
+            ids = []
+            for _ in range(count):
+                began = time.time()
+                payload = generator.bytes(payload_bytes)
+                (msg_id,) = qm.put("Q", [{"payload": payload, "properties": {"n": str(len(committed))}}])
+                committed[msg_id] = time.time()
+                put_s.append(committed[msg_id] - began)
+                ids.append(msg_id)
+                if query.exception() is not None:
+                    raise RuntimeError(f"stream failed: {query.exception()}")
+                time.sleep(max(0.0, interval_s - (time.time() - began)))
+            deadline = time.time() + timeout_s
+            while time.time() < deadline:
+                with lock:
+                    if all(msg_id in arrivals for msg_id in ids):
+                        break
+                if query.exception() is not None:
+                    raise RuntimeError(f"stream failed: {query.exception()}")
+                time.sleep(0.1)
+            return ids
+
+        # Warm-up, not counted: the first batch with rows starts the executors' Python workers.
+        cold = produce(warmup)
+        contention = _Contention()
+        measured_ids = produce(messages)
+        measured = contention.fields()
+        # Stop only once the last batch is committed: a batch stopped between foreachBatch and its
+        # commit is not finished for Spark, so its messages rightly stay on the queue for the group.
+        last_batch = max(times[0][2] for times in arrivals.values())
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and not any(p.batchId >= last_batch for p in query.recentProgress):
+            time.sleep(0.1)
+        query.stop()
+        _wait_for_listener(spark)
+
+        checks = {
+            "messages delivered more than once": (sum(1 for times in arrivals.values() if len(times) > 1), 0),
+            "messages never delivered": (len(set(committed) - set(arrivals)), 0),
+            "unknown messages delivered": (len(set(arrivals) - set(committed)), 0),
+            "consumer depth after stop": (qm.depth("Q", consumer="latency"), 0),
+        }
+        wrong = {name: values for name, values in checks.items() if values[0] != values[1]}
+        if wrong:
+            raise RuntimeError(f"stream_get_latency run is broken (got, expected): {wrong}")
+
+        measured_batches = {arrivals[msg_id][0][2] for msg_id in measured_ids}
+        progress = [p for p in query.recentProgress if p.batchId in measured_batches]
+        latency = [arrivals[msg_id][0][1] - committed[msg_id] for msg_id in measured_ids]
+        called = [arrivals[msg_id][0][0] - committed[msg_id] for msg_id in measured_ids]
+        first = measured_ids[0]
+        return {
+            "benchmark": "stream_get_latency",
+            "messages": messages,
+            "warmup_messages": warmup,
+            "interval_s": interval_s,
+            "payload_bytes": payload_bytes,
+            "batches": len(measured_batches),
+            "latency_p50_s": round(statistics.median(latency), 3),
+            "latency_p99_s": round(_p(latency, 0.99), 3),
+            "latency_max_s": round(max(latency), 3),
+            "called_latency_p50_s": round(statistics.median(called), 3),
+            "called_latency_p99_s": round(_p(called, 0.99), 3),
+            "cold_first_message_latency_s": round(arrivals[cold[0]][0][1] - committed[cold[0]], 3) if cold else None,
+            "first_measured_message_latency_s": round(arrivals[first][0][1] - committed[first], 3),
+            "put_p50_s": round(statistics.median(put_s), 3),
+            **_durations("batch", progress),
+            **measured,
+        }
+    finally:
+        if query is not None and query.isActive:
+            query.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _fill_small(qm: QueueManager, queue: str, puts: int) -> float:
+    start = time.perf_counter()
+    for index in range(puts):
+        qm.put(queue, [{"payload": f"m{index}".encode()}])
+    return time.perf_counter() - start
+
+
+def _plan_rounds(qm: QueueManager, queue: str, rounds: int, readers: list) -> dict:
+    """Start-up and per-batch planning times of a fresh planner on ``queue`` (see the module docstring);
+    the reader is added to ``readers`` (its lease heartbeat runs until stopped)."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from mqspark.datasource import _get_options
+    from mqspark.stream import QueueStreamReader
+
+    options = {"path": qm.root, "queue": queue, "consumer": "bench", "maxmessagespertrigger": "10"}
+    reader = QueueStreamReader(_get_options(options))
+    readers.append(reader)
+    backlog = qm.depth(queue)
+
+    contention = _Contention()
+    began = time.perf_counter()
+    start = reader.initialOffset()
+    initial_s = time.perf_counter() - began
+    began = time.perf_counter()
+    end = reader.latestOffset(start, ReadMaxRows(backlog + 1))
+    first_s = time.perf_counter() - began
+    drained = end["delivered"] - start["delivered"]
+    while end != start:
+        reader.partitions(start, end)
+        start = end
+        end = reader.latestOffset(start, ReadMaxRows(backlog + 1))
+        drained += end["delivered"] - start["delivered"]
+    if drained != backlog:
+        raise RuntimeError(f"queue {queue}: the backlog drain planned {drained} messages, not {backlog}")
+
+    latest_ms, partitions_ms, total_ms = [], [], []
+    for index in range(rounds):
+        qm.put(queue, [{"payload": f"r{index}".encode()}])
+        began = time.perf_counter()
+        end = reader.latestOffset(start, ReadMaxRows(10))
+        middle = time.perf_counter()
+        parts = reader.partitions(start, end)
+        done = time.perf_counter()
+        planned = sum(len(part.row) for part in parts)
+        if end == start or end["delivered"] - start["delivered"] != 1 or planned != 1:
+            raise RuntimeError(f"queue {queue}: round {index} planned {planned} messages, not the 1 just put")
+        latest_ms.append((middle - began) * 1000)
+        partitions_ms.append((done - middle) * 1000)
+        total_ms.append((done - began) * 1000)
+        start = end
+    return {
+        "startup_s": round(initial_s + first_s, 3),
+        "initial_offset_s": round(initial_s, 3),
+        "first_latest_offset_s": round(first_s, 3),
+        "plan_ms_median": round(statistics.median(total_ms), 1),
+        "plan_ms_p95": round(_p(total_ms, 0.95), 1),
+        # The state table gains commits every round: does planning drift within one run?
+        "plan_ms_first10_median": round(statistics.median(total_ms[:10]), 1),
+        "plan_ms_last10_median": round(statistics.median(total_ms[-10:]), 1),
+        "latest_offset_ms_median": round(statistics.median(latest_ms), 1),
+        "partitions_ms_median": round(statistics.median(partitions_ms), 1),
+        **contention.fields(),
+    }
+
+
+def _planning(small_versions: int, large_versions: int, rounds: int) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="mqspark-bench-get-"))
+    readers = []
+    try:
+        qm = QueueManager.create(root / "qm", "BENCH")
+        sizes = {"small": small_versions, "large": large_versions}
+        fill = {}
+        for name, puts in sizes.items():
+            qm.define_queue(name.upper())
+            fill[name] = _fill_small(qm, name.upper(), puts)
+            version = qm.queue_version(name.upper())
+            if version != puts:
+                raise RuntimeError(f"queue {name.upper()} has version {version}, not {puts}")
+        result = {"benchmark": "stream_get_planning", "rounds": rounds}
+        for name, puts in sizes.items():
+            measured = _plan_rounds(qm, name.upper(), rounds, readers)
+            result.update({f"v{puts}_{key}": value for key, value in measured.items()})
+            result[f"v{puts}_fill_s"] = round(fill[name], 1)
+        result["plan_ratio_large_to_small"] = round(
+            result[f"v{large_versions}_plan_ms_median"] / result[f"v{small_versions}_plan_ms_median"], 3
+        )
+        result["startup_ratio_large_to_small"] = round(
+            result[f"v{large_versions}_startup_s"] / result[f"v{small_versions}_startup_s"], 2
+        )
+        return result
+    finally:
+        # Stop the readers' lease heartbeats before their state tables are removed.
+        heartbeats = [r._group.heartbeat for r in readers if r._group is not None]
+        for heartbeat in heartbeats:
+            heartbeat.lost = RuntimeError("benchmark finished")
+        for heartbeat in heartbeats:
+            heartbeat._thread.join(heartbeat.timeout.total_seconds() / 3 + 30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(
+    case: str,
+    spark=None,
+    *,
+    messages: int | None = None,
+    puts: int = 10,
+    payload_bytes: int = 1024,
+    interval_s: float = 0.15,
+    warmup: int = 10,
+    timeout_s: float = 60.0,
+    small_versions: int = 100,
+    large_versions: int = 10_000,
+    rounds: int = 50,
+    keep: bool = False,
+) -> dict:
+    """One case: ``drain`` (default 1M messages), ``latency`` (default 150 messages) or ``planning``.
+
+    ``spark`` is the session for drain and latency (a local[2] mqspark session when None); ``keep``
+    leaves the drain's temporary folder in place for inspection.
+    """
+    if case == "drain":
+        return _drain(spark, messages or 1_000_000, puts, payload_bytes, keep)
+    if case == "latency":
+        return _latency(spark, messages or 150, warmup, interval_s, payload_bytes, timeout_s)
+    if case == "planning":
+        return _planning(small_versions, large_versions, rounds)
+    raise ValueError(f"unknown case {case!r}: drain, latency or planning")
