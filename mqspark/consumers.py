@@ -147,9 +147,9 @@ class ConsumerState:
         self.append(_event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq))
 
     def lease(self, consumer: str, timeout: timedelta, now: datetime | None = None) -> Lease | None:
-        """The live lease of the group: the owner whose latest record is the newest, if it is not a
-        release and was written within ``timeout``."""
-        rows = self.events(consumer, columns=["owner", "event", "at"])
+        """The live lease of the group: the owner of the newest lease record, unless that record is
+        a release or older than ``timeout`` (leases are renewed by new records, see :class:`Heartbeat`)."""
+        rows = self.events(consumer, ("lease", "release"), ["owner", "event", "at"])
         if rows.num_rows == 0:
             return None
         latest = rows.take(pc.sort_indices(rows, [("at", "descending")]))

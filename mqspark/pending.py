@@ -52,11 +52,19 @@ def message_keys(file: np.ndarray, row: np.ndarray) -> np.ndarray:
 
 
 class PendingMessages:
-    """The messages of the table at ``location`` not yet consumed by one consumer group."""
+    """The messages of the table at ``location`` not yet consumed by one consumer group.
 
-    def __init__(self, location: str, storage_options: storage.StorageOptions = None) -> None:
+    ``payload_length`` is exact for segments (the ordering engine needs it) and, with
+    ``exact_lengths``, for every message; otherwise it is the data file's size divided by its rows,
+    which is enough to size partitions and spares reading every payload twice.
+    """
+
+    def __init__(
+        self, location: str, storage_options: storage.StorageOptions = None, exact_lengths: bool = False
+    ) -> None:
         self.location = location
         self.storage_options = storage_options
+        self.exact_lengths = exact_lengths
         self.version = -1
         self.files: list[str] = []
         self._file_numbers: dict[str, int] = {}
@@ -69,9 +77,10 @@ class PendingMessages:
             table = storage.open_table(self.location, self.storage_options)
             up_to = -1 if table is None else table.version()
         self.refresh(up_to)
-        numbers = np.array([self._file_numbers.get(path, -1) for path in consumed["file"].to_pylist()], np.int64)
-        known = numbers >= 0
-        self.mark_consumed(message_keys(numbers[known], consumed["row"].to_numpy()[known]))
+        numbers = pc.index_in(consumed["file"], value_set=pa.array(self.files, pa.string()))
+        known = pc.is_valid(numbers).to_numpy(zero_copy_only=False)
+        rows = consumed["row"].to_numpy()
+        self.mark_consumed(message_keys(numbers.to_numpy(zero_copy_only=False)[known], rows[known]))
 
     def has_news(self) -> bool:
         """Whether a commit after the last one read exists: one file lookup."""
@@ -82,21 +91,25 @@ class PendingMessages:
         pieces = []
         while (up_to is None or self.version < up_to) and storage.version_exists(self.location, self.version + 1):
             self.version += 1
-            for path in storage.files_added(self.location, self.version):
-                pieces.append(self._read(path, self.version))
+            for path, size in storage.files_added(self.location, self.version):
+                pieces.append(self._read(path, size, self.version))
         if not pieces:
             return False
         self.rows = pa.concat_tables([self.rows, *pieces])
         return True
 
-    def _read(self, path: str, version: int) -> pa.Table:
+    def _read(self, path: str, size: int, version: int) -> pa.Table:
         number = self._file_numbers.setdefault(path, len(self.files))
         if number == len(self.files):
             self.files.append(path)
-        data = storage.read_data_file(self.location, path, [*INDEX_COLUMNS, "payload"])
+        data = storage.read_data_file(self.location, path, INDEX_COLUMNS)
         count = data.num_rows
         columns = {name: data[name].cast(MESSAGE_SCHEMA.field(name).type) for name in INDEX_COLUMNS}
-        columns["payload_length"] = pc.binary_length(data["payload"]).cast(pa.int64())
+        if self.exact_lengths or pc.any(data["segmented"]).as_py():
+            payload = storage.read_data_file(self.location, path, ["payload"])["payload"]
+            columns["payload_length"] = pc.binary_length(payload).cast(pa.int64())
+        else:
+            columns["payload_length"] = pa.array(np.full(count, size // max(count, 1), np.int64))
         columns["commit_version"] = pa.array(np.full(count, version, np.int64))
         columns["file"] = pa.array(np.full(count, number, np.int32))
         columns["row"] = pa.array(np.arange(count, dtype=np.int64))
@@ -107,14 +120,13 @@ class PendingMessages:
         rows = self.rows if rows is None else rows
         return message_keys(rows["file"].to_numpy(), rows["row"].to_numpy())
 
-    def file_number(self, path: str) -> int:
-        return self._file_numbers[path]
-
     def mark_consumed(self, keys: np.ndarray) -> None:
         """Mark messages consumed, and forget those no group in flight still needs."""
         if len(keys) == 0:
             return
-        consumed = self.rows["consumed"].to_numpy(zero_copy_only=False) | np.isin(self.keys(), keys)
+        consumed = self.rows["consumed"].to_numpy(zero_copy_only=False) | pc.is_in(
+            pa.array(self.keys()), value_set=pa.array(keys)
+        ).to_numpy(zero_copy_only=False)
         self.rows = self.rows.set_column(
             INDEX_SCHEMA.get_field_index("consumed"), INDEX_SCHEMA.field("consumed"), pa.array(consumed)
         )

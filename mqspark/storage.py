@@ -138,8 +138,9 @@ def version_exists(location: str, version: int) -> bool:
     return filesystem.get_file_info(path).type == pafs.FileType.File
 
 
-def files_added(location: str, version: int) -> list[str]:
-    """The data files (paths relative to the table) that commit ``version`` added with new rows.
+def files_added(location: str, version: int) -> list[tuple[str, int]]:
+    """The data files (paths relative to the table, and sizes in bytes) that commit ``version`` added
+    with new rows.
 
     Read straight from the commit's log entry, the only place that says which version added a file.
     Files rewritten without changing data (``dataChange: false``, as compaction writes) are left out:
@@ -165,7 +166,7 @@ def files_added(location: str, version: int) -> list[str]:
             if add.get("deletionVector"):
                 raise MQError(f"table {location}: version {version} added a deletion vector, which mqspark cannot read")
             if add.get("dataChange", True):
-                added.append(unquote(add["path"]))
+                added.append((unquote(add["path"]), int(add["size"])))
     return added
 
 

@@ -42,7 +42,7 @@ from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat
 from .errors import MQError, Reason
 from .messages import MESSAGE_SCHEMA, TIMESTAMP
 from .ordering import DeliveryOptions, deliver, join_segments
-from .pending import PendingMessages, message_keys
+from .pending import PendingMessages
 from .qmgr import BROWSE_SCHEMA, QueueManager
 from .source import batch_rows
 
@@ -92,11 +92,16 @@ class QueuePartition(InputPartition):
         pieces = []
         bounds = np.flatnonzero(np.diff(self.file[by_file])) + 1
         for positions in np.split(by_file, bounds):
-            if len(positions) == 0:
-                continue
             data = storage.read_data_file(self.location, self.files[self.file[positions[0]]], MESSAGE_SCHEMA.names)
-            pieces.append(data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA).take(self.row[positions]))
-        table = pa.concat_tables(pieces).take(np.argsort(by_file, kind="stable"))
+            data = data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)
+            rows = self.row[positions]
+            if np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows))):
+                pieces.append(data.slice(rows[0], len(rows)))  # a run of rows in file order: no copy
+            else:
+                pieces.append(data.take(rows))
+        table = pa.concat_tables(pieces)
+        if not np.array_equal(by_file, np.arange(len(by_file))):
+            table = table.take(np.argsort(by_file, kind="stable"))
         table = table.append_column("delivery_seq", pa.array(self.delivery_seq, pa.int64()))
         if self.complete_message:
             table = join_segments(table)
@@ -123,6 +128,8 @@ class _Group:
         self.heartbeat = Heartbeat(self.state, options.consumer, owner, options.lease_timeout)
         self.pending: PendingMessages | None = None
         self.plans: dict[str, pa.Table] = {}
+        # The planned messages of each plan in ``plans`` as pending-index keys.
+        self.plan_keys: dict[str, np.ndarray] = {}
         self.consumed_plans: set[str] = set()
         self.exhausted = False
         self.next_due: datetime | None = None
@@ -175,9 +182,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         group = self._join(start["owner"])
         self._consume(group, start)
-        if group.plans:
+        if group.plans or group.plan_keys:
             # A plan returned earlier that Spark did not start from was never run: its messages wait again.
             group.plans.clear()
+            group.plan_keys.clear()
             group.exhausted = False
         if group.heartbeat.lost is not None:
             raise group.heartbeat.lost
@@ -272,10 +280,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             group.consumed_plans.add(plan_id)
             plan = group.plans.pop(plan_id, None)
             if plan is not None and group.pending is not None:
-                numbers = np.array([group.pending.file_number(path) for path in plan["file"].to_pylist()], np.int64)
-                group.pending.mark_consumed(message_keys(numbers, plan["row"].to_numpy()))
+                group.pending.mark_consumed(group.plan_keys.pop(plan_id))
         if group.pending is None:
-            group.pending = PendingMessages(group.location, group.qm.storage_options)
+            group.pending = PendingMessages(
+                group.location, group.qm.storage_options, exact_lengths=self.options.max_bytes is not None
+            )
             group.pending.load(
                 group.state.consumed_keys(self.options.consumer), self._target[0] if self._target else None
             )
@@ -298,30 +307,22 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
             return None
-        files = group.pending.files
+        if expired.num_rows:
+            expired = expired.append_column("delivery_seq", pa.nulls(expired.num_rows, pa.int64()))
+            expired = expired.append_column("partition", pa.nulls(expired.num_rows, pa.int32()))
+            taken = pa.concat_tables([taken, expired.select(taken.column_names)])
+        files = pa.array(group.pending.files, pa.string())
         plan = pa.table(
             {
-                "file": pa.array([files[n] for n in taken["file"].to_pylist()], pa.string()),
+                "file": pa.DictionaryArray.from_arrays(taken["file"].combine_chunks(), files).cast(pa.string()),
                 "row": taken["row"],
                 "delivery_seq": taken["delivery_seq"],
                 "partition": taken["partition"],
             }
         )
-        if expired.num_rows:
-            plan = pa.concat_tables(
-                [
-                    plan,
-                    pa.table(
-                        {
-                            "file": pa.array([files[n] for n in expired["file"].to_pylist()], pa.string()),
-                            "row": expired["row"],
-                            "delivery_seq": pa.nulls(expired.num_rows, pa.int64()),
-                            "partition": pa.nulls(expired.num_rows, pa.int32()),
-                        }
-                    ),
-                ]
-            )
-        return plan.replace_schema_metadata({"plan_id": uuid.uuid4().hex, "delivered": str(delivered)})
+        plan_id = uuid.uuid4().hex
+        group.plan_keys[plan_id] = group.pending.keys(taken)
+        return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
 
     def _admit(self, candidates: pa.Table, limit: ReadLimit, first_seq: int) -> tuple[pa.Table, int]:
         """The prefix of ``candidates`` this batch delivers, with delivery_seq and partition, and the
@@ -362,8 +363,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         total = int(size[stop - 1])
         parts = max(1, min(units, math.ceil(total / PARTITION_BYTES)))
         length = candidates["payload_length"].to_numpy()[:stop]
-        before_unit = np.maximum.accumulate(np.where(unit_start[:stop], size[:stop] - length, 0))
-        partition = np.minimum(before_unit * parts // max(total, 1), parts - 1).astype(np.int32)
+        file = candidates["file"].to_numpy()[:stop]
+        # Partitions of about total / parts bytes, cut only where a unit starts in another data file
+        # than the row before, so that a file is read by one task where the order allows it.
+        cut = unit_start[:stop].copy()
+        cut[1:] &= file[1:] != file[:-1]
+        wanted = np.where(cut, (size[:stop] - length) * parts // max(total, 1), 0)
+        partition = np.unique(np.maximum.accumulate(wanted), return_inverse=True)[1].astype(np.int32)
         delivery_seq = first_seq + messages[:stop] - 1
         taken = taken.append_column("delivery_seq", pa.array(delivery_seq, pa.int64()))
         taken = taken.append_column("partition", pa.array(partition, pa.int32()))
