@@ -82,7 +82,7 @@ class ConsumerState:
     def events(
         self, consumer: str, events: tuple[str, ...] | None = None, columns: list[str] | None = None
     ) -> pa.Table:
-        """The group's recorded rows (of the given ``events``), in commit order within each event."""
+        """The group's recorded rows (of the given ``events``), in no particular order."""
         table = self.table()
         if table is None:
             return STATE_SCHEMA.empty_table().select(columns or STATE_SCHEMA.names)
