@@ -56,7 +56,7 @@ import numpy as np
 import mqspark
 from mqspark import QueueManager, storage
 
-from .stream_put import _write_input
+from .stream_put import _write_input, check_run
 
 
 class _Contention:
@@ -229,9 +229,7 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
             "mq consumer depth afterwards": (depth, 0),
             "queue depth (non-destructive count)": (qm.depth("Q"), messages),
         }
-        wrong = {name: values for name, values in checks.items() if values[0] != values[1]}
-        if wrong:
-            raise RuntimeError(f"stream_get_drain run is broken (got, expected): {wrong}")
+        check_run("stream_get_drain", checks)
 
         mq_rate = messages / mq_s
         delta_rate = messages / delta_s
@@ -341,9 +339,7 @@ def _latency(spark, messages: int, warmup: int, interval_s: float, payload_bytes
             "unknown messages delivered": (len(set(arrivals) - set(committed)), 0),
             "consumer depth after stop": (qm.depth("Q", consumer="latency"), 0),
         }
-        wrong = {name: values for name, values in checks.items() if values[0] != values[1]}
-        if wrong:
-            raise RuntimeError(f"stream_get_latency run is broken (got, expected): {wrong}")
+        check_run("stream_get_latency", checks)
 
         measured_batches = {arrivals[msg_id][0][2] for msg_id in measured_ids}
         progress = [p for p in query.recentProgress if p.batchId in measured_batches]

@@ -43,6 +43,13 @@ def _write_input(folder: Path, files: int, file_rows: int, payload_bytes: int, s
         pq.write_table(pa.table({"payload": payload}), folder / f"part-{index:05d}.parquet")
 
 
+def check_run(benchmark: str, checks: dict[str, tuple]) -> None:
+    """Fail instead of reporting when any (got, expected) pair differs."""
+    wrong = {name: values for name, values in checks.items() if values[0] != values[1]}
+    if wrong:
+        raise RuntimeError(f"{benchmark} run is broken (got, expected): {wrong}")
+
+
 def _run_stream(spark, source: Path, files_per_trigger: int, sink: str, target: str, checkpoint: Path, **options):
     """Run one availableNow stream to its end; returns (seconds from start() to awaitTermination(), progress)."""
     reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", files_per_trigger)
@@ -192,9 +199,7 @@ def run(
             "mq progress batches": (len(mq_progress), batches),
             "delta progress batches": (len(delta_progress), batches),
         }
-        wrong = {name: values for name, values in checks.items() if values[0] != values[1]}
-        if wrong:
-            raise RuntimeError(f"stream_put run is broken (got, expected): {wrong}")
+        check_run("stream_put", checks)
 
         mq_rate = messages / mq_seconds
         delta_rate = messages / delta_seconds
