@@ -80,15 +80,21 @@ class ConsumerState:
             return table
 
     def events(
-        self, consumer: str, events: tuple[str, ...] | None = None, columns: list[str] | None = None
+        self,
+        consumer: str,
+        events: tuple[str, ...] | None = None,
+        columns: list[str] | None = None,
+        plan_id: str | None = None,
     ) -> pa.Table:
-        """The group's recorded rows (of the given ``events``), in no particular order."""
+        """The group's recorded rows (of the given ``events``, of one plan), in no particular order."""
         table = self.table()
         if table is None:
             return STATE_SCHEMA.empty_table().select(columns or STATE_SCHEMA.names)
         condition = pc.field("consumer") == consumer
         if events is not None:
             condition &= pc.field("event").isin(list(events))
+        if plan_id is not None:
+            condition &= pc.field("plan_id") == plan_id
         return table.to_pyarrow_dataset().to_table(columns=columns, filter=condition)
 
     def consumed_plans(self, consumer: str) -> pa.Array:
@@ -103,8 +109,7 @@ class ConsumerState:
 
     def plan(self, consumer: str, plan_id: str) -> pa.Table:
         """The rows of one recorded plan (a duplicate recording of the same plan counts once)."""
-        rows = self.events(consumer, ("plan",))
-        rows = rows.filter(pc.equal(rows["plan_id"], plan_id))
+        rows = self.events(consumer, ("plan",), plan_id=plan_id)
         return (
             rows.select([*KEY_COLUMNS, "delivery_seq", "partition"])
             .group_by(KEY_COLUMNS, use_threads=False)
