@@ -72,15 +72,19 @@ class PendingMessages:
 
     def load(self, consumed: pa.Table, up_to: int | None = None) -> None:
         """Read the table up to version ``up_to`` (default: its latest) and leave out ``consumed``
-        (``file``/``row`` of the group's consumed messages)."""
+        (``file``/``row``/``count`` ranges of the group's consumed messages)."""
         if up_to is None:
             table = storage.open_table(self.location, self.storage_options)
             up_to = -1 if table is None else table.version()
         self.refresh(up_to)
         numbers = pc.index_in(consumed["file"], value_set=pa.array(self.files, pa.string()))
         known = pc.is_valid(numbers).to_numpy(zero_copy_only=False)
-        rows = consumed["row"].to_numpy()
-        self.mark_consumed(message_keys(numbers.to_numpy(zero_copy_only=False)[known], rows[known]))
+        file = numbers.to_numpy(zero_copy_only=False)[known].astype(np.int64)
+        first = consumed["row"].to_numpy()[known]
+        count = consumed["count"].to_numpy()[known]
+        # Every row of every range: the range's first row repeated, plus 0, 1, ... within the range.
+        within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        self.mark_consumed(message_keys(np.repeat(file, count), np.repeat(first, count) + within))
 
     def has_news(self) -> bool:
         """Whether a commit after the last one read exists: one file lookup."""

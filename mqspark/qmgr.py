@@ -18,7 +18,7 @@ from deltalake.exceptions import CommitFailedError
 
 from . import storage
 from .catalog import Catalog, CatalogState
-from .consumers import KEY_COLUMNS, ConsumerState
+from .consumers import ConsumerState, in_ranges
 from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from .errors import MQError, MQValidationError, Reason
 from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, check_group_items, group_items, prepare_put, rows_to_table
@@ -293,7 +293,7 @@ class QueueManager:
         committed = self._depth_of(local)
         if consumer is None:
             return committed
-        return committed - self._state(local).consumed_keys(validate_name(consumer, "consumer group")).num_rows
+        return committed - self._state(local).consumed_count(validate_name(consumer, "consumer group"))
 
     def consumers(self, queue: str) -> list[str]:
         """The consumer groups that have read the queue, by name."""
@@ -315,8 +315,8 @@ class QueueManager:
             )
         waiting = pa.concat_tables(pieces) if pieces else None
         if waiting is not None and consumer is not None:
-            consumed = self._state(local).consumed_keys(validate_name(consumer, "consumer group"))
-            waiting = waiting.join(consumed, KEY_COLUMNS, join_type="left anti")
+            consumed = self._state(local).consumed_ranges(validate_name(consumer, "consumer group"))
+            waiting = waiting.filter(pc.invert(in_ranges(waiting["file"], waiting["row"], consumed)))
         if waiting is None or waiting.num_rows == 0:
             return Backlog(local, consumer, 0, None)
         return Backlog(local, consumer, waiting.num_rows, pc.min(waiting["put_time"]).as_py())

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -174,6 +175,19 @@ def read_data_file(location: str, path: str, columns: list[str] | None = None) -
     """One data file of the table at ``location`` (``path`` relative to it), as written."""
     filesystem, base = _filesystem(location)
     return pq.read_table(f"{base}/{path}", columns=columns, filesystem=filesystem, use_threads=False)
+
+
+def read_data_rows(location: str, path: str, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
+    """Rows ``start`` to ``stop`` (exclusive) of one data file, reading only the row groups holding them."""
+    filesystem, base = _filesystem(location)
+    with filesystem.open_input_file(f"{base}/{path}") as handle:
+        parquet = pq.ParquetFile(handle)
+        ends = np.cumsum([parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)])
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(ends, stop - 1, side="right"))
+        data = parquet.read_row_groups(list(range(first, last + 1)), columns=columns, use_threads=False)
+    skipped = int(ends[first - 1]) if first else 0
+    return data.slice(start - skipped, stop - start)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from . import storage
-from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat
+from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows
 from .errors import MQError, Reason
 from .messages import MESSAGE_SCHEMA, TIMESTAMP
 from .ordering import DeliveryOptions, deliver, join_segments
@@ -75,7 +75,7 @@ def is_offset(value: object) -> bool:
 
 @dataclass
 class QueuePartition(InputPartition):
-    """Planned messages for one task: where they lie and their delivery_seq, in delivery order."""
+    """Planned messages for one task, as ranges of rows of data files, in delivery order."""
 
     location: str
     queue: str
@@ -83,28 +83,29 @@ class QueuePartition(InputPartition):
     files: list[str]
     file: np.ndarray
     row: np.ndarray
+    count: np.ndarray
     delivery_seq: np.ndarray
     complete_message: bool
     value: int = 0
 
     def messages(self) -> pa.Table:
-        by_file = np.argsort(self.file, kind="stable")
+        # Each file is read once, only the row groups holding its planned rows.
+        spans = {}
+        for number in np.unique(self.file):
+            mine = self.file == number
+            first, stop = int(self.row[mine].min()), int((self.row[mine] + self.count[mine]).max())
+            data = storage.read_data_rows(self.location, self.files[number], first, stop, MESSAGE_SCHEMA.names)
+            spans[number] = (first, data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA))
         pieces = []
-        bounds = np.flatnonzero(np.diff(self.file[by_file])) + 1
-        for positions in np.split(by_file, bounds):
-            data = storage.read_data_file(self.location, self.files[self.file[positions[0]]], MESSAGE_SCHEMA.names)
-            data = data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)
-            rows = self.row[positions]
-            if np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows))):
-                pieces.append(data.slice(rows[0], len(rows)))  # a run of rows in file order: no copy
-            else:
-                pieces.append(data.take(rows))
+        for number, row, count in zip(self.file, self.row, self.count, strict=True):
+            first, data = spans[number]
+            pieces.append(data.slice(int(row) - first, int(count)))
         table = pa.concat_tables(pieces)
-        if not np.array_equal(by_file, np.arange(len(by_file))):
-            table = table.take(np.argsort(by_file, kind="stable"))
-        table = table.append_column("delivery_seq", pa.array(self.delivery_seq, pa.int64()))
+        delivery_seq = np.repeat(self.delivery_seq - np.cumsum(self.count) + self.count, self.count)
+        table = table.append_column("delivery_seq", pa.array(delivery_seq + np.arange(len(delivery_seq)), pa.int64()))
         if self.complete_message:
-            table = join_segments(table)
+            # The segments of one message share their delivery_seq; joined in offset order.
+            table = join_segments(table.sort_by([("delivery_seq", "ascending"), ("offset", "ascending")]))
         rows = table.num_rows
         table = table.append_column("queue", pa.repeat(self.queue, rows)).append_column(
             "qmgr", pa.repeat(self.qmgr, rows)
@@ -131,6 +132,8 @@ class _Group:
         # The planned messages of each plan in ``plans`` as pending-index keys.
         self.plan_keys: dict[str, np.ndarray] = {}
         self.consumed_plans: set[str] = set()
+        # Consumption records waiting to go with the next plan's commit: one state commit per batch.
+        self.unrecorded: list[pa.Table] = []
         self.exhausted = False
         self.next_due: datetime | None = None
 
@@ -193,9 +196,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         news = group.pending.refresh(up_to) if group.pending.has_news() else False
         due = group.next_due is not None and now >= group.next_due
         if group.exhausted and not news and not due:
+            self._flush(group)
             return start
         plan = self._plan(group, start, now, limit)
         if plan is None:
+            self._flush(group)
             return start
         end = offset(
             {
@@ -233,6 +238,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     files=files,
                     file=numbers[chosen],
                     row=delivered["row"].to_numpy()[chosen],
+                    count=delivered["count"].to_numpy()[chosen],
                     delivery_seq=delivered["delivery_seq"].to_numpy()[chosen],
                     complete_message=self.options.delivery.complete_message,
                     value=index,
@@ -243,6 +249,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         if self._group is not None and end.get("plan"):
             self._consume(self._group, end)
+            self._flush(self._group)
 
     def stop(self) -> None:
         """Release the group's lease. Spark does not call this for Python sources today (the planner
@@ -272,22 +279,30 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._group
 
     def _consume(self, group: _Group, start: dict) -> None:
-        """Record the plan that ended at ``start`` as consumed (once), and load the pending
-        messages on first use, without everything the group has consumed."""
+        """Note the plan that ended at ``start`` as consumed (once; recorded with the next state
+        commit), and load the pending messages on first use, without everything the group consumed."""
         plan_id = start["plan"]
         if plan_id and plan_id not in group.consumed_plans:
-            group.state.record_consumed(self.options.consumer, group.owner, plan_id, start["seq"])
+            group.unrecorded.append(consumed_rows(self.options.consumer, group.owner, plan_id, start["seq"]))
             group.consumed_plans.add(plan_id)
             plan = group.plans.pop(plan_id, None)
             if plan is not None and group.pending is not None:
                 group.pending.mark_consumed(group.plan_keys.pop(plan_id))
         if group.pending is None:
+            self._flush(group)
             group.pending = PendingMessages(
                 group.location, group.qm.storage_options, exact_lengths=self.options.max_bytes is not None
             )
             group.pending.load(
-                group.state.consumed_keys(self.options.consumer), self._target[0] if self._target else None
+                group.state.consumed_ranges(self.options.consumer), self._target[0] if self._target else None
             )
+
+    def _flush(self, group: _Group, plan_rows: pa.Table | None = None) -> None:
+        """Commit the consumption records not yet recorded, with ``plan_rows`` when given."""
+        rows = [*group.unrecorded, *([plan_rows] if plan_rows is not None else [])]
+        if rows:
+            group.state.append(pa.concat_tables(rows))
+            group.unrecorded.clear()
 
     def _plan(self, group: _Group, start: dict, now: datetime, limit: ReadLimit) -> pa.Table | None:
         """The next micro-batch: delivered messages (with delivery_seq and partition) and expired ones."""
@@ -311,15 +326,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             expired = expired.append_column("delivery_seq", pa.nulls(expired.num_rows, pa.int64()))
             expired = expired.append_column("partition", pa.nulls(expired.num_rows, pa.int32()))
             taken = pa.concat_tables([taken, expired.select(taken.column_names)])
-        files = pa.array(group.pending.files, pa.string())
-        plan = pa.table(
-            {
-                "file": pa.DictionaryArray.from_arrays(taken["file"].combine_chunks(), files).cast(pa.string()),
-                "row": taken["row"],
-                "delivery_seq": taken["delivery_seq"],
-                "partition": taken["partition"],
-            }
-        )
+        plan = plan_ranges(taken, group.pending.files)
         plan_id = uuid.uuid4().hex
         group.plan_keys[plan_id] = group.pending.keys(taken)
         return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
@@ -377,23 +384,48 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _record(self, group: _Group, end: dict, plan: pa.Table) -> None:
         rows = plan.num_rows
-        at = datetime.now(UTC)
-        record = pa.table(
-            {
-                "consumer": pa.repeat(self.options.consumer, rows),
-                "owner": pa.repeat(group.owner, rows),
-                "event": pa.repeat("plan", rows),
-                "plan_id": pa.repeat(end["plan"], rows),
-                "seq": pa.repeat(pa.scalar(end["seq"], pa.int64()), rows),
-                "file": plan["file"],
-                "row": plan["row"],
-                "delivery_seq": plan["delivery_seq"],
-                "partition": plan["partition"],
-                "at": pa.repeat(pa.scalar(at, TIMESTAMP), rows),
-            }
-        )
-        group.state.append(record.select(STATE_SCHEMA.names))
+        given = {
+            "consumer": pa.repeat(self.options.consumer, rows),
+            "owner": pa.repeat(group.owner, rows),
+            "event": pa.repeat("plan", rows),
+            "plan_id": pa.repeat(end["plan"], rows),
+            "seq": pa.repeat(pa.scalar(end["seq"], pa.int64()), rows),
+            "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), rows),
+            **{name: plan[name] for name in plan.column_names},
+        }
+        self._flush(group, pa.table({f.name: given[f.name] for f in STATE_SCHEMA}, schema=STATE_SCHEMA))
         group.plans[end["plan"]] = plan
+
+
+def plan_ranges(taken: pa.Table, files: list[str]) -> pa.Table:
+    """A plan as ranges of rows: one range per run of consecutive rows of one file, in one partition,
+    with consecutive delivery_seq (or all discarded, delivery_seq null)."""
+    file = taken["file"].to_numpy()
+    row = taken["row"].to_numpy()
+    partition = pc.fill_null(taken["partition"], -1).to_numpy()
+    delivered = pc.is_valid(taken["delivery_seq"]).to_numpy(zero_copy_only=False)
+    delivery_seq = pc.fill_null(taken["delivery_seq"], -1).to_numpy()
+    starts = np.ones(len(row), dtype=bool)
+    starts[1:] = (
+        (file[1:] != file[:-1])
+        | (row[1:] != row[:-1] + 1)
+        | (partition[1:] != partition[:-1])
+        | (delivered[1:] != delivered[:-1])
+        | (delivered[1:] & (delivery_seq[1:] != delivery_seq[:-1] + 1))
+    )
+    first = np.flatnonzero(starts)
+    first_taken = pa.array(first)
+    return pa.table(
+        {
+            "file": pa.DictionaryArray.from_arrays(pa.array(file[first]), pa.array(files, pa.string())).cast(
+                pa.string()
+            ),
+            "row": pa.array(row[first]),
+            "count": pa.array(np.diff(np.append(first, len(row)))),
+            "delivery_seq": taken["delivery_seq"].take(first_taken),
+            "partition": taken["partition"].take(first_taken),
+        }
+    )
 
 
 def record_finished_batch(end_offset: str) -> None:
@@ -408,5 +440,5 @@ def record_finished_batch(end_offset: str) -> None:
     qm = QueueManager.open(end["root"])
     state = ConsumerState(qm.root, qm.resolve_for_get(end["queue"]).name, qm.storage_options)
     if end["plan"] not in state.consumed_plans(end["consumer"]).to_pylist():
-        state.record_consumed(end["consumer"], end["owner"], end["plan"], end["seq"])
+        state.append(consumed_rows(end["consumer"], end["owner"], end["plan"], end["seq"]))
     state.release(end["consumer"], end["owner"])

@@ -16,6 +16,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from mqspark import MQError, Reason, storage
 from mqspark.cli import main
+from mqspark.consumers import COMPACT_EVERY, ConsumerState
 from mqspark.datasource import _get_options
 from mqspark.stream import OFFSET_KEYS, QueueStreamReader
 
@@ -189,3 +190,61 @@ def test_a_delete_behind_mqspark_s_back_stops_the_get(qm, new_reader):
     reader = new_reader()
     with pytest.raises(MQError, match=r"version 2 removed data; queue tables are append-only"):
         reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+
+
+def _state_rows(qm) -> list[tuple]:
+    table = DeltaTable(storage.state_location(qm.root, "Q")).to_pyarrow_table()
+    return sorted(
+        (r["event"], r["plan_id"] is not None, r["file"] is not None, r["row"], r["count"], r["seq"], r["delivery_seq"])
+        for r in table.to_pylist()
+    )
+
+
+def test_compaction_folds_consumed_plans_and_keeps_the_plan_in_flight(qm, new_reader):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": f"m{i}"} for i in range(10)])
+    reader = new_reader()
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, ReadMaxRows(3))
+    second = reader.latestOffset(first, ReadMaxRows(3))
+    abandoned = reader.latestOffset(second, ReadMaxRows(3))
+    third = reader.latestOffset(second, ReadMaxRows(3))
+    assert abandoned["plan"] != third["plan"]
+    # Plans 1 and 2 are consumed; 3 is planned. The abandoned plan 3 goes once a plan 3 is consumed.
+    assert ConsumerState(qm.root, "Q").compact()
+    assert _state_rows(qm) == [
+        ("checkpoint", False, True, 0, 6, 2, 6),
+        ("lease", False, False, None, None, None, None),
+        ("plan", True, True, 6, 3, 3, 6),
+        ("plan", True, True, 6, 3, 3, 6),
+    ]
+    assert qm.depth("Q", consumer="default") == 4
+    assert qm.backlog("Q", consumer="default").depth == 4
+    # A replay of the batch in flight, and the rest after a restart, see the compacted state.
+    assert _read(new_reader(), second, third) == [(6, "m6"), (7, "m7"), (8, "m8")]
+    reader.stop()
+    restarted = new_reader()
+    start = restarted.initialOffset()
+    assert (start["seq"], start["delivered"]) == (3, 9)
+    end = restarted.latestOffset(start, ReadAllAvailable())
+    # Plan 3 never became consumed (its batch did not finish): its messages come again, then the rest.
+    assert _read(restarted, start, end) == [(9, "m6"), (10, "m7"), (11, "m8"), (12, "m9")]
+
+
+def test_the_state_table_stays_small_as_batches_go_by(qm, new_reader):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": f"m{i}"} for i in range(3 * COMPACT_EVERY)])
+    reader = new_reader()
+    start = reader.initialOffset()
+    delivered = []
+    for _ in range(3 * COMPACT_EVERY):
+        end = reader.latestOffset(start, ReadMaxRows(1))
+        delivered += _read(reader, start, end)
+        start = end
+    assert delivered == [(i, f"m{i}") for i in range(3 * COMPACT_EVERY)]
+    table = DeltaTable(storage.state_location(qm.root, "Q"))
+    assert table.version() >= 3 * COMPACT_EVERY
+    # Compacted at every COMPACT_EVERY versions: what is left is at most one round of batches.
+    assert len(table.file_uris()) <= COMPACT_EVERY
+    assert table.to_pyarrow_table().num_rows <= 2 * COMPACT_EVERY
+    assert qm.depth("Q", consumer="default") == 1
