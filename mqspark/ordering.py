@@ -76,10 +76,10 @@ def deliver(
     expired = pc.fill_null(pc.less_equal(messages["expiry"], moment), False)
     waiting = pc.fill_null(pc.greater(messages["available_at"], moment), False)
     expired_count = pc.sum(expired).as_py() or 0
-    present = messages.filter(pc.invert(pc.or_(expired, waiting)))
+    present = keep_rows(messages, pc.invert(pc.or_(expired, waiting)))
     keys = _physical_keys(present, delivery_sequence)
     if options.order == "physical":
-        ordered = present.take(np.lexsort(keys[::-1]))
+        ordered = take_rows(present, np.lexsort(keys[::-1]))
     else:
         ordered = _logical(present, keys, options, join)
     return Delivery(_match(ordered, options), expired_count)
@@ -192,8 +192,21 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions, 
     chosen = np.concatenate([ungrouped, delivered_grouped])
     anchor = np.concatenate([ungrouped, anchors])
     position = [key[anchor] for key in keys] + [np.where(grouped[chosen], seq[chosen], 0), offset[chosen]]
-    result = table.take(chosen[np.lexsort(position[::-1])])
+    result = take_rows(table, chosen[np.lexsort(position[::-1])])
     return join_segments(result) if options.complete_message and join else result
+
+
+def keep_rows(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """``table.filter(mask)``, without copying every column when every row is kept."""
+    return table if pc.all(mask).as_py() is not False else table.filter(mask)
+
+
+def take_rows(table: pa.Table, indices: np.ndarray) -> pa.Table:
+    """``table.take(indices)``, without copying every column when the rows are already in that order
+    (a queue without groups or priorities to sort is, and the index it sorts is wide)."""
+    if len(indices) == table.num_rows and np.array_equal(indices, np.arange(table.num_rows)):
+        return table
+    return table.take(indices)
 
 
 def payload_lengths(table: pa.Table) -> np.ndarray:

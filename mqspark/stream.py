@@ -41,7 +41,7 @@ from . import storage
 from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows
 from .errors import MQError, Reason
 from .messages import MESSAGE_SCHEMA, TIMESTAMP
-from .ordering import DeliveryOptions, deliver, join_segments
+from .ordering import DeliveryOptions, deliver, join_segments, keep_rows
 from .pending import PendingMessages
 from .qmgr import BROWSE_SCHEMA, QueueManager
 from .source import batch_rows
@@ -317,7 +317,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         group.next_due = pc.min(later).as_py() if len(later) else None
         ordered = deliver(rows, group.delivery_sequence, options.delivery, now, join=False).messages
-        candidates = ordered.filter(pc.invert(ordered["consumed"]))
+        candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
         taken, delivered = self._admit(candidates, limit, start["delivered"])
         group.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
