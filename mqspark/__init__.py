@@ -1,10 +1,12 @@
 """mqspark: transactional message queues on Delta tables for Apache Spark."""
 
+from .cluster import Cluster
 from .definitions import QueueDefinition, QueueManagerDefinition
 from .errors import MQError, MQValidationError, Reason
 from .qmgr import QueueManager
 
 __all__ = [
+    "Cluster",
     "MQError",
     "MQValidationError",
     "QueueDefinition",
@@ -12,6 +14,7 @@ __all__ = [
     "QueueManagerDefinition",
     "Reason",
     "register",
+    "route",
     "session",
 ]
 
@@ -24,4 +27,8 @@ def __getattr__(name: str):
         from . import spark
 
         return getattr(spark, name)
+    if name == "route":
+        from .workload import route
+
+        return route
     raise AttributeError(name)

@@ -1,7 +1,9 @@
-"""The queue manager's catalog: one small Delta table holding the queue manager and its queue definitions.
+"""The queue manager's catalog: one small Delta table holding the queue manager, its queue definitions
+and the clusters it has joined (``cluster`` rows: the cluster's name and its repository root).
 
 Every change rewrites the whole catalog in one commit made against the version it read, with no
 automatic retry: two concurrent changes can never both win, the loser re-reads and tries again.
+:func:`rewrite_until_landed` is that loop, shared with the other small tables rewritten this way.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -41,12 +44,43 @@ CATALOG_SCHEMA = pa.schema(
         pa.field("cluster", pa.list_(pa.string())),
         pa.field("description", pa.string()),
         pa.field("dead_letter_queue", pa.string()),
+        pa.field("repository", pa.string()),
         pa.field("altered_at", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
 )
 
 _QUEUE_FIELDS = tuple(f.name for f in dataclasses.fields(QueueDefinition))
 _COMMIT_ATTEMPTS = 50
+_Result = TypeVar("_Result")
+
+
+def rewrite_until_landed(
+    prepare: Callable[[], tuple[DeltaTable, pa.Table | None, _Result]], what: str, attempts: int = _COMMIT_ATTEMPTS
+) -> _Result:
+    """Replace every row of a small table in one commit made at exactly the version after the one read.
+
+    ``prepare()`` reads the table, decides (it may raise to refuse the change) and returns the table
+    it read, the new rows (None: nothing to commit) and what the change yields; that result may count
+    on the commit landing at ``table.version() + 1``. A commit that loses to a concurrent one is
+    prepared again on a fresh read. A table written before a column was added gains it here.
+    """
+    for attempt in range(attempts):
+        table, rows, result = prepare()
+        if rows is None:
+            return result
+        try:
+            write_deltalake(
+                table,
+                rows,
+                mode="overwrite",
+                schema_mode="merge",
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
+        except CommitFailedError:
+            time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+            continue
+        return result
+    raise MQError(f"{what} is changing too often; gave up after {attempts} attempts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +91,8 @@ class CatalogState:
     qmgr: QueueManagerDefinition
     queues: dict[str, QueueDefinition]
     altered_at: dict[str, datetime]
+    clusters: dict[str, str]
+    """Cluster name -> root of its repository, for each cluster the queue manager has joined."""
 
 
 class Catalog:
@@ -69,7 +105,7 @@ class Catalog:
 
     def create(self, qmgr: QueueManagerDefinition, queues: list[QueueDefinition]) -> None:
         table = storage.create_table(self.location, CATALOG_SCHEMA, self.storage_options)
-        write_deltalake(table, _to_rows(qmgr, {q.name: q for q in queues}, {}), mode="append")
+        write_deltalake(table, _to_rows(qmgr, {q.name: q for q in queues}, {}, {}), mode="append")
 
     def read(self) -> CatalogState:
         return self._snapshot()[1]
@@ -85,30 +121,38 @@ class Catalog:
 
         ``apply`` may raise to refuse the change; it is called again on a fresh state after a conflict.
         """
-        for attempt in range(_COMMIT_ATTEMPTS):
+        return self._rewrite(lambda state: (apply(state), state.clusters))
+
+    def change_clusters(self, apply: Callable[[CatalogState], dict[str, str]]) -> CatalogState:
+        """Commit ``apply(state)`` (the new map of cluster name to repository root), like :meth:`change`.
+
+        The queue manager's ``cluster`` attribute follows: the names of the clusters, sorted.
+        """
+        return self._rewrite(lambda state: (state.queues, apply(state)))
+
+    def _rewrite(
+        self, apply: Callable[[CatalogState], tuple[dict[str, QueueDefinition], dict[str, str]]]
+    ) -> CatalogState:
+        def prepare() -> tuple[DeltaTable, pa.Table, CatalogState]:
             table, state = self._snapshot()
-            queues = apply(state)
+            queues, clusters = apply(state)
             now = datetime.now(UTC)
             altered = {
                 name: state.altered_at.get(name, now) if queues[name] == state.queues.get(name) else now
                 for name in queues
             }
-            try:
-                write_deltalake(
-                    table,
-                    _to_rows(state.qmgr, queues, altered),
-                    mode="overwrite",
-                    commit_properties=CommitProperties(max_commit_retries=0),
-                )
-            except CommitFailedError:
-                time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
-                continue
-            return CatalogState(table.version(), state.qmgr, queues, altered)
-        raise MQError(f"catalog of {self.root} is changing too often; gave up after {_COMMIT_ATTEMPTS} attempts")
+            qmgr = dataclasses.replace(state.qmgr, cluster=tuple(sorted(clusters)))
+            changed = CatalogState(table.version() + 1, qmgr, queues, altered, clusters)
+            return table, _to_rows(qmgr, queues, altered, clusters), changed
+
+        return rewrite_until_landed(prepare, f"catalog of {self.root}")
 
 
 def _to_rows(
-    qmgr: QueueManagerDefinition, queues: dict[str, QueueDefinition], altered: dict[str, datetime]
+    qmgr: QueueManagerDefinition,
+    queues: dict[str, QueueDefinition],
+    altered: dict[str, datetime],
+    clusters: dict[str, str],
 ) -> pa.Table:
     now = datetime.now(UTC)
     rows = [
@@ -123,6 +167,8 @@ def _to_rows(
     ]
     for name in sorted(queues):
         rows.append({"object_type": "queue", **queues[name].attributes(), "altered_at": altered.get(name, now)})
+    for name in sorted(clusters):
+        rows.append({"object_type": "cluster", "name": name, "repository": clusters[name], "altered_at": now})
     return pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)
 
 
@@ -130,6 +176,7 @@ def _from_rows(version: int, table: pa.Table) -> CatalogState:
     qmgr = None
     queues = {}
     altered = {}
+    clusters = {}
     for row in table.to_pylist():
         if row["object_type"] == "qmgr":
             qmgr = QueueManagerDefinition(
@@ -138,6 +185,8 @@ def _from_rows(version: int, table: pa.Table) -> CatalogState:
                 cluster=tuple(row["cluster"] or ()),
                 description=row["description"] or "",
             )
+        elif row["object_type"] == "cluster":
+            clusters[row["name"]] = row["repository"]
         else:
             values = {name: row[name] for name in _QUEUE_FIELDS}
             values["cluster"] = tuple(values["cluster"] or ())
@@ -145,4 +194,4 @@ def _from_rows(version: int, table: pa.Table) -> CatalogState:
             altered[row["name"]] = row["altered_at"]
     if qmgr is None:
         raise MQError(f"catalog at version {version} has no queue manager row", Reason.MQRC_UNKNOWN_OBJECT_NAME)
-    return CatalogState(version, qmgr, queues, altered)
+    return CatalogState(version, qmgr, queues, altered, clusters)

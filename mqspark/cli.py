@@ -1,8 +1,9 @@
-"""The ``mqspark`` command line: queue managers, queues, put, browse and depth, with table or JSON output."""
+"""The ``mqspark`` command line: queue managers, queues, put, browse, depth and clusters, with table or JSON output."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .cluster import ROUTE_STATES, Cluster
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError
 from .ordering import ORDERS, DeliveryOptions
@@ -133,7 +135,63 @@ def build_parser() -> argparse.ArgumentParser:
         "apply", parents=[output], help="create or update a queue manager from a TOML definition file"
     )
     apply.add_argument("file")
+    _add_cluster_commands(commands, output)
     return parser
+
+
+def _add_cluster_commands(commands: Any, output: argparse.ArgumentParser) -> None:
+    cluster = commands.add_parser(
+        "cluster",
+        help="cluster repositories: create, join, leave, advertise queues, route states, health check",
+        description="Every command but create names the cluster with --cluster-root CLUSTER_ROOT, or with "
+        "--cluster NAME, a cluster the --root queue manager has joined. --qmgr defaults to the --root queue manager.",
+    ).add_subparsers(dest="action", required=True)
+    create = cluster.add_parser(
+        "create", parents=[output], help="create the repository of cluster NAME at CLUSTER_ROOT"
+    )
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("cluster_root", metavar="CLUSTER_ROOT")
+
+    which = argparse.ArgumentParser(add_help=False)
+    named = which.add_mutually_exclusive_group(required=True)
+    named.add_argument("--cluster-root", metavar="CLUSTER_ROOT", help="root of the cluster repository")
+    named.add_argument("--cluster", metavar="NAME", help="a cluster the --root queue manager has joined")
+    member = argparse.ArgumentParser(add_help=False)
+    member.add_argument("--qmgr", metavar="QMGR", help="the member (default: the --root queue manager)")
+
+    join = cluster.add_parser("join", parents=[output, which], help="the --root queue manager joins the cluster")
+    join.add_argument("--network-priority", type=int, default=0, metavar="0-9")
+    cluster.add_parser("leave", parents=[output, which, member], help="a member leaves, with its advertisements")
+    cluster.add_parser(
+        "advertise", parents=[output, which], help="advertise a local queue of the --root queue manager"
+    ).add_argument("queue", metavar="QUEUE")
+    cluster.add_parser(
+        "unadvertise", parents=[output, which, member], help="withdraw a member's advertisement of QUEUE"
+    ).add_argument("queue", metavar="QUEUE")
+    cluster.add_parser(
+        "suspend", parents=[output, which, member], help="suspend a member (routing prefers resumed ones)"
+    )
+    cluster.add_parser("resume", parents=[output, which, member], help="resume a suspended member")
+    route_state = cluster.add_parser(
+        "route-state",
+        parents=[output, which, member],
+        help="set a member's route state, kept by the health check; auto hands it back to the health check",
+    )
+    route_state.add_argument(
+        "state", choices=[*ROUTE_STATES, "auto"], metavar="STATE", help=f"{', '.join(ROUTE_STATES)} or auto"
+    )
+    route_state.add_argument("--by", help="who sets it (default: the operating-system user)")
+    cluster.add_parser(
+        "priority", parents=[output, which, member], help="set a member's network priority (0-9)"
+    ).add_argument("network_priority", type=int, metavar="N")
+    show = cluster.add_parser("show", parents=[output, which], help="the members (or advertised queues, or bindings)")
+    shown = show.add_mutually_exclusive_group()
+    shown.add_argument("--queues", action="store_true", help="show the advertised queues")
+    shown.add_argument("--bindings", action="store_true", help="show the bindings of producers and groups")
+    show.add_argument("--snapshot", type=int, metavar="VERSION", help="as at this version of the repository")
+    cluster.add_parser(
+        "refresh", parents=[output, which], help="health-check every member, then show the members"
+    ).add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="default: 300")
 
 
 def _payloads(args: argparse.Namespace) -> list[str]:
@@ -209,10 +267,52 @@ def _apply(root: str, path: str) -> dict[str, Any]:
     return {"queue_manager": qm.name, "root": qm.root, "changes": changes}
 
 
+def _rows(items: Sequence[Any]) -> list[dict[str, Any]]:
+    """Cluster objects as table rows; every row is of the one cluster shown."""
+    return [{key: value for key, value in dataclasses.asdict(item).items() if key != "cluster"} for item in items]
+
+
+def _cluster_command(args: argparse.Namespace) -> Any:
+    if args.action == "create":
+        cluster = Cluster.create(args.cluster_root, args.name)
+        return {"cluster": cluster.name, "root": cluster.root}
+    if args.cluster_root is not None:
+        cluster = Cluster.open(args.cluster_root)
+    else:
+        cluster = Cluster.open(QueueManager.open(args.root).cluster_repository(args.cluster))
+    if args.action == "show":
+        snapshot = cluster.snapshot(args.snapshot)
+        return _rows(snapshot.queues if args.queues else snapshot.bindings if args.bindings else snapshot.members)
+    if args.action == "refresh":
+        return _rows(cluster.refresh(active_within=args.active_within).members)
+    if args.action == "join":
+        return dataclasses.asdict(cluster.join(QueueManager.open(args.root), network_priority=args.network_priority))
+    if args.action == "advertise":
+        return dataclasses.asdict(cluster.advertise(QueueManager.open(args.root), args.queue))
+    qmgr = args.qmgr or QueueManager.open(args.root).name
+    if args.action == "leave":
+        cluster.leave(qmgr)
+        return {"cluster": cluster.name, "left": qmgr}
+    if args.action == "unadvertise":
+        cluster.unadvertise(qmgr, args.queue)
+        return {"cluster": cluster.name, "qmgr": qmgr, "unadvertised": args.queue}
+    if args.action == "suspend":
+        member = cluster.suspend(qmgr)
+    elif args.action == "resume":
+        member = cluster.resume(qmgr)
+    elif args.action == "route-state":
+        member = cluster.set_route_state(qmgr, None if args.state == "auto" else args.state, by=args.by)
+    else:
+        member = cluster.set_network_priority(qmgr, args.network_priority)
+    return dataclasses.asdict(member)
+
+
 def run(args: argparse.Namespace) -> Any:
     """Carry out one parsed command and return what it prints."""
     if args.command == "apply":
         return _apply(args.root, args.file)
+    if args.command == "cluster":
+        return _cluster_command(args)
     if args.command == "qmgr" and args.action == "create":
         qm = QueueManager.create(args.root, args.name)
         return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue}
@@ -226,7 +326,9 @@ def run(args: argparse.Namespace) -> Any:
         if args.action == "alter":
             return qm.alter_queue(args.name, **attributes).attributes()
         if args.action == "show":
-            return qm.inquire_queue(args.name).attributes()
+            shown = qm.inquire_queue(args.name)
+            # A cluster queue defined elsewhere shows its advertised attributes only.
+            return shown.attributes() if isinstance(shown, QueueDefinition) else dataclasses.asdict(shown)
         if args.action == "list":
             return [
                 {"name": q.name, "type": q.type, "depth": qm.depth(q.name), "description": q.description}

@@ -32,6 +32,7 @@ from .qmgr import BROWSE_SCHEMA, QueueManager
 from .sink import QueueStreamWriter, QueueWriter, SinkPlan
 from .source import BrowsePlan, BrowseReader
 from .stream import GetOptions, QueueStreamReader
+from .workload import cluster_names
 
 SEGMENTATION = {"allowed": True, "not_allowed": False}
 # Browse options that select or cap messages; the streaming get has its own limits instead.
@@ -150,8 +151,6 @@ def _stream_limits(options: dict[str, str]) -> tuple[str, int | None, int | None
 def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkPlan:
     if overwrite:
         raise MQValidationError('the mq sink only appends: use mode("append"), not overwrite')
-    if options.get("cluster"):
-        raise MQValidationError(f"option cluster ({options['cluster']!r}): cluster routing is not available yet")
     root = _root(options)
     queue = _required(options, "queue", 'give the queue to put to, as in .option("queue", "ORDERS")')
     segmentation = options.get("segmentation", "not_allowed")
@@ -160,4 +159,13 @@ def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> 
     producer = options.get("producerid")
     if producer is not None and not producer.strip():
         raise MQValidationError("option producerId must not be blank")
-    return SinkPlan.build(root, queue, schema, segmentation=SEGMENTATION[segmentation], producer=producer)
+    routing = {}
+    if "cluster" in options:
+        routing = {
+            "cluster": cluster_names(options["cluster"]),
+            "bind": options.get("bind", "as_q_def"),
+            "qmgr": options.get("qmgr"),
+        }
+    elif "bind" in options or "qmgr" in options:
+        raise MQValidationError("options bind and qmgr route a put to a cluster queue: give option cluster too")
+    return SinkPlan.build(root, queue, schema, segmentation=SEGMENTATION[segmentation], producer=producer, **routing)

@@ -45,11 +45,20 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("top_of_queue", pa.bool_(), nullable=False),
         pa.field("before_msg_id", pa.string()),
         pa.field("put_seq", pa.int64(), nullable=False),
+        # The dead-letter header, set only on a message put to a dead-letter queue (spec section 9).
+        pa.field("dlq_reason", pa.int32()),
+        pa.field("dlq_reason_text", pa.string()),
+        pa.field("dlq_original_queue", pa.string()),
+        pa.field("dlq_original_qmgr", pa.string()),
+        pa.field("dlq_time", TIMESTAMP),
     ]
 )
+DEAD_LETTER_FIELDS = ("dlq_reason", "dlq_reason_text", "dlq_original_queue", "dlq_original_qmgr", "dlq_time")
 
 # What a producer may give; the rest is stamped by the put.
-PRODUCER_FIELDS = tuple(name for name in MESSAGE_SCHEMA.names if name not in ("put_time", "put_seq"))
+PRODUCER_FIELDS = tuple(
+    name for name in MESSAGE_SCHEMA.names if name not in ("put_time", "put_seq", *DEAD_LETTER_FIELDS)
+)
 
 _STRING_FIELDS = ("msg_id", "correl_id", "group_id", "reply_to_queue", "reply_to_qmgr", "before_msg_id")
 _BOOLEAN_FIELDS = ("last_in_group", "segmented", "last_segment", "top_of_queue")
@@ -221,7 +230,30 @@ def prepare_put(
     stamp = put_time or datetime.now(UTC)
     table = table.append_column("put_time", pa.repeat(pa.scalar(stamp, TIMESTAMP), table.num_rows))
     table = table.append_column("put_seq", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    for field_name in DEAD_LETTER_FIELDS:
+        table = table.append_column(field_name, pa.nulls(table.num_rows, MESSAGE_SCHEMA.field(field_name).type))
     return PreparedPut(table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA), msg_ids)
+
+
+def dead_letter(
+    messages: pa.Table, reason: pa.Array, reason_text: pa.Array, queue: str, qmgr: str, at: datetime
+) -> pa.Table:
+    """``messages`` (prepared rows) with their dead-letter header: why each could not be put to ``queue``
+    of ``qmgr``, and when it was dead-lettered."""
+    rows = messages.num_rows
+    header = {
+        "dlq_reason": reason,
+        "dlq_reason_text": reason_text,
+        "dlq_original_queue": pa.repeat(queue, rows),
+        "dlq_original_qmgr": pa.repeat(qmgr, rows),
+        "dlq_time": pa.repeat(pa.scalar(at, TIMESTAMP), rows),
+    }
+    for name, column in header.items():
+        index = MESSAGE_SCHEMA.get_field_index(name)
+        messages = messages.set_column(
+            index, MESSAGE_SCHEMA.field(index), column.cast(MESSAGE_SCHEMA.field(index).type)
+        )
+    return messages
 
 
 def _check_values(queue: str, table: pa.Table) -> None:

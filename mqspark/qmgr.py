@@ -18,6 +18,7 @@ from deltalake.exceptions import CommitFailedError
 
 from . import storage
 from .catalog import Catalog, CatalogState
+from .cluster import AdvertisedQueue, Cluster
 from .consumers import ConsumerState, in_ranges
 from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from .errors import MQError, MQValidationError, Reason
@@ -132,10 +133,18 @@ class QueueManager:
 
         return self._catalog.change(apply).queues[name]
 
-    def inquire_queue(self, name: str) -> QueueDefinition:
-        """The queue's definition."""
+    def inquire_queue(self, name: str) -> QueueDefinition | AdvertisedQueue:
+        """The queue's definition.
+
+        A cluster queue that is not defined here shows only its advertised attributes (spec section 7):
+        those of the replica of the first other queue manager by name (then by cluster name), over every
+        cluster this queue manager has joined. Replicas may differ (one put-inhibited, say); the
+        first one by name is a stable answer. Unknown everywhere: MQRC_UNKNOWN_OBJECT_NAME.
+        """
         validate_name(name)
-        return self._definition_in(self._catalog.read(), name)
+        state = self._catalog.read()
+        advertised = None if name in state.queues else self._advertised_queue(state, name)
+        return advertised or self._definition_in(state, name)
 
     def queues(self) -> list[QueueDefinition]:
         """Every queue definition, by name."""
@@ -182,6 +191,28 @@ class QueueManager:
             except CommitFailedError:
                 time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
         raise MQError(f"queue {name}: delete gave up after {_PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
+
+    # Clusters
+
+    def cluster_repository(self, cluster: str) -> str:
+        """The repository root of ``cluster``, which this queue manager has joined (see :meth:`Cluster.join`)."""
+        validate_name(cluster, "cluster")
+        try:
+            return self._catalog.read().clusters[cluster]
+        except KeyError:
+            raise MQError(
+                f"queue manager {self.name} is not a member of cluster {cluster}", Reason.MQRC_UNKNOWN_OBJECT_NAME
+            ) from None
+
+    def _advertised_queue(self, state: CatalogState, name: str) -> AdvertisedQueue | None:
+        """The replica :meth:`inquire_queue` shows for a queue not defined here; None when there is none."""
+        replicas = [
+            advertised
+            for root in state.clusters.values()
+            for advertised in Cluster.open(root, storage_options=self.storage_options).snapshot().queues
+            if advertised.name == name and advertised.qmgr != self.name
+        ]
+        return min(replicas, key=lambda advertised: (advertised.qmgr, advertised.cluster), default=None)
 
     # Messages
 

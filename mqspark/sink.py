@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -23,7 +23,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from . import storage
+from . import storage, workload
 from .definitions import QueueDefinition
 from .errors import MQError
 from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, check_group_items, group_items, prepare_put
@@ -42,29 +42,53 @@ class SinkPlan:
     root: str
     queue: str
     location: str
-    definition: QueueDefinition
+    definition: QueueDefinition | None
     segmentation: bool
     producer: str | None
+    cluster: workload.ClusterRoute | None = None
 
     @classmethod
-    def build(cls, root: str, queue: str, schema: StructType, *, segmentation: bool, producer: str | None) -> SinkPlan:
-        """Check the queue and the input columns before any task runs."""
+    def build(
+        cls,
+        root: str,
+        queue: str,
+        schema: StructType,
+        *,
+        segmentation: bool,
+        producer: str | None,
+        cluster: tuple[str, ...] = (),
+        bind: str = "as_q_def",
+        qmgr: str | None = None,
+    ) -> SinkPlan:
+        """Check the queue (or the cluster route) and the input columns before any task runs."""
         qm = QueueManager.open(root)
-        definition = qm.resolve_for_put(queue)
+        if cluster:
+            route = workload.cluster_route(qm, cluster, queue, bind, qmgr)
+            definition, location = None, storage.queue_location(qm.root, route.dead_letter.name)
+            checked = route.dead_letter
+        else:
+            route = None
+            definition = checked = qm.resolve_for_put(queue)
+            location = storage.queue_location(qm.root, definition.name)
         # The same validation as each row gets, on no rows: catches unknown columns and wrong types.
-        prepare_put(definition, to_arrow_schema(schema, timezone="UTC").empty_table())
-        location = storage.queue_location(qm.root, definition.name)
-        return cls(qm.root, queue, location, definition, segmentation, producer)
+        prepare_put(checked, to_arrow_schema(schema, timezone="UTC").empty_table())
+        return cls(qm.root, queue, location, definition, segmentation, producer, route)
+
+
+# Where a share of a put goes: (queue manager root, local queue name).
+Target = tuple[str, str]
 
 
 @dataclass
 class PutCommitMessage(WriterCommitMessage):
-    """One task's part of a put: the files it wrote and the group items to check, per local queue."""
+    """One task's part of a put: the files it wrote and the group items to check, per target queue,
+    and how its rows were routed when the put went to a cluster queue."""
 
     producer: str | None
-    files: dict[str, list[storage.DataFile]] = field(default_factory=dict)
-    groups: dict[str, bytes] = field(default_factory=dict)
-    targets: dict[str, list[str]] = field(default_factory=dict)
+    files: dict[Target, list[storage.DataFile]] = field(default_factory=dict)
+    groups: dict[Target, bytes] = field(default_factory=dict)
+    targets: dict[Target, list[str]] = field(default_factory=dict)
+    routing: workload.TaskRouting | None = None
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -78,80 +102,122 @@ def _from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCommitMessage:
-    """Validate and write one task's rows as one Parquet file (executor side)."""
-    context = TaskContext.get()
-    first_seq = context.partitionId() << _PARTITION_SHIFT
-    producer = plan.producer or context.getLocalProperty("sql.streaming.queryId")
-    groups: list[pa.Table] = []
-    targets: set[str] = set()
+class _Share:
+    """Writes one target queue's share of a task's rows as one Parquet file, batch by batch."""
 
-    def prepared() -> Iterator[pa.RecordBatch]:
-        written = 0
-        for batch in batches:
-            if batch.num_rows == 0:
+    def __init__(self, root: str, definition: QueueDefinition, plan: SinkPlan, first_seq: int) -> None:
+        self.target: Target = (root, definition.name)
+        self.definition = definition
+        self.segmentation = plan.segmentation
+        self.next_seq = first_seq
+        self.groups: list[pa.Table] = []
+        self.before: set[str] = set()
+
+    def prepared(self, parts: Iterable[tuple[pa.Table, Callable[[pa.Table], pa.Table] | None]]):
+        for data, header in parts:
+            if data.num_rows == 0:
                 continue
-            messages = prepare_put(plan.definition, pa.Table.from_batches([batch]), segmentation=plan.segmentation)
-            rows = messages.messages
-            seq = pc.add(rows["put_seq"], first_seq + written)
+            rows = prepare_put(self.definition, data, segmentation=self.segmentation).messages
+            if header is not None:
+                rows = header(rows)
+            seq = pc.add(rows["put_seq"], self.next_seq)
             rows = rows.set_column(rows.schema.get_field_index("put_seq"), MESSAGE_SCHEMA.field("put_seq"), seq)
-            written += rows.num_rows
-            groups.append(group_items(rows, with_priority=True))
-            targets.update(before_targets(rows))
+            self.next_seq += rows.num_rows
+            self.groups.append(group_items(rows, with_priority=True))
+            self.before.update(before_targets(rows))
             yield from rows.to_batches()
 
-    file = storage.write_data_file(plan.location, prepared(), MESSAGE_SCHEMA)
+    def write(self, message: PutCommitMessage, parts: Iterable[tuple[pa.Table, Callable | None]]) -> None:
+        """Write ``parts`` (rows, and the header to stamp on them or None) and add the file to ``message``."""
+        location = storage.queue_location(*self.target)
+        file = storage.write_data_file(location, self.prepared(parts), MESSAGE_SCHEMA)
+        if file is not None:
+            message.files[self.target] = [file]
+            message.groups[self.target] = _to_ipc(pa.concat_tables(self.groups))
+            message.targets[self.target] = sorted(self.before)
+
+
+def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCommitMessage:
+    """Validate and write one task's rows, one Parquet file per target queue (executor side)."""
+    context = TaskContext.get()
+    partition = context.partitionId()
+    first_seq = partition << _PARTITION_SHIFT
+    producer = plan.producer or context.getLocalProperty("sql.streaming.queryId")
+    if producer is None and plan.cluster is not None:
+        producer = plan.cluster.write_id
     message = PutCommitMessage(producer)
-    if file is not None:
-        message.files[plan.definition.name] = [file]
-        message.groups[plan.definition.name] = _to_ipc(pa.concat_tables(groups))
-        message.targets[plan.definition.name] = sorted(targets)
+    if plan.cluster is None:
+        share = _Share(plan.root, plan.definition, plan, first_seq)
+        share.write(message, ((pa.Table.from_batches([batch]), None) for batch in batches))
+        return message
+    batch_id = context.getLocalProperty("streaming.sql.batchId")
+    routed = workload.route_task(
+        plan.cluster,
+        plan.queue,
+        producer,
+        None if batch_id is None else int(batch_id),
+        pa.Table.from_batches(list(batches)),
+        partition,
+    )
+    message.routing = routed.record
+    for (root, definition), rows in routed.shares:
+        _Share(root, definition, plan, first_seq).write(message, [(rows, None)])
+    if routed.dead_letters:
+        dead_letters = _Share(plan.root, plan.cluster.dead_letter, plan, first_seq)
+        dead_letters.write(message, [(dead.rows, dead.header) for dead in routed.dead_letters])
     return message
 
 
 def commit_batch(plan: SinkPlan, messages: list[PutCommitMessage | None], batch_id: int | None) -> None:
-    """Commit every task's files, once per queue (driver side)."""
+    """Commit every task's files, once per target queue, then record how the rows were routed (driver side)."""
     # With commitInfo's own timestamp this gives the driver-side commit time of every batch.
     started_ms = int(time.time() * 1000)
     messages = [message for message in messages if message is not None]
-    queues = sorted({queue for message in messages for queue in message.files})
-    if not queues:
-        return
-    producer = (plan.producer or messages[0].producer) if batch_id is not None else None
-    qm = QueueManager.open(plan.root)
-    for queue in queues:
-        files = [file for message in messages for file in message.files.get(queue, [])]
-        groups = pa.concat_tables([_from_ipc(message.groups[queue]) for message in messages if queue in message.groups])
+    targets = sorted({target for message in messages for target in message.files})
+    producer = (plan.producer or (messages[0].producer if messages else None)) if batch_id is not None else None
+    managers: dict[str, QueueManager] = {}
+    for target in targets:
+        root, queue = target
+        qm = managers.setdefault(root, QueueManager.open(root))
+        files = [file for message in messages for file in message.files.get(target, [])]
+        groups = pa.concat_tables(
+            [_from_ipc(message.groups[target]) for message in messages if target in message.groups]
+        )
         try:
             # Across tasks: a group may be spread over several of them.
             check_group_items(queue, groups)
         except MQError:
-            storage.remove_data_files(storage.queue_location(qm.root, queue), files)
+            storage.remove_data_files(storage.queue_location(root, queue), files)
             raise
-        targets = sorted({target for message in messages for target in message.targets.get(queue, [])})
+        before = sorted({name for message in messages for name in message.targets.get(target, [])})
         version = qm.commit_put(
             queue,
             files,
             groups.select(GROUP_COLUMNS),
-            targets,
+            before,
             producer=producer,
             batch_id=batch_id,
             metadata={"mqspark.commit_started_ms": started_ms},
         )
         rows = sum(file.rows for file in files)
+        where = f"queue {queue} of {qm.name}" if plan.cluster is not None else f"queue {queue}"
         if version is None:
-            _report(f"queue {queue}: batch {batch_id} of producer {producer} was committed before; skipped {rows} rows")
+            _report(f"{where}: batch {batch_id} of producer {producer} was committed before; skipped {rows} rows")
         else:
-            where = f"batch {batch_id} of producer {producer}" if batch_id is not None else "batch write"
-            _report(f"queue {queue}: {where} committed {rows} messages at version {version}")
+            what = f"batch {batch_id} of producer {producer}" if batch_id is not None else "batch write"
+            _report(f"{where}: {what} committed {rows} messages at version {version}")
+    if plan.cluster is not None and messages:
+        workload.record_routing(
+            plan.cluster, plan.queue, producer or messages[0].producer, batch_id, [m.routing for m in messages]
+        )
 
 
 def abort_batch(plan: SinkPlan, messages: list[PutCommitMessage | None]) -> None:
     """Delete the files of a failed batch; nothing of it was committed."""
     for message in messages:
         if message is not None:
-            for files in message.files.values():
-                storage.remove_data_files(plan.location, files)
+            for (root, queue), files in message.files.items():
+                storage.remove_data_files(storage.queue_location(root, queue), files)
 
 
 def _report(text: str) -> None:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA
 
 from .state import refused, unchanged
 
@@ -105,6 +105,10 @@ def test_empty_put_writes_nothing(qm: QueueManager) -> None:
         assert qm.put("Q", pa.table({"payload": pa.array([], pa.binary())})) == []
 
 
+# Outside the dead-letter queue a message has no dead-letter header.
+NO_DEAD_LETTER_HEADER = dict.fromkeys(DEAD_LETTER_FIELDS)
+
+
 def test_defaults_are_filled(qm: QueueManager) -> None:
     qm.define_queue("Q", default_priority=4)
     before = datetime.now(UTC)
@@ -134,6 +138,7 @@ def test_defaults_are_filled(qm: QueueManager) -> None:
         "top_of_queue": False,
         "before_msg_id": None,
         "put_seq": 0,
+        **NO_DEAD_LETTER_HEADER,
     }
 
 
@@ -198,7 +203,8 @@ def test_every_field_round_trips(qm: QueueManager, as_table: bool) -> None:
     assert qm.put("Q", as_arrow(FULL_ROWS) if as_table else FULL_ROWS) == ["M-1", "M-2"]
     browsed = stored(qm, "Q").drop_columns(["put_time"]).to_pylist()
     assert browsed == [
-        {**row, "properties": list(row["properties"].items()), "put_seq": seq} for seq, row in enumerate(FULL_ROWS)
+        {**row, "properties": list(row["properties"].items()), "put_seq": seq, **NO_DEAD_LETTER_HEADER}
+        for seq, row in enumerate(FULL_ROWS)
     ]
     for row in browsed:
         assert row["expiry"].utcoffset() == row["available_at"].utcoffset() == timedelta(0)

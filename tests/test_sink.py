@@ -282,7 +282,12 @@ def test_queue_full_fails_the_batch(spark, qm):
             {"segmentation": "sometimes"},
             "option segmentation must be one of allowed, not_allowed; got 'sometimes'",
         ),
-        ("payload string", [("x",)], {"cluster": "C1"}, "option cluster ('C1'): cluster routing is not available yet"),
+        (
+            "payload string",
+            [("x",)],
+            {"cluster": "C1"},
+            "MQRC_UNKNOWN_OBJECT_NAME (2085): queue manager QM1 is not a member of cluster C1",
+        ),
         ("payload string", [("x",)], {"producerId": " "}, "option producerId must not be blank"),
     ],
     ids=["payload-int", "unknown-column", "no-payload", "bad-segmentation", "cluster", "blank-producer"],

@@ -1,0 +1,251 @@
+"""Workload routing on Spark (spec section 7): :func:`route`, and the routed put behind the sink's
+``.option("cluster", ...)``.
+
+The decision itself is :func:`mqspark.routing.route_messages`; this module feeds it the right cluster
+snapshots and applies it per Spark task. A streaming put routes micro-batch N of a producer against
+the snapshot its cluster journal names for N (:meth:`mqspark.cluster.Cluster.routing_snapshot`), so
+a replay routes exactly as the first attempt, and every replica commit is then made exactly once by
+its own ``txn``. Only after every replica committed does the journal record the batch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql import DataFrame
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+from .cluster import Binding, Cluster, ClusterSnapshot
+from .definitions import QueueDefinition, validate_name
+from .errors import MQError, MQValidationError, Reason
+from .messages import MESSAGE_SCHEMA, dead_letter
+from .qmgr import QueueManager
+from .routing import BIND_MODES, RouteRequest, Routing, route_messages
+
+# What route() adds to a DataFrame.
+ROUTE_COLUMNS = StructType(
+    [
+        StructField("target_qmgr", StringType()),
+        StructField("target_cluster", StringType()),
+        StructField("dlq_reason", IntegerType()),
+        StructField("dlq_reason_text", StringType()),
+    ]
+)
+_ROUTING_DEFAULTS = {
+    "group_id": None,
+    "msg_seq_number": 1,
+    "offset": 0,
+    "last_in_group": False,
+    "segmented": False,
+    "last_segment": False,
+}
+
+
+@dataclass(frozen=True)
+class ClusterRoute:
+    """A put to a cluster queue as fixed on the driver: who puts, through which cluster repositories."""
+
+    from_qmgr: str
+    repositories: tuple[str, ...]
+    bind: str
+    qmgr: str | None
+    dead_letter: QueueDefinition
+    # Names the producer of a one-off batch write (a streaming put is named by its query id).
+    write_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def request(self, queue: str, producer: str) -> RouteRequest:
+        return RouteRequest(queue, self.from_qmgr, producer, self.bind, self.qmgr)
+
+
+@dataclass
+class TaskRouting:
+    """What one task's routing used and decided, for the cluster journals (see :func:`record_routing`)."""
+
+    versions: dict[str, int]
+    used: tuple[str, ...]
+    bindings: tuple[Binding, ...]
+    finished_groups: tuple[str, ...]
+
+
+@dataclass
+class DeadLetters:
+    """Rows no replica can take, all with one reason, and the header they get on the dead-letter queue."""
+
+    rows: pa.Table
+    reason: int
+    reason_text: str
+    queue: str
+    qmgr: str
+
+    def header(self, messages: pa.Table) -> pa.Table:
+        count = messages.num_rows
+        return dead_letter(
+            messages,
+            pa.repeat(pa.scalar(self.reason, pa.int32()), count),
+            pa.repeat(self.reason_text, count),
+            self.queue,
+            self.qmgr,
+            datetime.now(UTC),
+        )
+
+
+@dataclass
+class RoutedTask:
+    """A task's rows split by target: each replica's share (root, definition, rows), and the dead letters."""
+
+    shares: list[tuple[tuple[str, QueueDefinition], pa.Table]]
+    dead_letters: list[DeadLetters]
+    record: TaskRouting
+
+
+def cluster_route(qm: QueueManager, clusters: Sequence[str], queue: str, bind: str, qmgr: str | None) -> ClusterRoute:
+    """Check a put to cluster queue ``queue`` from ``qm`` through ``clusters`` (names it has joined)."""
+    validate_name(queue)
+    if bind not in BIND_MODES:
+        raise MQValidationError(f"option bind must be one of {', '.join(BIND_MODES)}; got {bind!r}")
+    if qmgr is not None:
+        validate_name(qmgr, "queue manager")
+    repositories = tuple(qm.cluster_repository(name) for name in clusters)
+    dead_letter_queue = qm.resolve_for_put(qm.dead_letter_queue)
+    return ClusterRoute(qm.name, repositories, bind, qmgr, dead_letter_queue)
+
+
+def cluster_names(text: str) -> tuple[str, ...]:
+    """The cluster names of an option value: one name, or several separated by commas."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise MQValidationError(f"option cluster must name at least one cluster; got {text!r}")
+    return tuple(validate_name(name, "cluster") for name in names)
+
+
+def routing_view(data: pa.Table) -> pa.Table:
+    """The columns routing reads, typed as messages, with a put's defaults where the producer gave none."""
+    columns = {}
+    for name, default in _ROUTING_DEFAULTS.items():
+        kind = MESSAGE_SCHEMA.field(name).type
+        if name in data.column_names:
+            column = data[name].cast(kind)
+            columns[name] = column if default is None else pc.fill_null(column, pa.scalar(default, kind))
+        else:
+            columns[name] = pa.repeat(pa.scalar(default, kind), data.num_rows)
+    return pa.table(columns)
+
+
+def route_task(
+    route: ClusterRoute, queue: str, producer: str, batch_id: int | None, data: pa.Table, partition: int
+) -> RoutedTask:
+    """Route one task's rows of batch ``batch_id`` (None: a one-off write) and split them by target."""
+    snapshots = [Cluster.open(root).routing_snapshot(producer, queue, batch_id) for root in route.repositories]
+    routing = route_messages(
+        routing_view(data), snapshots, route.request(queue, producer), rotation=partition, hash_groups=True
+    )
+    record = TaskRouting(
+        {root: snapshot.version for root, snapshot in zip(route.repositories, snapshots, strict=True)},
+        routing.used,
+        routing.bindings,
+        routing.finished_groups,
+    )
+    shares = []
+    for qmgr in pc.unique(routing.target_qmgr.drop_null()).to_pylist():
+        root = _member_root(snapshots, qmgr)
+        definition = QueueManager.open(root).resolve_for_put(queue)
+        shares.append(((root, definition), data.filter(pc.equal(routing.target_qmgr, qmgr))))
+    return RoutedTask(shares, _dead_letters(route, queue, data, routing), record)
+
+
+def _dead_letters(route: ClusterRoute, queue: str, data: pa.Table, routing: Routing) -> list[DeadLetters]:
+    dead = pc.is_null(routing.target_qmgr)
+    if not pc.any(dead).as_py():
+        return []
+    texts = routing.reason_text.filter(dead)
+    reasons = routing.reason.filter(dead)
+    rows = data.filter(dead)
+    letters = []
+    for text in pc.unique(texts).to_pylist():
+        chosen = pc.equal(texts, text)
+        reason = reasons.filter(chosen)[0].as_py()
+        letters.append(DeadLetters(rows.filter(chosen), reason, text, queue, route.qmgr or route.from_qmgr))
+    return letters
+
+
+def _member_root(snapshots: Sequence[ClusterSnapshot], qmgr: str) -> str:
+    for snapshot in snapshots:
+        for member in snapshot.members:
+            if member.qmgr == qmgr:
+                return member.root
+    raise MQError(f"queue manager {qmgr} is in no cluster snapshot", Reason.MQRC_CLUSTER_RESOLUTION_ERROR)
+
+
+def record_routing(
+    route: ClusterRoute, queue: str, producer: str, batch_id: int | None, records: Sequence[TaskRouting | None]
+) -> None:
+    """Record a batch's routing in each cluster journal, once every replica share has been committed."""
+    records = [record for record in records if record is not None]
+    if not records:
+        return
+    # Least recent first over the whole batch: a queue manager's last use is in the last task that used it.
+    used = list(dict.fromkeys(reversed([qmgr for record in records for qmgr in record.used])))[::-1]
+    bindings = list(dict.fromkeys(binding for record in records for binding in record.bindings))
+    finished = sorted({group for record in records for group in record.finished_groups})
+    at = datetime.now(UTC)
+    for root in route.repositories:
+        versions = {record.versions[root] for record in records}
+        if len(versions) != 1:
+            raise MQError(
+                f"cluster queue {queue}: the tasks of batch {batch_id} of producer {producer} routed with "
+                f"different snapshots of {root} (versions {sorted(versions)}); the batch is backed out",
+                Reason.MQRC_BACKED_OUT,
+            )
+        cluster = Cluster.open(root)
+        mine = [binding for binding in bindings if binding.cluster == cluster.name]
+        cluster.record_routing(producer, queue, batch_id, versions.pop(), used, mine, finished, at)
+
+
+def route(
+    df: DataFrame,
+    *,
+    cluster: str | Sequence[str],
+    queue: str,
+    from_qmgr: str | QueueManager,
+    bind: str = "as_q_def",
+    qmgr: str | None = None,
+    producer: str = "route",
+) -> DataFrame:
+    """``df`` with the replica each message goes to (``target_qmgr``, through ``target_cluster``), or
+    null and the dead-letter reason (``dlq_reason``, ``dlq_reason_text``) when none is eligible.
+
+    ``from_qmgr`` is the producer's queue manager (root or opened); ``cluster`` the names of clusters
+    it has joined. The clusters are read once, now: the result is deterministic for ``df``. The
+    sink's ``.option("cluster", ...)`` routes the same way and records least-recently-used order and
+    bindings; this function records nothing.
+    """
+    qm = from_qmgr if isinstance(from_qmgr, QueueManager) else QueueManager.open(from_qmgr)
+    names = cluster_names(cluster) if isinstance(cluster, str) else tuple(cluster)
+    plan = cluster_route(qm, names, queue, bind, qmgr)
+    snapshots = [Cluster.open(root).snapshot() for root in plan.repositories]
+    request = plan.request(queue, producer)
+    schema = StructType(df.schema.fields + ROUTE_COLUMNS.fields)
+
+    def routed(batches):
+        data = pa.Table.from_batches(list(batches))
+        if data.num_rows == 0:
+            return
+        partition = TaskContext.get().partitionId()
+        decided = route_messages(routing_view(data), snapshots, request, rotation=partition, hash_groups=True)
+        columns = {
+            "target_qmgr": decided.target_qmgr,
+            "target_cluster": decided.target_cluster,
+            "dlq_reason": decided.reason,
+            "dlq_reason_text": decided.reason_text,
+        }
+        for name, column in columns.items():
+            data = data.append_column(name, column)
+        yield from data.to_batches()
+
+    return df.mapInArrow(routed, schema)
