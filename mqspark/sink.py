@@ -150,13 +150,16 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
         share = _Share(plan.root, plan.definition, plan, first_seq)
         share.write(message, ((pa.Table.from_batches([batch]), None) for batch in batches))
         return message
+    rows = [batch for batch in batches if batch.num_rows]
+    if not rows:
+        return message
     batch_id = context.getLocalProperty("streaming.sql.batchId")
     routed = workload.route_task(
         plan.cluster,
         plan.queue,
         producer,
         None if batch_id is None else int(batch_id),
-        pa.Table.from_batches(list(batches)),
+        pa.Table.from_batches(rows),
         partition,
     )
     message.routing = routed.record

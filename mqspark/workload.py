@@ -233,9 +233,10 @@ def route(
     schema = StructType(df.schema.fields + ROUTE_COLUMNS.fields)
 
     def routed(batches):
-        data = pa.Table.from_batches(list(batches))
-        if data.num_rows == 0:
+        given = [batch for batch in batches if batch.num_rows]
+        if not given:
             return
+        data = pa.Table.from_batches(given)
         partition = TaskContext.get().partitionId()
         decided = route_messages(routing_view(data), snapshots, request, rotation=partition, hash_groups=True)
         columns = {

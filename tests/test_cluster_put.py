@@ -142,3 +142,15 @@ def test_cluster_options_are_checked_before_anything_is_written(spark, cluster, 
         given.write.format("mq").option("queue", "ORDERS").options(**options).mode("append").save(cluster["QM1"].root)
     assert [cluster[name].depth("ORDERS") for name in REPLICAS] == [0, 0, 0]
     assert cluster["QM1"].depth("SYSTEM.DEAD.LETTER.QUEUE") == 0
+
+
+def test_empty_partitions_are_skipped(spark, cluster):
+    """Four partitions, one of them with rows: route() and the routed put both take the empty tasks."""
+    given = spark.createDataFrame([("a",)], "payload string").repartition(4)
+    assert sorted(len(rows) for rows in given.rdd.glom().collect()) == [0, 0, 0, 1]
+    routed = route(given, cluster="INVENTORY", queue="ORDERS", from_qmgr=cluster["QM1"], bind="not_fixed")
+    assert [row.payload for row in routed.collect()] == ["a"]
+    given.write.format("mq").option("queue", "ORDERS").option("cluster", "INVENTORY").option("bind", "not_fixed").mode(
+        "append"
+    ).save(cluster["QM1"].root)
+    assert sum(cluster[name].depth("ORDERS") for name in REPLICAS) == 1
