@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import browse, python_put, stream_get, stream_put
+from . import browse, cluster_put, python_put, stream_get, stream_put
 
 
 def _spark():
@@ -25,6 +25,7 @@ BENCHMARKS = {
     "stream_get_drain": lambda: stream_get.run("drain", _spark()),
     "stream_get_latency": lambda: stream_get.run("latency", _spark()),
     "stream_get_planning": lambda: stream_get.run("planning"),
+    "cluster_put": lambda: cluster_put.run(batch_rows=100_000),
 }
 
 

@@ -56,6 +56,9 @@ class ClusterRoute:
     bind: str
     qmgr: str | None
     dead_letter: QueueDefinition
+    # The repository versions a one-off batch write routes with, read when it started: its tasks
+    # must agree, and a streaming put's journal is not there to make them.
+    versions: tuple[int, ...] = ()
     # Names the producer of a one-off batch write (a streaming put is named by its query id).
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -113,7 +116,8 @@ def cluster_route(qm: QueueManager, clusters: Sequence[str], queue: str, bind: s
         validate_name(qmgr, "queue manager")
     repositories = tuple(qm.cluster_repository(name) for name in clusters)
     dead_letter_queue = qm.resolve_for_put(qm.dead_letter_queue)
-    return ClusterRoute(qm.name, repositories, bind, qmgr, dead_letter_queue)
+    versions = tuple(Cluster.open(root).snapshot().version for root in repositories)
+    return ClusterRoute(qm.name, repositories, bind, qmgr, dead_letter_queue, versions)
 
 
 def cluster_names(text: str) -> tuple[str, ...]:
@@ -141,7 +145,7 @@ def route_task(
     route: ClusterRoute, queue: str, producer: str, batch_id: int | None, data: pa.Table, partition: int
 ) -> RoutedTask:
     """Route one task's rows of batch ``batch_id`` (None: a one-off write) and split them by target."""
-    snapshots = [Cluster.open(root).routing_snapshot(producer, queue, batch_id) for root in route.repositories]
+    snapshots = _snapshots(route, producer, queue, batch_id)
     routing = route_messages(
         routing_view(data), snapshots, route.request(queue, producer), rotation=partition, hash_groups=True
     )
@@ -154,9 +158,40 @@ def route_task(
     shares = []
     for qmgr in pc.unique(routing.target_qmgr.drop_null()).to_pylist():
         root = _member_root(snapshots, qmgr)
-        definition = QueueManager.open(root).resolve_for_put(queue)
+        definition = _REPLICAS.get((root, queue, producer, batch_id)) if batch_id is not None else None
+        if definition is None:
+            definition = QueueManager.open(root).resolve_for_put(queue)
+            if batch_id is not None:
+                _REPLICAS[(root, queue, producer, batch_id)] = definition
         shares.append(((root, definition), data.filter(pc.equal(routing.target_qmgr, qmgr))))
     return RoutedTask(shares, _dead_letters(route, queue, data, routing), record)
+
+
+# Per Python worker, the last micro-batches' snapshots and replica definitions: the tasks of one
+# batch that a worker runs route alike anyway, and each read costs tens of milliseconds.
+_SNAPSHOTS: dict[tuple[str, str, str, int], ClusterSnapshot] = {}
+_REPLICAS: dict[tuple[str, str, str, int], QueueDefinition] = {}
+_CACHED_BATCHES = 16
+
+
+def _snapshots(route: ClusterRoute, producer: str, queue: str, batch_id: int | None) -> list[ClusterSnapshot]:
+    """The snapshots batch ``batch_id`` routes with: the journal's for a streaming batch, else those
+    fixed when the write started."""
+    if batch_id is None:
+        return [
+            Cluster.open(root).snapshot(version)
+            for root, version in zip(route.repositories, route.versions, strict=True)
+        ]
+    snapshots = []
+    for root in route.repositories:
+        key = (root, producer, queue, batch_id)
+        if key not in _SNAPSHOTS:
+            for cache in (_SNAPSHOTS, _REPLICAS):
+                for old in list(cache)[: max(0, len(cache) - _CACHED_BATCHES)]:
+                    del cache[old]
+            _SNAPSHOTS[key] = Cluster.open(root).routing_snapshot(producer, queue, batch_id)
+        snapshots.append(_SNAPSHOTS[key])
+    return snapshots
 
 
 def _dead_letters(route: ClusterRoute, queue: str, data: pa.Table, routing: Routing) -> list[DeadLetters]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +45,26 @@ def kill_run(process: subprocess.Popen, token: str) -> None:
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     kill_marked(token)
+
+
+def start_driver(args: list[str], log: Path, token: str) -> subprocess.Popen:
+    """Start a driver script (``python args...``) in a session of its own, marked with ``token``,
+    its stderr in ``log``."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "MQSPARK_TEST_RUN": token}
+    with log.open("w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, *args], stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True
+        )
+
+
+def finish_driver(process: subprocess.Popen, token: str, timeout: float = 240) -> int:
+    """Wait for the last (unkilled) run to end and return its exit code; nothing of it outlives the test."""
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            kill_run(process, token)
+        kill_marked(token)
 
 
 def kill_marked(token: str) -> None:

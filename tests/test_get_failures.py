@@ -12,7 +12,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -27,9 +26,8 @@ from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
 
 from . import reference_model
-from .processes import kill_marked, kill_run, last_spark_commit
+from .processes import kill_marked, kill_run, last_spark_commit, start_driver
 
-REPO = Path(__file__).resolve().parents[1]
 PRIORITIES = (0, 3, 5, 9)
 BATCH = 7
 OUTPUT = ["msg_id", "group_id", "msg_seq_number", "offset", "priority", "payload", "delivery_seq"]
@@ -191,20 +189,11 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
     output, checkpoint = tmp_path / "output", tmp_path / "checkpoint"
     state_location = Path(storage.state_location(qm.root, "Q"))
     token = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MQSPARK_TEST_RUN": token}
     started = time.monotonic()
 
     def run(number: int) -> tuple[subprocess.Popen, Path]:
         log = tmp_path / f"run-{number}.log"
-        with log.open("w") as stderr:
-            process = subprocess.Popen(
-                [sys.executable, str(script), qm.root, str(output), str(checkpoint)],
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                env=env,
-                start_new_session=True,
-            )
-        return process, log
+        return start_driver([str(script), qm.root, str(output), str(checkpoint)], log, token), log
 
     def wait_for(condition, process: subprocess.Popen, number: int, log: Path) -> None:
         deadline = time.monotonic() + 120

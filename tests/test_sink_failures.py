@@ -11,7 +11,6 @@ import multiprocessing
 import os
 import random
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -22,9 +21,8 @@ from deltalake import DeltaTable
 
 from mqspark import QueueManager, storage
 
-from .processes import kill_marked, kill_run, last_spark_commit
+from .processes import finish_driver, kill_run, last_spark_commit, start_driver
 
-REPO = Path(__file__).resolve().parents[1]
 REPLAYED = "was committed before"
 
 # A streaming producer in its own process: one file per micro-batch, until the input is drained.
@@ -90,21 +88,12 @@ def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, reco
     script.write_text(PRODUCER_SCRIPT)
     checkpoint = tmp_path / "checkpoint"
     token = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MQSPARK_TEST_RUN": token}
     rng = random.Random(20261121)
     started = time.monotonic()
 
     def run(number: int) -> tuple[subprocess.Popen, Path]:
         log = tmp_path / f"run-{number}.log"
-        with log.open("w") as stderr:
-            process = subprocess.Popen(
-                [sys.executable, str(script), qm.root, str(tmp_path / "input"), str(checkpoint)],
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                env=env,
-                start_new_session=True,
-            )
-        return process, log
+        return start_driver([str(script), qm.root, str(tmp_path / "input"), str(checkpoint)], log, token), log
 
     logs: list[Path] = []
     killed: list[dict] = []
@@ -141,12 +130,7 @@ def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, reco
 
     process, log = run(kills)
     logs.append(log)
-    try:
-        final_rc = process.wait(timeout=240)
-    finally:
-        if process.poll() is None:
-            kill_run(process, token)
-        kill_marked(token)
+    final_rc = finish_driver(process, token)
     elapsed = time.monotonic() - started
 
     replayed = sum(log.read_text().count(REPLAYED) for log in logs)
