@@ -28,7 +28,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
@@ -501,11 +500,7 @@ class Cluster:
 
     def _consumer_active(self, root: str, queue: str, window: timedelta, now: datetime) -> bool:
         state = ConsumerState(root, queue, self.storage_options)
-        table = state.table()
-        if table is None:
-            return False
-        leased = table.to_pyarrow_dataset().to_table(columns=["consumer"], filter=pc.field("event") == "lease")
-        return any(state.lease(group, window, now) is not None for group in pc.unique(leased["consumer"]).to_pylist())
+        return any(state.lease(group, window, now) is not None for group in state.groups())
 
     # Producer journal
 

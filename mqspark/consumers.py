@@ -123,6 +123,13 @@ class ConsumerState:
             condition &= pc.field("plan_id") == plan_id
         return table.to_pyarrow_dataset().to_table(columns=columns, filter=condition)
 
+    def groups(self) -> list[str]:
+        """The consumer groups with records in the table, by name."""
+        table = self.table()
+        if table is None:
+            return []
+        return sorted(pc.unique(table.to_pyarrow_dataset().to_table(columns=["consumer"])["consumer"]).to_pylist())
+
     def consumed_plans(self, consumer: str) -> pa.Array:
         ids = self.events(consumer, ("consumed",), ["plan_id"])["plan_id"]
         return pc.unique(ids.combine_chunks() if ids.num_chunks else pa.array([], pa.string()))

@@ -328,10 +328,7 @@ class QueueManager:
 
     def consumers(self, queue: str) -> list[str]:
         """The consumer groups that have read the queue, by name."""
-        table = self._state(self._resolve(queue).name).table()
-        if table is None:
-            return []
-        return sorted(pc.unique(table.to_pyarrow_dataset().to_table(columns=["consumer"])["consumer"]).to_pylist())
+        return self._state(self._resolve(queue).name).groups()
 
     def backlog(self, queue: str, consumer: str | None = None) -> Backlog:
         """Depth and oldest waiting message of the queue (for ``consumer``); reads every put_time."""

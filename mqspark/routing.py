@@ -28,6 +28,13 @@ BIND_MODES = ("as_q_def", *BINDS)
 _STATE_CLASS = {"running": 0, "stopped": 0, "retrying": 1, "unavailable": 2}
 
 
+def check_bind(bind: str) -> str:
+    """``bind`` when it is one of :data:`BIND_MODES`, else an error naming the option and the value."""
+    if bind not in BIND_MODES:
+        raise MQValidationError(f"option bind must be one of {', '.join(BIND_MODES)}; got {bind!r}")
+    return bind
+
+
 @dataclass(frozen=True)
 class RouteRequest:
     """Who puts to which cluster queue, and how: ``bind`` is one of :data:`BIND_MODES`."""
@@ -39,8 +46,7 @@ class RouteRequest:
     qmgr: str | None = None
 
     def __post_init__(self) -> None:
-        if self.bind not in BIND_MODES:
-            raise MQValidationError(f"option bind must be one of {', '.join(BIND_MODES)}; got {self.bind!r}")
+        check_bind(self.bind)
 
 
 @dataclass(frozen=True)

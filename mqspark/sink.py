@@ -41,7 +41,6 @@ class SinkPlan:
 
     root: str
     queue: str
-    location: str
     definition: QueueDefinition | None
     segmentation: bool
     producer: str | None
@@ -64,15 +63,13 @@ class SinkPlan:
         qm = QueueManager.open(root)
         if cluster:
             route = workload.cluster_route(qm, cluster, queue, bind, qmgr)
-            definition, location = None, storage.queue_location(qm.root, route.dead_letter.name)
-            checked = route.dead_letter
+            definition, checked = None, route.dead_letter
         else:
             route = None
             definition = checked = qm.resolve_for_put(queue)
-            location = storage.queue_location(qm.root, definition.name)
         # The same validation as each row gets, on no rows: catches unknown columns and wrong types.
         prepare_put(checked, to_arrow_schema(schema, timezone="UTC").empty_table())
-        return cls(qm.root, queue, location, definition, segmentation, producer, route)
+        return cls(qm.root, queue, definition, segmentation, producer, route)
 
 
 # Where a share of a put goes: (queue manager root, local queue name).

@@ -26,7 +26,7 @@ from .definitions import QueueDefinition, validate_name
 from .errors import MQError, MQValidationError, Reason
 from .messages import MESSAGE_SCHEMA, dead_letter
 from .qmgr import QueueManager
-from .routing import BIND_MODES, RouteRequest, Routing, route_messages
+from .routing import RouteRequest, Routing, check_bind, route_messages
 
 # What route() adds to a DataFrame.
 ROUTE_COLUMNS = StructType(
@@ -110,8 +110,7 @@ class RoutedTask:
 def cluster_route(qm: QueueManager, clusters: Sequence[str], queue: str, bind: str, qmgr: str | None) -> ClusterRoute:
     """Check a put to cluster queue ``queue`` from ``qm`` through ``clusters`` (names it has joined)."""
     validate_name(queue)
-    if bind not in BIND_MODES:
-        raise MQValidationError(f"option bind must be one of {', '.join(BIND_MODES)}; got {bind!r}")
+    check_bind(bind)
     if qmgr is not None:
         validate_name(qmgr, "queue manager")
     repositories = tuple(qm.cluster_repository(name) for name in clusters)
