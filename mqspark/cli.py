@@ -9,7 +9,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +17,7 @@ import pyarrow as pa
 from .cluster import ROUTE_STATES, Cluster
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError
+from .maintenance import DEFAULT_RETENTION
 from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
 
@@ -59,6 +60,18 @@ def _add_attribute_options(parser: argparse.ArgumentParser) -> None:
             default=argparse.SUPPRESS,
             metavar=name.upper(),
         )
+
+
+def _duration(text: str) -> timedelta:
+    """A duration: whole seconds, or a number with s, m, h or d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        return timedelta(seconds=float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a duration is seconds, or a number with s, m, h or d; got {text!r}"
+        ) from None
 
 
 def _property(text: str) -> tuple[str, str]:
@@ -135,6 +148,38 @@ def build_parser() -> argparse.ArgumentParser:
         "apply", parents=[output], help="create or update a queue manager from a TOML definition file"
     )
     apply.add_argument("file")
+
+    maintain = commands.add_parser(
+        "maintain",
+        parents=[output],
+        help="remove consumed and expired messages, compact files, clean up the log and vacuum "
+        "(every local queue when none is named)",
+    )
+    maintain.add_argument("queue", nargs="?")
+    maintain.add_argument(
+        "--retention",
+        type=_duration,
+        default=DEFAULT_RETENTION,
+        help="keep removed files and log entries this long for time travel: seconds, or with s, m, h or d (default 1h)",
+    )
+    purge = commands.add_parser(
+        "purge", parents=[output], help="remove every message of a local queue for every consumer group (CLEAR QLOCAL)"
+    )
+    purge.add_argument("queue")
+
+    consumer = commands.add_parser("consumer", help="declare, delete or list a queue's consumer groups").add_subparsers(
+        dest="action", required=True
+    )
+    for action, text in (
+        ("declare", "declare a consumer group before it first reads, so messages wait for it"),
+        ("delete", "delete a consumer group, releasing the messages that wait only for it"),
+    ):
+        sub = consumer.add_parser(action, parents=[output], help=text)
+        sub.add_argument("queue")
+        sub.add_argument("group")
+    consumer.add_parser("list", parents=[output], help="the consumer groups that count for the depth").add_argument(
+        "queue"
+    )
     _add_cluster_commands(commands, output)
     return parser
 
@@ -189,6 +234,12 @@ def _add_cluster_commands(commands: Any, output: argparse.ArgumentParser) -> Non
     shown.add_argument("--queues", action="store_true", help="show the advertised queues")
     shown.add_argument("--bindings", action="store_true", help="show the bindings of producers and groups")
     show.add_argument("--snapshot", type=int, metavar="VERSION", help="as at this version of the repository")
+    trim = cluster.add_parser(
+        "maintain",
+        parents=[output, which],
+        help="trim the repository's history, keeping every snapshot a producer's replay may route with",
+    )
+    trim.add_argument("--retention", type=_duration, default=DEFAULT_RETENTION, help="as for maintain (default 1h)")
     cluster.add_parser(
         "refresh", parents=[output, which], help="health-check every member, then show the members"
     ).add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="default: 300")
@@ -285,6 +336,8 @@ def _cluster_command(args: argparse.Namespace) -> Any:
         return _rows(snapshot.queues if args.queues else snapshot.bindings if args.bindings else snapshot.members)
     if args.action == "refresh":
         return _rows(cluster.refresh(active_within=args.active_within).members)
+    if args.action == "maintain":
+        return {"cluster": cluster.name, **cluster.maintain(args.retention)}
     if args.action == "join":
         return dataclasses.asdict(cluster.join(QueueManager.open(args.root), network_priority=args.network_priority))
     if args.action == "advertise":
@@ -338,6 +391,17 @@ def run(args: argparse.Namespace) -> Any:
         return {"deleted": args.name}
     if args.command == "put":
         return _put(qm, args)
+    if args.command == "maintain":
+        names = [args.queue] if args.queue else [q.name for q in qm.queues() if q.type == "local"]
+        return [qm.maintain(name, retention=args.retention).as_dict() for name in names]
+    if args.command == "purge":
+        return {"queue": args.queue, "purged": qm.purge(args.queue)}
+    if args.command == "consumer":
+        if args.action == "declare":
+            qm.declare_consumer(args.queue, args.group)
+        elif args.action == "delete":
+            qm.delete_consumer(args.queue, args.group)
+        return [{"queue": args.queue, "consumer": name} for name in qm.consumers(args.queue)]
     if args.command == "browse":
         options = DeliveryOptions(
             args.order,

@@ -36,6 +36,7 @@ from .catalog import Catalog, rewrite_until_landed
 from .consumers import ConsumerState
 from .definitions import QueueDefinition, _int_in, _one_of, validate_name
 from .errors import MQError, MQValidationError, Reason
+from .maintenance import DEFAULT_RETENTION, check_retention
 from .messages import TIMESTAMP
 
 if TYPE_CHECKING:
@@ -44,8 +45,11 @@ if TYPE_CHECKING:
 ROUTE_STATES = ("running", "stopped", "retrying", "unavailable")
 
 CLUSTER_DIR = "_cluster"
-# Checkpoints keep reads cheap; the log is never cleaned up, so that any snapshot can be read again.
+# Checkpoints keep reads cheap. Only :meth:`Cluster.maintain` cleans up the log, keeping every snapshot a
+# producer's replay may still route with.
 TABLE_CONFIGURATION = {"delta.checkpointInterval": "100", "delta.enableExpiredLogCleanup": "false"}
+# Recording a routed batch trims the repository's history every this many versions.
+TRIM_EVERY = 100
 
 
 @dataclass(frozen=True)
@@ -587,7 +591,27 @@ class Cluster:
             return dataclasses.replace(repository, members=members, bindings=kept, producers=producers)
 
         repository, committed = self._change(apply)
+        if committed and repository.version % TRIM_EVERY == 0:
+            self.maintain()
         return repository.version if committed else None
+
+    def maintain(self, retention: timedelta = DEFAULT_RETENTION) -> dict[str, int]:
+        """Keep the repository's history bounded: every version a producer's replay may still route
+        with (its journal's last and next snapshot) stays readable; older log entries and removed
+        files go once older than ``retention``. Recording a routed batch runs it every
+        :data:`TRIM_EVERY` versions."""
+        check_retention(retention)
+        table = self._table()
+        repository = _from_table(table)
+        needed = [v for j in repository.producers.values() for v in (j.routed_with, j.next_snapshot) if v is not None]
+        keep_from = min([*needed, repository.version])
+        cleaned, vacuumed = storage.trim_history(table, keep_from, int(retention.total_seconds()))
+        return {
+            "version": repository.version,
+            "kept_from": keep_from,
+            "log_entries_removed": cleaned,
+            "files_vacuumed": vacuumed,
+        }
 
     # Helpers
 

@@ -2,19 +2,20 @@
 
 ``<root>/state/<queue>`` is a small Delta table. Rows, by ``event``:
 
-- ``plan``: the messages of a planned micro-batch as ranges: ``count`` rows of data file ``file``
-  from row ``row`` on (a message's identity in the append-only queue table), delivered as
+- ``plan``: the messages of a planned micro-batch as ranges: ``count`` messages of origin ``origin``
+  from row ``row`` on (a message's identity, see :func:`mqspark.messages.origins`), delivered as
   ``delivery_seq``, ``delivery_seq`` + 1, ... (null: expired messages the batch discards).
   Recorded before the batch runs, so a replay after a crash delivers the same messages.
 - ``consumed``: the plan ``plan_id`` has been processed; its messages are gone for the group.
 - ``checkpoint``: what compaction folded the group's consumed plans into: ranges of consumed
   messages, with the group's position (``seq``, next ``delivery_seq``) on every row.
 - ``lease`` / ``release``: the query (``owner``) reading for the group, renewed while it runs.
+- ``declare``: the group was declared on the queue before it first read, so it counts already.
 
-A consumer group's depth is the queue's committed messages minus its checkpoint and its consumed
-plans. Plans never consumed are rolled back: their messages are delivered again. Nothing is ever
-deleted from the message table. Every :data:`COMPACT_EVERY` versions the table is rewritten to
-that compact form, so its size follows the backlog in flight, not the history.
+A consumer group's depth is the queue's live messages minus its checkpoint and its consumed plans.
+Plans never consumed are rolled back: their messages are delivered again. Every
+:data:`COMPACT_EVERY` versions (and at every maintenance run) the table is rewritten to that
+compact form, so its size follows the backlog in flight, not the history.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from deltalake.exceptions import CommitFailedError
 
 from . import storage
 from .errors import MQError, Reason
-from .messages import TIMESTAMP
+from .messages import TIMESTAMP, origin_versions
 
 STATE_SCHEMA = pa.schema(
     [
@@ -41,7 +42,7 @@ STATE_SCHEMA = pa.schema(
         pa.field("event", pa.string(), nullable=False),
         pa.field("plan_id", pa.string()),
         pa.field("seq", pa.int64()),
-        pa.field("file", pa.string()),
+        pa.field("origin", pa.string()),
         pa.field("row", pa.int64()),
         pa.field("count", pa.int64()),
         pa.field("delivery_seq", pa.int64()),
@@ -49,8 +50,8 @@ STATE_SCHEMA = pa.schema(
         pa.field("at", TIMESTAMP, nullable=False),
     ]
 )
-RANGE_COLUMNS = ["file", "row", "count"]
-KEY_COLUMNS = ["file", "row"]
+RANGE_COLUMNS = ["origin", "row", "count"]
+KEY_COLUMNS = ["origin", "row"]
 # Compaction runs when the table has grown this many versions since the last one.
 COMPACT_EVERY = 100
 # Old log entries and removed files are kept this long for readers still on an older version.
@@ -59,6 +60,21 @@ _RETENTION = {
     "delta.deletedFileRetentionDuration": "interval 1 hours",
 }
 _ATTEMPTS = 100
+# How long a consumer group's lease lives without renewal, unless the query sets ``leaseTimeout``.
+DEFAULT_LEASE_TIMEOUT = timedelta(seconds=30)
+# The lease maintenance runs under is kept like a consumer group's, under this name, in a table of its
+# own (``storage.maintenance_location``). It is not a valid group name, so it never passes for one.
+MAINTENANCE = "*maintenance"
+
+
+@dataclass(frozen=True)
+class GroupsSnapshot:
+    """The counted consumer groups of a queue at one moment: each one's consumed messages, and the
+    messages of every group's plans not yet consumed (``origin``/``row``/``count`` ranges)."""
+
+    groups: list[str]
+    consumed: dict[str, pa.Table]
+    in_flight: pa.Table
 
 
 @dataclass(frozen=True)
@@ -75,10 +91,12 @@ class ConsumerState:
     The table is opened once and brought up to date incrementally: one instance per thread.
     """
 
-    def __init__(self, root: str, queue: str, storage_options: storage.StorageOptions = None) -> None:
+    def __init__(
+        self, root: str, queue: str, storage_options: storage.StorageOptions = None, location: str | None = None
+    ) -> None:
         self.root = root
         self.queue = queue
-        self.location = storage.state_location(root, queue)
+        self.location = location or storage.state_location(root, queue)
         self.storage_options = storage_options
         self._table: DeltaTable | None = None
 
@@ -124,27 +142,68 @@ class ConsumerState:
         return table.to_pyarrow_dataset().to_table(columns=columns, filter=condition)
 
     def groups(self) -> list[str]:
-        """The consumer groups with records in the table, by name."""
+        """The consumer groups that count for the queue's depth, by name: those with records in the
+        table (they have read the queue, or were declared on it)."""
         table = self.table()
         if table is None:
             return []
-        return sorted(pc.unique(table.to_pyarrow_dataset().to_table(columns=["consumer"])["consumer"]).to_pylist())
+        names = pc.unique(table.to_pyarrow_dataset().to_table(columns=["consumer"])["consumer"]).to_pylist()
+        return sorted(names)
 
     def consumed_plans(self, consumer: str) -> pa.Array:
         ids = self.events(consumer, ("consumed",), ["plan_id"])["plan_id"]
         return pc.unique(ids.combine_chunks() if ids.num_chunks else pa.array([], pa.string()))
 
     def consumed_ranges(self, consumer: str) -> pa.Table:
-        """``file``, ``row`` and ``count`` of the messages the group has consumed or discarded."""
-        rows = self.events(consumer, ("plan", "checkpoint"), ["event", "plan_id", *RANGE_COLUMNS])
-        consumed = pc.or_(
-            pc.equal(rows["event"], "checkpoint"), pc.is_in(rows["plan_id"], self.consumed_plans(consumer))
-        )
-        # A plan recorded twice (a retried append) counts once.
-        return rows.filter(consumed).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
+        """``origin``, ``row`` and ``count`` of the messages the group has consumed or discarded."""
+        return _consumed(self.events(consumer, ("plan", "checkpoint", "consumed")))
 
-    def consumed_count(self, consumer: str) -> int:
-        return int(pc.sum(self.consumed_ranges(consumer)["count"]).as_py() or 0)
+    def all_groups(self) -> GroupsSnapshot:
+        """Every counted group's consumed messages, and the messages of plans not yet consumed (which a
+        replay may still deliver), from one read of the table."""
+        table = self.table()
+        rows = STATE_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
+        groups = sorted(pc.unique(rows["consumer"]).to_pylist())
+        consumed = {g: _consumed(rows.filter(pc.equal(rows["consumer"], g))) for g in groups}
+        # Plans after a group's last consumed one may still run; earlier ones were rolled back.
+        in_flight = []
+        for group in groups:
+            mine = rows.filter(pc.equal(rows["consumer"], group))
+            event = mine["event"]
+            done = mine.filter(pc.is_in(event, pa.array(["consumed", "checkpoint"])))
+            position = pc.max(done["seq"]).as_py()
+            waiting = pc.and_(pc.equal(event, "plan"), pc.invert(pc.is_in(mine["plan_id"], done["plan_id"])))
+            if position is not None:
+                waiting = pc.and_(waiting, pc.greater(mine["seq"], position))
+            in_flight.append(mine.filter(waiting).select(RANGE_COLUMNS))
+        in_flight = pa.concat_tables(in_flight) if in_flight else STATE_SCHEMA.empty_table().select(RANGE_COLUMNS)
+        return GroupsSnapshot(groups, consumed, in_flight)
+
+    def declare(self, consumer: str) -> None:
+        """Make ``consumer`` a counted group of the queue before it first reads: the messages put from
+        now on wait for it. A group that exists already is left as it is."""
+        if consumer not in self.groups():
+            self.append(_event_rows(consumer, "", "declare"))
+
+    def delete(self, consumer: str, timeout: timedelta) -> None:
+        """Remove the group and everything recorded for it, which releases its messages. Refused
+        (2042) while a query of the group holds its lease, and (2085) for a group that does not exist."""
+        for _ in range(_ATTEMPTS):
+            table = self.table()
+            if consumer not in self.groups():
+                raise MQError(
+                    f"queue {self.queue}: consumer group {consumer!r} does not exist", Reason.MQRC_UNKNOWN_OBJECT_NAME
+                )
+            holder = self.lease(consumer, timeout)
+            if holder is not None:
+                raise MQError(
+                    f"queue {self.queue}: consumer group {consumer!r} is being read by a running query; stop it first",
+                    Reason.MQRC_OBJECT_IN_USE,
+                )
+            rows = table.to_pyarrow_table()
+            if self._overwrite(table, rows.filter(pc.not_equal(rows["consumer"], consumer))):
+                return
+        raise MQError(f"queue {self.queue}: deleting consumer group {consumer!r} gave up", Reason.MQRC_BACKED_OUT)
 
     def plan(self, consumer: str, plan_id: str) -> pa.Table:
         """The ranges of one recorded plan (a duplicate recording of the same plan counts once)."""
@@ -192,15 +251,37 @@ class ConsumerState:
         if version is not None and version % COMPACT_EVERY == 0:
             self.compact()
 
-    def compact(self) -> bool:
+    def compact(self, live: pa.Array | None = None, seen_version: int = -1) -> bool:
         """Rewrite the table in its compact form (see :func:`compact_rows`) in one commit at exactly the
         next version; False when a concurrent commit got in first (a later compaction does it).
-        Files and log entries it replaces stay an hour for readers still on an older version."""
+
+        With ``live`` (the origins of the queue's live messages at version ``seen_version``), consumed
+        ranges of messages no longer in the queue table are dropped: maintenance removed them, so
+        they can never be delivered again. Files and log entries it replaces stay an hour for readers
+        still on an older version."""
         table = self.table()
         if table is None:
             return False
-        compacted = compact_rows(table.to_pyarrow_table(), datetime.now(UTC))
-        file = storage.write_data_file(self.location, compacted.to_batches(), STATE_SCHEMA)
+        forget = None
+        if live is not None:
+
+            def forget(ranges: pa.Table) -> pa.Array:
+                gone = pc.invert(pc.is_in(ranges["origin"], value_set=live))
+                return pc.and_(gone, pc.less_equal(origin_versions(ranges["origin"]), seen_version))
+
+        compacted = compact_rows(table.to_pyarrow_table(), datetime.now(UTC), forget)
+        if not self._overwrite(table, compacted):
+            return False
+        table = self.table()
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+        return True
+
+    def _overwrite(self, table: DeltaTable, rows: pa.Table) -> bool:
+        """Replace the table's rows in one commit at exactly the version after ``table``'s; False when a
+        concurrent commit got in first."""
+        file = storage.write_data_file(self.location, rows.cast(STATE_SCHEMA).to_batches(), STATE_SCHEMA)
         try:
             table.create_write_transaction(
                 [file.add_action()] if file is not None else [],
@@ -212,10 +293,6 @@ class ConsumerState:
             if file is not None:
                 storage.remove_data_files(self.location, [file])
             return False
-        table = self.table()
-        table.create_checkpoint()
-        table.cleanup_metadata()
-        table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
         return True
 
     def lease(self, consumer: str, timeout: timedelta, now: datetime | None = None) -> Lease | None:
@@ -256,15 +333,27 @@ class ConsumerState:
             self.append(_event_rows(consumer, owner, "release"))
 
 
+def _consumed(rows: pa.Table) -> pa.Table:
+    """The consumed ranges among one group's ``plan``, ``checkpoint`` and ``consumed`` rows."""
+    done = pc.unique(rows.filter(pc.equal(rows["event"], "consumed"))["plan_id"])
+    plans = pc.and_(pc.equal(rows["event"], "plan"), pc.is_in(rows["plan_id"], value_set=done))
+    consumed = pc.and_(pc.or_(pc.equal(rows["event"], "checkpoint"), plans), pc.is_valid(rows["origin"]))
+    # A plan recorded twice (a retried append) counts once.
+    return rows.filter(pc.fill_null(consumed, False)).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
+
+
 def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table:
     """The record that plan ``plan_id`` (number ``seq``) of the group has been processed."""
     return _event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq)
 
 
-def compact_rows(rows: pa.Table, now: datetime) -> pa.Table:
+def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
     """The compact form of a state table's rows, per consumer group: one checkpoint of merged
     ranges for everything consumed (and the group's position), the plans that may still run (those
-    after the last consumed one), and the newest lease record. Rolled-back plans are dropped."""
+    after the last consumed one), and the newest lease record. Rolled-back plans are dropped.
+
+    ``forget`` marks merged ranges to leave out (messages no longer in the queue table). A group
+    whose every range goes keeps one checkpoint row without a range, for its position."""
     pieces = []
     for consumer in pc.unique(rows["consumer"]).to_pylist():
         mine = rows.filter(pc.equal(rows["consumer"], consumer))
@@ -280,6 +369,10 @@ def compact_rows(rows: pa.Table, now: datetime) -> pa.Table:
                 folded["delivery_seq"],
             )
             ranges = merge_ranges(folded.select(RANGE_COLUMNS))
+            if forget is not None:
+                ranges = ranges.filter(pc.invert(forget(ranges)))
+            if ranges.num_rows == 0:
+                ranges = pa.table({name: pa.nulls(1, STATE_SCHEMA.field(name).type) for name in RANGE_COLUMNS})
             count = ranges.num_rows
             given = {
                 "consumer": pa.repeat(consumer, count),
@@ -298,41 +391,53 @@ def compact_rows(rows: pa.Table, now: datetime) -> pa.Table:
         leases = mine.filter(pc.is_in(event, pa.array(["lease", "release"])))
         if leases.num_rows:
             pieces.append(leases.take(pc.sort_indices(leases, [("at", "descending")])[:1]))
+        pieces.append(mine.filter(pc.equal(event, "declare")).slice(0, 1))
     return pa.concat_tables([piece.cast(STATE_SCHEMA) for piece in pieces]) if pieces else STATE_SCHEMA.empty_table()
 
 
 def merge_ranges(ranges: pa.Table) -> pa.Table:
-    """``file``/``row``/``count`` ranges with duplicates dropped and adjacent ones joined, in file order."""
-    ranges = ranges.group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
+    """``origin``/``row``/``count`` ranges with duplicates dropped and adjacent ones joined, in origin order
+    (a checkpoint row that only holds a position has none)."""
+    ranges = ranges.filter(pc.is_valid(ranges["origin"])).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
     if ranges.num_rows == 0:
         return ranges.select(RANGE_COLUMNS)
-    ranges = ranges.take(pc.sort_indices(ranges, [("file", "ascending"), ("row", "ascending")]))
-    file = pc.dictionary_encode(ranges["file"]).combine_chunks().indices.to_numpy()
+    ranges = ranges.take(pc.sort_indices(ranges, [("origin", "ascending"), ("row", "ascending")]))
+    # Origins are numbered in sorted order, so these keys are sorted too.
+    origin = pc.dictionary_encode(ranges["origin"]).combine_chunks().indices.to_numpy().astype(np.int64) << 32
     row = ranges["row"].to_numpy()
-    end = row + ranges["count"].to_numpy()
+    first_key = origin | row
+    reach = np.maximum.accumulate(first_key + ranges["count"].to_numpy())
     starts = np.ones(len(row), dtype=bool)
-    starts[1:] = (file[1:] != file[:-1]) | (row[1:] != end[:-1])
+    # Overlapping or adjacent ranges of one origin join.
+    starts[1:] = first_key[1:] > reach[:-1]
     first = np.flatnonzero(starts)
     last = np.append(first[1:], len(row)) - 1
     return pa.table(
         {
-            "file": ranges["file"].take(pa.array(first)),
+            "origin": ranges["origin"].take(pa.array(first)),
             "row": pa.array(row[first]),
-            "count": pa.array(end[last] - row[first]),
+            "count": pa.array(reach[last] - first_key[first]),
         }
     )
 
 
-def in_ranges(file: pa.ChunkedArray, row: pa.ChunkedArray, ranges: pa.Table) -> pa.Array:
-    """Whether each ``file``/``row`` lies in one of the ``file``/``row``/``count`` ranges."""
+def expand_ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Every value of the ranges ``first`` .. ``first + count - 1``, range after range."""
+    count = np.asarray(count, dtype=np.int64)
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return np.repeat(np.asarray(first, dtype=np.int64), count) + within
+
+
+def in_ranges(origin: pa.ChunkedArray | pa.Array, row: pa.ChunkedArray | pa.Array, ranges: pa.Table) -> pa.Array:
+    """Whether each ``origin``/``row`` lies in one of the ``origin``/``row``/``count`` ranges."""
     ranges = merge_ranges(ranges)
     if ranges.num_rows == 0:
         return pa.array(np.zeros(len(row), dtype=bool))
-    paths = pa.array(pc.unique(ranges["file"]).to_pylist() if ranges.num_rows else [], pa.string())
-    number = pc.fill_null(pc.index_in(file, value_set=paths), -1).to_numpy().astype(np.int64)
-    key = number << 32 | row.to_numpy()
-    first = pc.index_in(ranges["file"], value_set=paths).to_numpy().astype(np.int64) << 32 | ranges["row"].to_numpy()
-    # merge_ranges sorts by file then row, and file numbers follow that order: ``first`` is sorted.
+    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
+    number = pc.fill_null(pc.index_in(origin, value_set=names), -1).to_numpy().astype(np.int64)
+    key = number << 32 | np.asarray(row, dtype=np.int64)
+    first = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64) << 32 | ranges["row"].to_numpy()
+    # merge_ranges sorts by origin then row, and origin numbers follow that order: ``first`` is sorted.
     at = np.searchsorted(first, key, side="right") - 1
     ends = first + ranges["count"].to_numpy()
     return pa.array((number >= 0) & (at >= 0) & (key < ends[np.maximum(at, 0)]))
@@ -359,7 +464,7 @@ class Heartbeat:
 
     def __init__(self, state: ConsumerState, consumer: str, owner: str, timeout: timedelta) -> None:
         # Its own handle on the table: a DeltaTable is not shared between threads.
-        self.state = ConsumerState(state.root, state.queue, state.storage_options)
+        self.state = ConsumerState(state.root, state.queue, state.storage_options, state.location)
         self.consumer, self.owner, self.timeout = consumer, owner, timeout
         self.lost: MQError | None = None
         self._stopped = threading.Event()

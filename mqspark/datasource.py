@@ -25,13 +25,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from .consumers import DEFAULT_LEASE_TIMEOUT
 from .definitions import validate_name
 from .errors import MQValidationError
 from .ordering import DeliveryOptions
 from .qmgr import BROWSE_SCHEMA, QueueManager
 from .sink import QueueStreamWriter, QueueWriter, SinkPlan
 from .source import BrowsePlan, BrowseReader
-from .stream import GetOptions, QueueStreamReader
+from .stream import DEFAULT_MAINTENANCE_INTERVAL, GetOptions, QueueStreamReader
 from .workload import cluster_names
 
 SEGMENTATION = {"allowed": True, "not_allowed": False}
@@ -133,7 +134,16 @@ def _get_options(options: dict[str, str]) -> GetOptions:
         max_messages=max_messages,
         max_bytes=max_bytes,
         lease_timeout=lease,
+        maintenance_interval=_maintenance_interval(options),
     )
+
+
+def _maintenance_interval(options: dict[str, str]) -> timedelta | None:
+    """Option maintenanceInterval: seconds between the maintenance runs the query starts (0: none)."""
+    seconds = _whole_number(options, "maintenanceInterval", 0)
+    if seconds is None:
+        return DEFAULT_MAINTENANCE_INTERVAL
+    return timedelta(seconds=seconds) if seconds else None
 
 
 def _stream_limits(options: dict[str, str]) -> tuple[str, int | None, int | None, timedelta]:
@@ -144,7 +154,7 @@ def _stream_limits(options: dict[str, str]) -> tuple[str, int | None, int | None
         consumer,
         _whole_number(options, "maxMessagesPerTrigger", 1),
         _whole_number(options, "maxBytesPerTrigger", 1),
-        timedelta(seconds=30 if lease is None else lease),
+        DEFAULT_LEASE_TIMEOUT if lease is None else timedelta(seconds=lease),
     )
 
 

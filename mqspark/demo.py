@@ -108,8 +108,13 @@ def run(root: str) -> None:
         time.sleep(0.5)
     consumer.stop()
 
-    print("\nqueue depth now, in all and for the consumer group:")
+    print("\nqueue depth now (CURDEPTH: waiting for any group), in all and for the consumer group:")
     print(render([{"queue": "ORDERS", "consumer": c, "depth": qm.depth("ORDERS", c)} for c in (None, CONSUMER)], False))
+    summary = qm.maintain("ORDERS")
+    print(
+        f"\nmaintenance removed {summary.removed_consumed} consumed messages; "
+        f"data files {summary.files_before} -> {summary.files_after}"
+    )
     print("\nthe fulfilled orders, a Delta table, in delivery_seq order:")
     spark.read.format("delta").load(str(work / "fulfilled")).orderBy("delivery_seq").show(truncate=False)
     spark.stop()

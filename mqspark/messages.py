@@ -53,12 +53,42 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("dlq_time", TIMESTAMP),
     ]
 )
+# The queue table adds ``commit_version``: null in the files a put writes (the version of the commit that
+# added the file applies), and stamped by maintenance when it rewrites rows into new files, so that
+# physical order and a message's identity (see :func:`origins`) survive the rewrite.
+QUEUE_TABLE_SCHEMA = pa.schema([*MESSAGE_SCHEMA, pa.field("commit_version", pa.int64())])
 DEAD_LETTER_FIELDS = ("dlq_reason", "dlq_reason_text", "dlq_original_queue", "dlq_original_qmgr", "dlq_time")
 
 # What a producer may give; the rest is stamped by the put.
 PRODUCER_FIELDS = tuple(
     name for name in MESSAGE_SCHEMA.names if name not in ("put_time", "put_seq", *DEAD_LETTER_FIELDS)
 )
+
+# put_seq is (task partition << 32) + position on the Spark paths, the position on the others.
+_PART_SHIFT = 32
+
+
+def origins(commit_version: np.ndarray, put_seq: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Each message's identity, stable for its whole life: its origin (the put, and the Spark task
+    that wrote it, as ``"<commit version>:<task>"``) and its row within that origin.
+
+    Returns the distinct origins, each message's number in that list, and its row. Rows of one
+    origin are numbered consecutively in physical order, so runs of messages form short ranges.
+    """
+    commit_version = np.asarray(commit_version, dtype=np.int64)
+    put_seq = np.asarray(put_seq, dtype=np.int64)
+    part = put_seq >> _PART_SHIFT
+    # A commit version below 2**32 and a task number below 2**31 share one int64.
+    pair = commit_version << 31 | part
+    unique, number = np.unique(pair, return_inverse=True)
+    names = [f"{value >> 31}:{value & 0x7FFFFFFF}" for value in unique.tolist()]
+    return names, number.astype(np.int32), put_seq & 0xFFFFFFFF
+
+
+def origin_versions(names: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The commit version each origin name starts with."""
+    return pc.list_element(pc.split_pattern(names, ":"), 0).cast(pa.int64())
+
 
 _STRING_FIELDS = ("msg_id", "correl_id", "group_id", "reply_to_queue", "reply_to_qmgr", "before_msg_id")
 _BOOLEAN_FIELDS = ("last_in_group", "segmented", "last_segment", "top_of_queue")

@@ -1,10 +1,12 @@
 """The pending messages of a consumer group: the index the streaming get plans its micro-batches on.
 
-It holds, for one queue and one consumer group, every committed message the group has not
-consumed, without payloads: the columns the ordering engine needs, each message's payload length,
-its commit version, and where it lies (file and row). It is built once when a query starts and then
-kept current by reading only the log entries of new commits, so planning a micro-batch costs what
-the backlog and the new data cost, not what the table's history costs.
+It holds, for one queue and one consumer group, every live message the group has not consumed,
+without payloads: the columns the ordering engine needs, each message's payload length, its commit
+version, its identity (origin and row, see :func:`mqspark.messages.origins`) and where it lies now
+(data file and row in it). It is built once when a query starts, from the table's snapshot (the
+live files only), and then kept current by reading only the log entries of new commits: a put adds
+messages; maintenance or purge moves them to other files or removes them. So planning a
+micro-batch costs what the backlog and the new data cost, not what the table's history costs.
 
 Consumed items of a group that is still in flight stay in the index, marked consumed: the group's
 position in logical order and the next item it expects are decided by its first items.
@@ -17,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import storage
-from .messages import MESSAGE_SCHEMA
+from .consumers import expand_ranges
+from .messages import MESSAGE_SCHEMA, origins
 
 INDEX_COLUMNS = [
     "msg_id",
@@ -39,16 +42,22 @@ INDEX_SCHEMA = pa.schema(
         *(MESSAGE_SCHEMA.field(name) for name in INDEX_COLUMNS),
         pa.field("payload_length", pa.int64(), nullable=False),
         pa.field("commit_version", pa.int64(), nullable=False),
-        pa.field("file", pa.int32(), nullable=False),
+        pa.field("origin", pa.int32(), nullable=False),
         pa.field("row", pa.int64(), nullable=False),
+        pa.field("file", pa.int32(), nullable=False),
+        pa.field("file_row", pa.int64(), nullable=False),
         pa.field("consumed", pa.bool_(), nullable=False),
     ]
 )
 
 
-def message_keys(file: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """One int64 per message from its file number and row (a data file holds fewer than 2**32 rows)."""
-    return file.astype(np.int64) << 32 | row.astype(np.int64)
+# Snapshots to try when log clean-up removes an entry one of them needed.
+_ATTEMPTS = 3
+
+
+def message_keys(origin: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """One int64 per message from its origin number and row (an origin holds fewer than 2**32 rows)."""
+    return origin.astype(np.int64) << 32 | row.astype(np.int64)
 
 
 class PendingMessages:
@@ -66,25 +75,50 @@ class PendingMessages:
         self.storage_options = storage_options
         self.exact_lengths = exact_lengths
         self.version = -1
+        # Origins (message identity) and data files (where messages lie), numbered as first seen.
+        self.origins: list[str] = []
+        self._origin_numbers: dict[str, int] = {}
         self.files: list[str] = []
         self._file_numbers: dict[str, int] = {}
         self.rows = INDEX_SCHEMA.empty_table()
 
     def load(self, consumed: pa.Table, up_to: int | None = None) -> None:
-        """Read the table up to version ``up_to`` (default: its latest) and leave out ``consumed``
-        (``file``/``row``/``count`` ranges of the group's consumed messages)."""
-        if up_to is None:
+        """Read the live messages of the table at version ``up_to`` (default: its latest) and leave out
+        ``consumed`` (``origin``/``row``/``count`` ranges of the group's consumed messages)."""
+        for attempt in range(_ATTEMPTS):
             table = storage.open_table(self.location, self.storage_options)
-            up_to = -1 if table is None else table.version()
-        self.refresh(up_to)
-        numbers = pc.index_in(consumed["file"], value_set=pa.array(self.files, pa.string()))
-        known = pc.is_valid(numbers).to_numpy(zero_copy_only=False)
-        file = numbers.to_numpy(zero_copy_only=False)[known].astype(np.int64)
-        first = consumed["row"].to_numpy()[known]
-        count = consumed["count"].to_numpy()[known]
-        # Every row of every range: the range's first row repeated, plus 0, 1, ... within the range.
-        within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        self.mark_consumed(message_keys(np.repeat(file, count), np.repeat(first, count) + within))
+            if table is None:
+                return
+            if up_to is not None and up_to != table.version():
+                table.load_as_version(up_to)
+            try:
+                live = storage.live_files(table)
+                break
+            except storage.LogEntryGone:
+                # Maintenance cleaned up the log behind this snapshot; its newer one needs no such entry.
+                if up_to is not None or attempt == _ATTEMPTS - 1:
+                    raise
+        pieces = [
+            self._read(path, size, version)
+            for path, size, version in zip(
+                live["path"].to_pylist(), live["size"].to_pylist(), live["version"].to_pylist(), strict=True
+            )
+        ]
+        self.version = table.version()
+        self._append(pieces)
+        self.mark_consumed(self.range_keys(consumed))
+
+    def range_keys(self, ranges: pa.Table) -> np.ndarray:
+        """The keys of every message in ``origin``/``row``/``count`` ranges (-1 as origin number for
+        origins the index has not seen)."""
+        count = ranges["count"].to_numpy()
+        origin = pc.fill_null(pc.index_in(ranges["origin"], value_set=pa.array(self.origins, pa.string())), -1)
+        return message_keys(np.repeat(origin.to_numpy(), count), expand_ranges(ranges["row"].to_numpy(), count))
+
+    def behind_clean_up(self) -> bool:
+        """Whether maintenance has cleaned up the log entry after the last one read, so the index can
+        only be built again from a newer snapshot."""
+        return not self.has_news() and storage.last_checkpoint(self.location) > self.version
 
     def has_news(self) -> bool:
         """Whether a commit after the last one read exists: one file lookup."""
@@ -92,21 +126,60 @@ class PendingMessages:
 
     def refresh(self, up_to: int | None = None) -> bool:
         """Read the commits after the last one read (up to ``up_to``); True when any added messages."""
-        pieces = []
+        added = False
+        pieces: list[pa.Table] = []
         while (up_to is None or self.version < up_to) and storage.version_exists(self.location, self.version + 1):
-            self.version += 1
-            for path, size in storage.files_added(self.location, self.version):
-                pieces.append(self._read(path, size, self.version))
+            entry = storage.log_entry(self.location, self.version + 1)
+            self.version = entry.version
+            if entry.rewrites:
+                added |= self._append(pieces)
+                pieces = []
+                self._move(entry)
+            else:
+                pieces.extend(
+                    self._read(path, size, entry.version) for path, size in zip(entry.added, entry.sizes, strict=True)
+                )
+        return self._append(pieces) or added
+
+    def _append(self, pieces: list[pa.Table]) -> bool:
         if not pieces:
             return False
         self.rows = pa.concat_tables([self.rows, *pieces])
         return True
 
-    def _read(self, path: str, size: int, version: int) -> pa.Table:
-        number = self._file_numbers.setdefault(path, len(self.files))
-        if number == len(self.files):
-            self.files.append(path)
-        data = storage.read_data_file(self.location, path, INDEX_COLUMNS)
+    def _move(self, entry: storage.LogEntry) -> None:
+        """Follow a maintenance or purge commit: messages of the files it removed now lie in the files
+        it added, or are gone. Its files hold no message the index does not already have."""
+        removed = pc.is_in(
+            self.rows["file"], value_set=pa.array([self._file_numbers.get(p, -1) for p in entry.removed], pa.int32())
+        ).to_numpy(zero_copy_only=False)
+        if not removed.any():
+            return
+        moved = [self._read(path, size, None) for path, size in zip(entry.added, entry.sizes, strict=True)]
+        moved_rows = pa.concat_tables(moved) if moved else INDEX_SCHEMA.empty_table()
+        found, source = _lookup(self.keys(moved_rows), self.keys())
+        found &= removed
+        for name in ("file", "file_row"):
+            column = self.rows[name].to_numpy().copy()
+            column[found] = moved_rows[name].to_numpy()[source[found]]
+            self.rows = self.rows.set_column(
+                INDEX_SCHEMA.get_field_index(name), INDEX_SCHEMA.field(name), pa.array(column)
+            )
+        gone = removed & ~found
+        if gone.any():
+            self.rows = self.rows.filter(pa.array(~gone))
+
+    def _number(self, names: list[str], numbers: dict[str, int], into: list[str]) -> np.ndarray:
+        result = np.empty(len(names), dtype=np.int32)
+        for index, name in enumerate(names):
+            number = numbers.setdefault(name, len(into))
+            if number == len(into):
+                into.append(name)
+            result[index] = number
+        return result
+
+    def _read(self, path: str, size: int, version: int | None) -> pa.Table:
+        data = storage.read_messages(self.location, path, version, INDEX_COLUMNS)
         count = data.num_rows
         columns = {name: data[name].cast(MESSAGE_SCHEMA.field(name).type) for name in INDEX_COLUMNS}
         if self.exact_lengths or pc.any(data["segmented"]).as_py():
@@ -114,15 +187,27 @@ class PendingMessages:
             columns["payload_length"] = pc.binary_length(payload).cast(pa.int64())
         else:
             columns["payload_length"] = pa.array(np.full(count, size // max(count, 1), np.int64))
-        columns["commit_version"] = pa.array(np.full(count, version, np.int64))
-        columns["file"] = pa.array(np.full(count, number, np.int32))
-        columns["row"] = pa.array(np.arange(count, dtype=np.int64))
+        commit_version = data["commit_version"].to_numpy()
+        names, local, row = origins(commit_version, data["put_seq"].to_numpy())
+        columns["commit_version"] = pa.array(commit_version)
+        columns["origin"] = pa.array(self._number(names, self._origin_numbers, self.origins)[local])
+        columns["row"] = pa.array(row)
+        columns["file"] = pa.array(np.full(count, self._number([path], self._file_numbers, self.files)[0], np.int32))
+        columns["file_row"] = pa.array(np.arange(count, dtype=np.int64))
         columns["consumed"] = pa.array(np.zeros(count, dtype=bool))
         return pa.table(columns, schema=INDEX_SCHEMA)
 
     def keys(self, rows: pa.Table | None = None) -> np.ndarray:
         rows = self.rows if rows is None else rows
-        return message_keys(rows["file"].to_numpy(), rows["row"].to_numpy())
+        return message_keys(rows["origin"].to_numpy(), rows["row"].to_numpy())
+
+    def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the messages with ``keys`` lie now: file numbers (into :attr:`files`) and rows, -1 for
+        messages the index does not hold."""
+        found, source = _lookup(self.keys(), keys)
+        file = np.where(found, self.rows["file"].to_numpy()[source], -1).astype(np.int32)
+        file_row = np.where(found, self.rows["file_row"].to_numpy()[source], -1)
+        return file, file_row
 
     def mark_consumed(self, keys: np.ndarray) -> None:
         """Mark messages consumed, and forget those no group in flight still needs."""
@@ -151,3 +236,12 @@ class PendingMessages:
         keep = ~consumed | (grouped & ~finished)
         if not keep.all():
             self.rows = self.rows.filter(pa.array(keep))
+
+
+def _lookup(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``needles``: whether it is in ``haystack``, and its index there (0 when not)."""
+    if len(haystack) == 0:
+        return np.zeros(len(needles), dtype=bool), np.zeros(len(needles), dtype=np.int64)
+    order = np.argsort(haystack, kind="stable")
+    at = np.minimum(np.searchsorted(haystack[order], needles), len(order) - 1)
+    return haystack[order][at] == needles, order[at]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -19,14 +20,34 @@ from deltalake.exceptions import CommitFailedError
 from . import storage
 from .catalog import Catalog, CatalogState
 from .cluster import AdvertisedQueue, Cluster
-from .consumers import ConsumerState, in_ranges
+from .consumers import DEFAULT_LEASE_TIMEOUT, ConsumerState
 from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
+from .depth import live_messages, waiting
 from .errors import MQError, MQValidationError, Reason
-from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, check_group_items, group_items, prepare_put, rows_to_table
+from .maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
+from .messages import (
+    GROUP_COLUMNS,
+    MESSAGE_SCHEMA,
+    QUEUE_TABLE_SCHEMA,
+    check_group_items,
+    group_items,
+    prepare_put,
+    rows_to_table,
+)
 from .ordering import DeliveryOptions, deliver
 
-MESSAGE_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
+MESSAGE_TABLE_CONFIGURATION = {
+    "delta.enableChangeDataFeed": "true",
+    # Log entries say which version added a file a put wrote: only maintenance may clean them up.
+    "delta.enableExpiredLogCleanup": "false",
+}
 _PUT_ATTEMPTS = 100
+_READ_ATTEMPTS = 3
+_Read = TypeVar("_Read")
+# A put that leaves the queue table with this many data files runs maintenance, which compacts them:
+# a queue fed by many small puts keeps few files even when no consumer runs maintenance.
+MAINTAIN_AT_FILES = 256
+_log = logging.getLogger("mqspark.qmgr")
 BROWSE_SCHEMA = pa.schema(
     [
         *MESSAGE_SCHEMA,
@@ -60,6 +81,9 @@ class QueueManager:
         self.root = root
         self._catalog = catalog
         self._definition = definition
+        # Message tables stay open and are brought up to date incrementally: opening one lists and
+        # replays its log, which costs more the more log entries the retention keeps.
+        self._tables: dict[str, DeltaTable] = {}
 
     @property
     def name(self) -> str:
@@ -173,14 +197,16 @@ class QueueManager:
         except MQError:
             storage.close_table(self._message_table(name), closed=False)
             raise
+        self._tables.pop(name, None)
         storage.remove_tree(self._location(name))
         storage.remove_tree(storage.state_location(self.root, name))
+        storage.remove_tree(storage.maintenance_location(self.root, name))
 
     def _close(self, name: str, purge: bool) -> None:
         """Check the depth and close the message table in one step, so no put can land in between."""
         for attempt in range(_PUT_ATTEMPTS):
             table = self._message_table(name)
-            depth = storage.row_count(table)
+            depth = self._curdepth(name, table)
             if depth and not purge:
                 raise MQError(
                     f"queue {name} holds {depth} messages; delete with purge to discard them", Reason.MQRC_Q_NOT_EMPTY
@@ -233,7 +259,7 @@ class QueueManager:
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
         definition = self.resolve_for_put(queue)
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
-        file = storage.write_data_file(self._location(definition.name), messages.to_batches(), MESSAGE_SCHEMA)
+        file = storage.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
         if file is not None:
             self.commit_put(queue, [file], group_items(messages), before_targets(messages), definition=definition)
         return msg_ids
@@ -283,7 +309,11 @@ class QueueManager:
             committed = table.transaction_version(producer) if producer is not None else None
             if committed is not None and committed >= batch_id:
                 return None
-            depth = storage.row_count(table)
+            # CURDEPTH is at most the live messages: count those from statistics, and only when they
+            # would not fit find which still wait.
+            live_files[0], depth = storage.live_counts(table)
+            if depth + rows > resolved.max_depth:
+                depth = self._curdepth(local, table)
             if depth + rows > resolved.max_depth:
                 raise MQError(
                     f"queue {local} is full (max_depth {resolved.max_depth}, depth {depth}, put of {rows})",
@@ -295,16 +325,20 @@ class QueueManager:
             if producer is not None:
                 info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
             return lambda: storage.commit_files(
-                table, files, MESSAGE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
+                table, files, QUEUE_TABLE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
             )
 
-        return storage.commit_until_landed(
+        live_files = [0]
+        version = storage.commit_until_landed(
             location,
             files,
             prepare,
             _PUT_ATTEMPTS,
             f"queue {queue}: put gave up after {_PUT_ATTEMPTS} conflicting commits",
         )
+        if version is not None and live_files[0] + len(files) >= MAINTAIN_AT_FILES:
+            self._maintain_quietly(local)
+        return version
 
     def resolve_for_put(self, queue: str) -> QueueDefinition:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""
@@ -319,35 +353,60 @@ class QueueManager:
         return self._message_table(self._resolve(queue).name).version()
 
     def depth(self, queue: str, consumer: str | None = None) -> int:
-        """Number of messages on the queue, or still waiting for consumer group ``consumer``."""
-        local = self._resolve(queue).name
-        committed = self._depth_of(local)
-        if consumer is None:
-            return committed
-        return committed - self._state(local).consumed_count(validate_name(consumer, "consumer group"))
+        """MQ's CURDEPTH: the messages still waiting for at least one counted consumer group (see
+        :mod:`mqspark.depth`); with ``consumer``, the messages still waiting for that group.
+        Expired messages are not counted."""
+        return self.backlog(queue, consumer, oldest=False).depth
 
     def consumers(self, queue: str) -> list[str]:
-        """The consumer groups that have read the queue, by name."""
+        """The consumer groups that count for the queue's depth, by name: those that have read it, and
+        those declared on it."""
         return self._state(self._resolve(queue).name).groups()
 
-    def backlog(self, queue: str, consumer: str | None = None) -> Backlog:
-        """Depth and oldest waiting message of the queue (for ``consumer``); reads every put_time."""
+    def declare_consumer(self, queue: str, consumer: str) -> None:
+        """Declare consumer group ``consumer`` on ``queue`` before it first reads: from now on, messages
+        wait for it (maintenance keeps them) and count in the queue's depth."""
         local = self._resolve(queue).name
-        table = self._message_table(local)
-        location = self._location(local)
-        pieces = []
-        for path in pa.table(table.get_add_actions())["path"].to_pylist():
-            times = storage.read_data_file(location, path, ["put_time"])["put_time"]
-            pieces.append(
-                pa.table({"file": pa.repeat(path, len(times)), "row": np.arange(len(times)), "put_time": times})
+        self._state(local).declare(validate_name(consumer, "consumer group"))
+
+    def delete_consumer(self, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> None:
+        """Delete consumer group ``consumer`` of ``queue`` and everything recorded for it: its messages
+        no longer wait for it. Refused while a query of the group runs (its lease younger than
+        ``lease_timeout``)."""
+        local = self._resolve(queue).name
+        self._state(local).delete(validate_name(consumer, "consumer group"), lease_timeout)
+
+    def backlog(self, queue: str, consumer: str | None = None, *, oldest: bool = True) -> Backlog:
+        """Depth (see :meth:`depth`) and, with ``oldest``, the put time of the oldest waiting message,
+        which reads every live message's put_time."""
+        local = self._resolve(queue).name
+        if consumer is not None:
+            validate_name(consumer, "consumer group")
+        now = datetime.now(UTC)
+        _, live = self._with_snapshot(local, lambda table: live_messages(table, ["put_time"] if oldest else None))
+        mask = waiting(live, self._state(local).all_groups(), now, consumer)
+        count = int(mask.sum())
+        first = pc.min(live["put_time"].filter(pa.array(mask))).as_py() if oldest and count else None
+        return Backlog(local, consumer, count, first)
+
+    def maintain(self, queue: str, retention: timedelta = DEFAULT_RETENTION) -> MaintenanceSummary:
+        """Run maintenance on ``queue`` (its target, for an alias): remove what every counted group has
+        consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping
+        time travel for ``retention``. See :mod:`mqspark.maintenance`."""
+        check_retention(retention)
+        return maintain(self, self._resolve(queue).name, retention)
+
+    def purge(self, queue: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> int:
+        """MQ's CLEAR QLOCAL: remove every message of local queue ``queue`` for every consumer group at
+        once, and return how many were removed. Refused for an alias queue, and while a query of any
+        consumer group runs (a lease younger than ``lease_timeout``) or maintenance runs."""
+        validate_name(queue)
+        definition = self._definition_in(self._catalog.read(), queue)
+        if definition.type != "local":
+            raise MQValidationError(
+                f"queue {queue} is an alias queue (target {definition.target_queue}); purge its target instead"
             )
-        waiting = pa.concat_tables(pieces) if pieces else None
-        if waiting is not None and consumer is not None:
-            consumed = self._state(local).consumed_ranges(validate_name(consumer, "consumer group"))
-            waiting = waiting.filter(pc.invert(in_ranges(waiting["file"], waiting["row"], consumed)))
-        if waiting is None or waiting.num_rows == 0:
-            return Backlog(local, consumer, 0, None)
-        return Backlog(local, consumer, waiting.num_rows, pc.min(waiting["put_time"]).as_py())
+        return purge(self, queue, lease_timeout)
 
     def browse(
         self,
@@ -388,8 +447,11 @@ class QueueManager:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
         definition = self._resolve(queue)
-        table = self._message_table(definition.name)
-        messages = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA, version)
+        messages = self._with_snapshot(
+            definition.name,
+            lambda table: storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA, version),
+            retry=version is None,
+        )
         delivery = deliver(messages, definition.delivery_sequence, options, now or datetime.now(UTC))
         delivered = delivery.messages.drop_columns(["commit_version"])
         if limit is not None:
@@ -408,7 +470,17 @@ class QueueManager:
         return storage.queue_location(self.root, queue)
 
     def _message_table(self, queue: str) -> DeltaTable:
+        """The message table of ``queue`` at its latest version. Not for concurrent use by threads."""
+        table = self._tables.get(queue)
+        if table is not None:
+            try:
+                table.update_incremental()
+                return table
+            except Exception:  # noqa: BLE001 - deleted, or deleted and defined again: open it afresh
+                del self._tables[queue]
         table = storage.open_table(self._location(queue), self.storage_options)
+        if table is not None:
+            self._tables[queue] = table
         if table is None:
             raise MQError(
                 f"queue {queue} has no message table at {self._location(queue)}", Reason.MQRC_UNKNOWN_OBJECT_NAME
@@ -418,8 +490,28 @@ class QueueManager:
     def _state(self, queue: str) -> ConsumerState:
         return ConsumerState(self.root, queue, self.storage_options)
 
-    def _depth_of(self, queue: str) -> int:
-        return storage.row_count(self._message_table(queue))
+    def _maintain_quietly(self, queue: str) -> None:
+        """A maintenance run on behalf of a put whose queue holds many files; the put has landed, so a
+        run that fails (or finds another one going) only leaves the files for the next one."""
+        try:
+            maintain(self, queue, DEFAULT_RETENTION)
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            _log.info("maintenance of queue %s after a put did not run: %s", queue, error)
+
+    def _with_snapshot(self, queue: str, read: Callable[[DeltaTable], _Read], retry: bool = True) -> _Read:
+        """``read(table)`` on the message table of ``queue``; when maintenance cleaned up a log entry
+        the snapshot needed, again on the newer snapshot (which needs no such entry)."""
+        for _ in range(_READ_ATTEMPTS - 1):
+            try:
+                return read(self._message_table(queue))
+            except storage.LogEntryGone:
+                if not retry:
+                    raise
+        return read(self._message_table(queue))
+
+    def _curdepth(self, queue: str, table: DeltaTable) -> int:
+        _, live = live_messages(table)
+        return int(waiting(live, self._state(queue).all_groups(), datetime.now(UTC)).sum())
 
     def _definition_in(self, state: CatalogState, name: str) -> QueueDefinition:
         try:
@@ -450,8 +542,8 @@ class QueueManager:
 def _create_message_table(location: str, storage_options: storage.StorageOptions) -> None:
     existing = storage.open_table(location, storage_options)
     if existing is None:
-        storage.create_table(location, MESSAGE_SCHEMA, storage_options, MESSAGE_TABLE_CONFIGURATION)
-    elif storage.row_count(existing):
+        storage.create_table(location, QUEUE_TABLE_SCHEMA, storage_options, MESSAGE_TABLE_CONFIGURATION)
+    elif storage.live_counts(existing)[1]:
         # A table left behind by a delete that stopped half-way: never adopt its messages silently.
         raise MQError(f"a message table with data already exists at {location}; remove it first")
 

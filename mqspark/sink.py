@@ -26,7 +26,7 @@ from pyspark.sql.types import StructType
 from . import storage, workload
 from .definitions import QueueDefinition
 from .errors import MQError
-from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, check_group_items, group_items, prepare_put
+from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, check_group_items, group_items, prepare_put
 from .qmgr import QueueManager, before_targets
 
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
@@ -127,7 +127,7 @@ class _Share:
     def write(self, message: PutCommitMessage, parts: Iterable[tuple[pa.Table, Callable | None]]) -> None:
         """Write ``parts`` (rows, and the header to stamp on them or None) and add the file to ``message``."""
         location = storage.queue_location(*self.target)
-        file = storage.write_data_file(location, self.prepared(parts), MESSAGE_SCHEMA)
+        file = storage.write_data_file(location, self.prepared(parts), QUEUE_TABLE_SCHEMA)
         if file is not None:
             message.files[self.target] = [file]
             message.groups[self.target] = _to_ipc(pa.concat_tables(self.groups))

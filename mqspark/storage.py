@@ -3,7 +3,9 @@
 Layout under a queue manager root (a local directory or an object-store URI)::
 
     <root>/_qmgr/            catalog: the queue manager and its queue definitions
-    <root>/queues/<queue>/   one message table per queue (append-only)
+    <root>/queues/<queue>/   one message table per queue
+    <root>/state/<queue>/    the queue's consumer groups (see ``consumers``)
+    <root>/maintenance/<queue>/  the queue's maintenance lease
 
 Queue names may hold ``/`` and ``%``; in directory names they become ``~2F`` and ``~25``
 (``~`` never occurs in a name, so the mapping is one-to-one and never forms a path).
@@ -18,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -27,12 +30,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from .errors import MQError, Reason
 
 CATALOG_DIR = "_qmgr"
 STATE_DIR = "state"
+MAINTENANCE_DIR = "maintenance"
 # A table property set on a message table that is being deleted; puts refuse to commit on top of it.
 CLOSED_PROPERTY = "mqspark.closed"
 QUEUES_DIR = "queues"
@@ -65,6 +69,12 @@ def queue_location(root: str, queue: str) -> str:
 
 def state_location(root: str, queue: str) -> str:
     return f"{root}/{STATE_DIR}/{queue_dir_name(queue)}"
+
+
+def maintenance_location(root: str, queue: str) -> str:
+    """The table holding the queue's maintenance lease: apart from the state table, whose commits
+    several times a second would make taking the lease wait."""
+    return f"{root}/{MAINTENANCE_DIR}/{queue_dir_name(queue)}"
 
 
 def table_exists(location: str, storage_options: StorageOptions) -> bool:
@@ -103,72 +113,260 @@ def remove_tree(location: str) -> None:
         filesystem.delete_dir(path)
 
 
-def row_count(table: DeltaTable) -> int:
-    """Exact number of rows: file statistics when every file has them, else a scan."""
+def live_counts(table: DeltaTable) -> tuple[int, int]:
+    """The number of live data files and of their rows (file statistics, else a scan), from one read
+    of the add actions."""
     counts = pa.table(table.get_add_actions()).column("num_records")
     if counts.null_count == 0:
-        return int(pc.sum(counts).as_py() or 0)
-    return table.to_pyarrow_dataset().count_rows()
+        return len(counts), int(pc.sum(counts).as_py() or 0)
+    return len(counts), table.to_pyarrow_dataset().count_rows()
+
+
+def live_files(table: DeltaTable) -> pa.Table:
+    """The data files of ``table``'s version: ``path``, ``size``, ``rows``, and ``version``, the version
+    of the commit that added the file, which applies to its rows that carry no ``commit_version``
+    (null for files whose every row carries one: maintenance wrote them). From the statistics of a
+    queue table's files also ``min_put_seq``, ``max_put_seq`` and ``never_expire`` (no row has an
+    expiry); null where a file has no statistics."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    paths = actions["path"]
+    rows = actions["num_records"]
+
+    def stat(name: str, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+        return actions[name] if name in actions.column_names else pa.nulls(len(paths), kind)
+
+    stamped = pc.fill_null(pc.equal(stat("null_count.commit_version", pa.int64()), 0), False)
+    unstamped = paths.filter(pc.invert(stamped)).to_pylist()
+    found = add_versions(table.table_uri, unstamped, table.version())
+    versions = pa.array([found.get(path) for path in paths.to_pylist()], pa.int64())
+    return pa.table(
+        {
+            "path": paths,
+            "size": actions["size_bytes"],
+            "rows": rows,
+            "version": versions,
+            "min_put_seq": stat("min.put_seq", pa.int64()),
+            "max_put_seq": stat("max.put_seq", pa.int64()),
+            "never_expire": pc.equal(stat("null_count.expiry", pa.int64()), rows),
+        }
+    )
+
+
+def live_paths(table: DeltaTable) -> list[str]:
+    """The paths (relative to the table) of the data files of ``table``'s version."""
+    return pa.table(table.get_add_actions()).column("path").to_pylist()
+
+
+def add_versions(location: str, paths: list[str], newest: int) -> dict[str, int]:
+    """The version of the commit that added each of ``paths``, read from the log entries from
+    ``newest`` back to the last checkpoint, and further while a path is not found. Maintenance
+    stamps every file it leaves behind before it cleans up log entries, so the files that need this
+    were added since the last maintenance, whose entries are still there. Every entry read is
+    checked (see :func:`log_entry`), so a recent edit behind mqspark's back fails loudly."""
+    wanted = set(paths)
+    found: dict[str, int] = {}
+    version = newest
+    checkpoint = last_checkpoint(location)
+    while (wanted or version > checkpoint) and version >= 0:
+        for path in log_entry(location, version).added:
+            if path in wanted:
+                found[path] = version
+                wanted.discard(path)
+        version -= 1
+    return found
+
+
+def last_checkpoint(location: str) -> int:
+    """The version of the table's last checkpoint, -1 when it has none."""
+    filesystem, base = _filesystem(location)
+    try:
+        with filesystem.open_input_stream(f"{base}/_delta_log/_last_checkpoint") as stream:
+            return int(json.loads(stream.read())["version"])
+    except FileNotFoundError:
+        return -1
 
 
 def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema, version: int | None = None) -> pa.Table:
-    """Every row committed up to ``version`` (default: the table's), with its version as ``commit_version``.
+    """Every message of the table's version (or of ``version``), with the version of the put that
+    committed it as ``commit_version``, in no particular order."""
+    if version is not None and version != table.version():
+        table = DeltaTable(table.table_uri, version=version, storage_options=_options(table))
+    files = live_files(table)
+    pieces = []
+    for path, file_version in zip(files["path"].to_pylist(), files["version"].to_pylist(), strict=True):
+        # Files written by other engines (delta-spark) may type columns a little differently.
+        data = read_messages(table.table_uri, path, file_version, columns)
+        pieces.append(data.select(columns).cast(schema).append_column("commit_version", data["commit_version"]))
+    if not pieces:
+        return schema.empty_table().append_column("commit_version", pa.array([], pa.int64()))
+    return pa.concat_tables(pieces)
 
-    Read through the change data feed, which knows each row's commit version. Queue tables only
-    ever get inserts in normal operation; any other change means the table was edited behind
-    mqspark's back, so it fails loudly instead of guessing.
-    """
-    feed = pa.table(table.load_cdf(ending_version=table.version() if version is None else version))
-    changes = pc.unique(feed["_change_type"]).to_pylist()
-    if set(changes) - {"insert"}:
-        raise MQError(
-            f"table {table.table_uri} has {sorted(set(changes) - {'insert'})} changes; queue tables are append-only"
-        )
-    versions = feed["_commit_version"].cast(pa.int64())
-    return feed.select(columns).cast(schema).append_column("commit_version", versions)
+
+def _options(table: DeltaTable) -> StorageOptions:
+    return getattr(table, "_storage_options", None)
 
 
-def _log_entry(location: str, version: int) -> tuple[pafs.FileSystem, str]:
+def read_messages(location: str, path: str, version: int | None, columns: list[str]) -> pa.Table:
+    """``columns`` of one data file with ``commit_version``, filled in from the file's add ``version``
+    where the rows carry none (rows a put wrote)."""
+    names = [name for name in columns if name != "commit_version"]
+    try:
+        data = read_data_file(location, path, [*names, "commit_version"])
+        stamps = data["commit_version"].cast(pa.int64())
+        data = data.drop_columns(["commit_version"])
+    except pa.ArrowInvalid:
+        # A file written before queue tables had the column.
+        data = read_data_file(location, path, names)
+        stamps = pa.nulls(data.num_rows, pa.int64())
+    if version is not None:
+        stamps = pc.fill_null(stamps, pa.scalar(version, pa.int64()))
+    elif stamps.null_count:
+        raise MQError(f"table {location}: file {path} has rows without a commit version and no known add version")
+    return data.append_column("commit_version", stamps)
+
+
+def _log_path(location: str, version: int) -> tuple[pafs.FileSystem, str]:
     filesystem, base = _filesystem(location)
     return filesystem, f"{base}/_delta_log/{version:020d}.json"
 
 
+def delete_removed_files(location: str, older_than: datetime) -> int:
+    """Delete the data files that mqspark's maintenance or purge commits removed, for the commits whose
+    log entries were written before ``older_than``; returns how many files were deleted.
+
+    Only files such a commit names are deleted, never a file a put has written but not committed yet.
+    Run it before the log clean-up that drops those entries.
+    """
+    filesystem, base = _filesystem(location)
+    listing = filesystem.get_file_info(pafs.FileSelector(f"{base}/_delta_log"))
+    cutoff = older_than.timestamp()
+    deleted = 0
+    for info in listing:
+        name = info.path.rsplit("/", 1)[-1]
+        if not name.endswith(".json") or info.mtime is None or info.mtime.timestamp() >= cutoff:
+            continue
+        entry = log_entry(location, int(name.split(".")[0]))
+        for path in entry.removed if entry.rewrites else []:
+            if filesystem.get_file_info(f"{base}/{path}").type == pafs.FileType.File:
+                filesystem.delete_file(f"{base}/{path}")
+                deleted += 1
+    return deleted
+
+
+# A file a small table's writer wrote is committed within moments; vacuum never deletes younger ones.
+_VACUUM_FLOOR_SECONDS = 600
+
+
+def trim_history(table: DeltaTable, keep_from: int, retention_seconds: int) -> tuple[int, int]:
+    """Bound the history of a small table rewritten in place (a cluster repository): checkpoint at
+    version ``keep_from``, clean up the log entries before it that are older than the retention, and
+    vacuum files removed longer ago than the retention (at least ten minutes, so a file written for
+    a commit still under way is never deleted). Versions from ``keep_from`` on stay readable.
+    Returns the log entries and files removed."""
+    location = table.table_uri
+    set_properties(
+        table,
+        {
+            "delta.logRetentionDuration": f"interval {retention_seconds} seconds",
+            "delta.deletedFileRetentionDuration": f"interval {max(retention_seconds, _VACUUM_FLOOR_SECONDS)} seconds",
+        },
+    )
+    options = _options(table)
+    cleaned = clean_up_log(DeltaTable(location, version=keep_from, storage_options=options))
+    return cleaned, len(DeltaTable(location, storage_options=options).vacuum(dry_run=False, full=True))
+
+
+def set_properties(table: DeltaTable, wanted: dict[str, str]) -> bool:
+    """Set the table properties ``wanted`` in one commit, unless they are set already; True when set."""
+    if all(table.metadata().configuration.get(key) == value for key, value in wanted.items()):
+        return False
+    table.alter.set_table_properties(wanted)
+    return True
+
+
+def clean_up_log(table: DeltaTable) -> int:
+    """Checkpoint at ``table``'s version and clean up the log entries before it that are older than the
+    table's log retention (as that version sets it); returns how many entries went."""
+    table.create_checkpoint()
+    before = log_entry_count(table.table_uri)
+    table.cleanup_metadata()
+    return before - log_entry_count(table.table_uri)
+
+
+def log_entry_count(location: str) -> int:
+    """How many commit entries (``.json``) the table's log holds."""
+    filesystem, base = _filesystem(location)
+    listing = filesystem.get_file_info(pafs.FileSelector(f"{base}/_delta_log"))
+    return sum(1 for info in listing if info.path.endswith(".json"))
+
+
 def version_exists(location: str, version: int) -> bool:
     """Whether commit ``version`` of the table exists: one file lookup, cheap enough for idle polling."""
-    filesystem, path = _log_entry(location, version)
+    filesystem, path = _log_path(location, version)
     return filesystem.get_file_info(path).type == pafs.FileType.File
 
 
-def files_added(location: str, version: int) -> list[tuple[str, int]]:
-    """The data files (paths relative to the table, and sizes in bytes) that commit ``version`` added
-    with new rows.
+class LogEntryGone(MQError):
+    """A log entry a reader needs was cleaned up: maintenance stamped the files it added since, so a
+    newer snapshot reads without it."""
 
-    Read straight from the commit's log entry, the only place that says which version added a file.
-    Files rewritten without changing data (``dataChange: false``, as compaction writes) are left out:
-    their rows were already read from the files they came from. A commit that removed data, or used
-    deletion vectors, means the queue table was edited behind mqspark's back, so it fails loudly.
+
+@dataclass(frozen=True)
+class LogEntry:
+    """What one commit of a queue table did to its files."""
+
+    version: int
+    added: list[str]
+    sizes: list[int]
+    removed: list[str]
+    operation: str | None
+
+    @property
+    def rewrites(self) -> bool:
+        """A commit of maintenance or purge: it removes files, and its files hold no new messages."""
+        return self.operation in REWRITE_OPERATIONS
+
+
+# The commitInfo value (key ``mqspark.operation``) of commits that remove or rewrite messages.
+REWRITE_OPERATIONS = ("maintain", "purge")
+
+
+def log_entry(location: str, version: int) -> LogEntry:
+    """The data files commit ``version`` added and removed, read straight from its log entry, the only
+    place that says which version added a file.
+
+    Files rewritten without changing data (``dataChange: false``) are left out. A commit that removed
+    data other than by mqspark's maintenance or purge, or used deletion vectors, means the queue table
+    was edited behind mqspark's back, so it fails loudly.
     """
-    filesystem, path = _log_entry(location, version)
+    filesystem, path = _log_path(location, version)
     try:
         with filesystem.open_input_stream(path) as stream:
             lines = stream.read().decode().splitlines()
     except FileNotFoundError:
-        raise MQError(
+        raise LogEntryGone(
             f"table {location}: log entry of version {version} is gone (log clean-up?); "
             "the physical order of its messages cannot be rebuilt"
         ) from None
-    added = []
-    for line in lines:
-        action = json.loads(line) if line.strip() else {}
+    actions = [json.loads(line) for line in lines if line.strip()]
+    operation = next(
+        (a["commitInfo"].get("mqspark.operation") for a in actions if "commitInfo" in a),
+        None,
+    )
+    added, sizes, removed = [], [], []
+    for action in actions:
         if "remove" in action and action["remove"].get("dataChange", True):
-            raise MQError(f"table {location}: version {version} removed data; queue tables are append-only")
+            if operation not in REWRITE_OPERATIONS:
+                raise MQError(f"table {location}: version {version} removed data; queue tables are append-only")
+            removed.append(unquote(action["remove"]["path"]))
         if "add" in action:
             add = action["add"]
             if add.get("deletionVector"):
                 raise MQError(f"table {location}: version {version} added a deletion vector, which mqspark cannot read")
             if add.get("dataChange", True):
-                added.append((unquote(add["path"]), int(add["size"])))
-    return added
+                added.append(unquote(add["path"]))
+                sizes.append(int(add["size"]))
+    return LogEntry(version, added, sizes, removed, operation)
 
 
 def read_data_file(location: str, path: str, columns: list[str] | None = None) -> pa.Table:
@@ -239,6 +437,7 @@ def write_data_file(location: str, batches: Iterable[pa.RecordBatch], schema: pa
     """Write ``batches`` as one Parquet file in the table folder at ``location``; None when there are no rows."""
     filesystem, base = _filesystem(location)
     name = f"part-{uuid.uuid4()}.snappy.parquet"
+    batches = (_conform(batch, schema) for batch in batches)
     stats = _Stats(schema)
     writer = None
     try:
@@ -258,6 +457,17 @@ def write_data_file(location: str, batches: Iterable[pa.RecordBatch], schema: pa
     return DataFile(name, size, int(time.time() * 1000), stats.rows, stats.to_json())
 
 
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with the nullable columns of ``schema`` it lacks added as nulls."""
+    if batch.schema.names == schema.names:
+        return batch
+    columns = [
+        batch.column(field.name) if field.name in batch.schema.names else pa.nulls(batch.num_rows, field.type)
+        for field in schema
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
 def remove_data_files(location: str, files: Iterable[DataFile]) -> None:
     """Delete written files that will never be committed."""
     filesystem, base = _filesystem(location)
@@ -275,16 +485,20 @@ def commit_files(
     app_id: str | None = None,
     app_version: int | None = None,
     metadata: dict[str, str] | None = None,
+    removed: Iterable[str] = (),
 ) -> int:
-    """Append ``files`` in one commit at exactly the version after ``table``'s, and return that version.
+    """Append ``files`` (and remove the live files at paths ``removed``) in one commit at exactly the
+    version after ``table``'s, and return that version.
 
     No automatic retry: the caller's checks were made against ``table``'s version, so a concurrent
     commit raises ``CommitFailedError`` and the caller re-reads, re-checks and tries again.
     ``app_id``/``app_version`` record a Delta ``txn`` so a replayed transaction can be recognised.
     """
     transactions = [Transaction(app_id, app_version)] if app_id is not None else None
+    now = int(time.time() * 1000)
+    removals = [RemoveAction(path, True, now) for path in removed]
     table.create_write_transaction(
-        [file.add_action() for file in files],
+        [*removals, *(file.add_action() for file in files)],
         mode="append",
         schema=schema,
         commit_properties=CommitProperties(
@@ -311,7 +525,11 @@ def commit_until_landed(
     committing = False
     try:
         for attempt in range(attempts):
-            commit = prepare(attempt)
+            try:
+                commit = prepare(attempt)
+            except LogEntryGone:
+                # Maintenance committed after the version read and cleaned up behind it: read again.
+                continue
             if commit is None:
                 remove_data_files(location, files)
                 return None

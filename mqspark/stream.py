@@ -12,6 +12,9 @@ How a micro-batch goes (the planner methods run in one long-lived driver process
    group) boundaries. A replay after a crash finds the same plan, so it delivers the same messages.
 3. ``read(partition)``: the executor reads the planned rows from their data files.
 
+Every ``maintenanceInterval`` the planner also starts a maintenance run of the queue in the
+background (see :mod:`mqspark.maintenance`); a run already going elsewhere is left to finish.
+
 The last batch of a run is recorded as consumed by the listener :func:`mqspark.register` installs
 (``latestOffset`` after it never comes), or by ``latestOffset`` when the query restarts.
 """
@@ -38,8 +41,9 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from . import storage
-from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows
+from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges
 from .errors import MQError, Reason
+from .maintenance import Maintenance
 from .messages import MESSAGE_SCHEMA, TIMESTAMP
 from .ordering import DeliveryOptions, deliver, join_segments, keep_rows
 from .pending import PendingMessages
@@ -49,6 +53,8 @@ from .source import batch_rows
 OFFSET_KEYS = ("root", "queue", "consumer", "owner", "seq", "plan", "delivered", "version", "now")
 # Planned messages are split into partitions of about this many payload bytes.
 PARTITION_BYTES = 64 * 1024 * 1024
+# A running get starts a maintenance run of its queue this often, unless option maintenanceInterval says.
+DEFAULT_MAINTENANCE_INTERVAL = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class GetOptions:
     max_messages: int | None
     max_bytes: int | None
     lease_timeout: timedelta
+    maintenance_interval: timedelta | None = DEFAULT_MAINTENANCE_INTERVAL
 
 
 def offset(values: dict) -> dict:
@@ -136,6 +143,7 @@ class _Group:
         self.unrecorded: list[pa.Table] = []
         self.exhausted = False
         self.next_due: datetime | None = None
+        self.maintenance = Maintenance(qm, self.queue)
 
 
 class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -185,6 +193,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         group = self._join(start["owner"])
         self._consume(group, start)
+        if self.options.maintenance_interval is not None:
+            group.maintenance.start_if_due(self.options.maintenance_interval)
         if group.plans or group.plan_keys:
             # A plan returned earlier that Spark did not start from was never run: its messages wait again.
             group.plans.clear()
@@ -193,7 +203,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if group.heartbeat.lost is not None:
             raise group.heartbeat.lost
         up_to, now = self._target if self._target else (None, datetime.now(UTC))
-        news = group.pending.refresh(up_to) if group.pending.has_news() else False
+        news = self._catch_up(group, up_to)
         due = group.next_due is not None and now >= group.next_due
         if group.exhausted and not news and not due:
             self._flush(group)
@@ -219,27 +229,31 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start == end or not end["plan"]:
             return []
         group = self._join(end["owner"])
+        # Spark replays a batch only once the one before it is done: this also loads the pending index,
+        # which must know where maintenance has moved the plan's messages since.
+        self._consume(group, start)
+        self._catch_up(group, self._target[0] if self._target else None)
         plan = group.plans.get(end["plan"])
         if plan is None:
             plan = group.state.plan(self.options.consumer, end["plan"])
         delivered = plan.filter(pc.is_valid(plan["delivery_seq"]))
         delivered = delivered.take(pc.sort_indices(delivered, [("delivery_seq", "ascending")]))
-        files = pc.unique(delivered["file"]).to_pylist()
-        numbers = pc.index_in(delivered["file"], pa.array(files, pa.string())).to_numpy().astype(np.int32)
-        partition = delivered["partition"].to_numpy()
+        where = locate_plan(delivered, group.pending)
+        used, file = np.unique(where["file"], return_inverse=True)
+        files = [group.pending.files[number] for number in used]
         result = []
-        for index, number in enumerate(np.unique(partition)):
-            chosen = partition == number
+        for index, number in enumerate(np.unique(where["partition"])):
+            chosen = where["partition"] == number
             result.append(
                 QueuePartition(
                     location=group.location,
                     queue=group.queue,
                     qmgr=group.qm.name,
                     files=files,
-                    file=numbers[chosen],
-                    row=delivered["row"].to_numpy()[chosen],
-                    count=delivered["count"].to_numpy()[chosen],
-                    delivery_seq=delivered["delivery_seq"].to_numpy()[chosen],
+                    file=file[chosen].astype(np.int32),
+                    row=where["file_row"][chosen],
+                    count=where["count"][chosen],
+                    delivery_seq=where["delivery_seq"][chosen],
                     complete_message=self.options.delivery.complete_message,
                     value=index,
                 )
@@ -285,17 +299,38 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if plan_id and plan_id not in group.consumed_plans:
             group.unrecorded.append(consumed_rows(self.options.consumer, group.owner, plan_id, start["seq"]))
             group.consumed_plans.add(plan_id)
-            plan = group.plans.pop(plan_id, None)
-            if plan is not None and group.pending is not None:
-                group.pending.mark_consumed(group.plan_keys.pop(plan_id))
+            group.plans.pop(plan_id, None)
+            keys = group.plan_keys.pop(plan_id, None)
+            if group.pending is not None:
+                if keys is None:
+                    # Planned by an earlier run: the index was loaded before this consumption was known.
+                    keys = group.pending.range_keys(group.state.plan(self.options.consumer, plan_id))
+                group.pending.mark_consumed(keys)
         if group.pending is None:
-            self._flush(group)
-            group.pending = PendingMessages(
-                group.location, group.qm.storage_options, exact_lengths=self.options.max_bytes is not None
-            )
-            group.pending.load(
-                group.state.consumed_ranges(self.options.consumer), self._target[0] if self._target else None
-            )
+            self._load(group)
+
+    def _load(self, group: _Group) -> None:
+        """Build the pending index from the table's snapshot, without what the group consumed."""
+        self._flush(group)
+        group.pending = PendingMessages(
+            group.location, group.qm.storage_options, exact_lengths=self.options.max_bytes is not None
+        )
+        group.pending.load(
+            group.state.consumed_ranges(self.options.consumer), self._target[0] if self._target else None
+        )
+
+    def _catch_up(self, group: _Group, up_to: int | None) -> bool:
+        """Bring the pending index up to date (to ``up_to``); True when it gained messages. When
+        maintenance has cleaned up the log entries after the index's version, it is built again."""
+        if group.pending.behind_clean_up():
+            self._load(group)
+            # The new index numbers origins afresh: the keys of plans not yet consumed follow.
+            group.plan_keys = {plan_id: group.pending.range_keys(plan) for plan_id, plan in group.plans.items()}
+            group.exhausted = False
+            return True
+        news = group.pending.refresh(up_to) if group.pending.has_news() else False
+        group.exhausted &= not news
+        return news
 
     def _flush(self, group: _Group, plan_rows: pa.Table | None = None) -> None:
         """Commit the consumption records not yet recorded, with ``plan_rows`` when given."""
@@ -326,7 +361,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             expired = expired.append_column("delivery_seq", pa.nulls(expired.num_rows, pa.int64()))
             expired = expired.append_column("partition", pa.nulls(expired.num_rows, pa.int32()))
             taken = pa.concat_tables([taken, expired.select(taken.column_names)])
-        plan = plan_ranges(taken, group.pending.files)
+        plan = plan_ranges(taken, group.pending.origins)
         plan_id = uuid.uuid4().hex
         group.plan_keys[plan_id] = group.pending.keys(taken)
         return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
@@ -397,17 +432,17 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group.plans[end["plan"]] = plan
 
 
-def plan_ranges(taken: pa.Table, files: list[str]) -> pa.Table:
-    """A plan as ranges of rows: one range per run of consecutive rows of one file, in one partition,
-    with consecutive delivery_seq (or all discarded, delivery_seq null)."""
-    file = taken["file"].to_numpy()
+def plan_ranges(taken: pa.Table, origins: list[str]) -> pa.Table:
+    """A plan as ranges of message identities: one range per run of consecutive rows of one origin, in
+    one partition, with consecutive delivery_seq (or all discarded, delivery_seq null)."""
+    origin = taken["origin"].to_numpy()
     row = taken["row"].to_numpy()
     partition = pc.fill_null(taken["partition"], -1).to_numpy()
     delivered = pc.is_valid(taken["delivery_seq"]).to_numpy(zero_copy_only=False)
     delivery_seq = pc.fill_null(taken["delivery_seq"], -1).to_numpy()
     starts = np.ones(len(row), dtype=bool)
     starts[1:] = (
-        (file[1:] != file[:-1])
+        (origin[1:] != origin[:-1])
         | (row[1:] != row[:-1] + 1)
         | (partition[1:] != partition[:-1])
         | (delivered[1:] != delivered[:-1])
@@ -417,7 +452,7 @@ def plan_ranges(taken: pa.Table, files: list[str]) -> pa.Table:
     first_taken = pa.array(first)
     return pa.table(
         {
-            "file": pa.DictionaryArray.from_arrays(pa.array(file[first]), pa.array(files, pa.string())).cast(
+            "origin": pa.DictionaryArray.from_arrays(pa.array(origin[first]), pa.array(origins, pa.string())).cast(
                 pa.string()
             ),
             "row": pa.array(row[first]),
@@ -426,6 +461,36 @@ def plan_ranges(taken: pa.Table, files: list[str]) -> pa.Table:
             "partition": taken["partition"].take(first_taken),
         }
     )
+
+
+def locate_plan(delivered: pa.Table, pending: PendingMessages) -> dict[str, np.ndarray]:
+    """Where the messages of a plan's delivered ranges (in delivery order) lie now, as runs of
+    consecutive rows of one data file: ``file`` (numbers into ``pending.files``), ``file_row``,
+    ``count``, ``delivery_seq`` and ``partition`` of each run.
+
+    Maintenance may have moved them to other files since the plan was made; only a purge removes
+    planned messages, and those are left out."""
+    count = delivered["count"].to_numpy()
+    file, file_row = pending.locate(pending.range_keys(delivered))
+    delivery_seq = expand_ranges(delivered["delivery_seq"].to_numpy(), count)
+    partition = np.repeat(delivered["partition"].to_numpy(), count)
+    found = file >= 0
+    file, file_row, delivery_seq, partition = file[found], file_row[found], delivery_seq[found], partition[found]
+    starts = np.ones(len(file), dtype=bool)
+    starts[1:] = (
+        (file[1:] != file[:-1])
+        | (file_row[1:] != file_row[:-1] + 1)
+        | (partition[1:] != partition[:-1])
+        | (delivery_seq[1:] != delivery_seq[:-1] + 1)
+    )
+    first = np.flatnonzero(starts)
+    return {
+        "file": file[first],
+        "file_row": file_row[first],
+        "count": np.diff(np.append(first, len(file))),
+        "delivery_seq": delivery_seq[first],
+        "partition": partition[first],
+    }
 
 
 def record_finished_batch(end_offset: str) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mqspark import QueueManager
+from mqspark.datasource import _get_options
+from mqspark.stream import QueueStreamReader
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +30,26 @@ def spark():
 @pytest.fixture
 def qm(tmp_path) -> QueueManager:
     return QueueManager.create(tmp_path / "qm", "QM1")
+
+
+@pytest.fixture
+def readers():
+    """Every planner a test made, stopped at its end (their lease threads would run on)."""
+    made: list[QueueStreamReader] = []
+    yield made
+    for reader in made:
+        reader.stop()
+
+
+@pytest.fixture
+def new_reader(qm, readers):
+    """Makes streaming-get planners of queue Q (of ``root``, default the ``qm`` fixture's), called
+    directly as Spark would: ``new_reader(maxMessagesPerTrigger="3")``."""
+
+    def make(root: str | None = None, **options) -> QueueStreamReader:
+        given = {"path": root or qm.root, "queue": "Q", **{key.lower(): value for key, value in options.items()}}
+        reader = QueueStreamReader(_get_options(given))
+        readers.append(reader)
+        return reader
+
+    return make

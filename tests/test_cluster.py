@@ -11,6 +11,7 @@ import getpass
 import json
 import multiprocessing
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -1173,3 +1174,30 @@ def test_cli_cluster_usage(capsys: pytest.CaptureFixture[str], cluster: Cluster)
         main(["cluster", "route-state", "--cluster-root", cluster.root, "--qmgr", "QM1", "broken"])
     assert bad_state.value.code == 2
     assert "argument STATE: invalid choice: 'broken'" in capsys.readouterr().err
+
+
+def test_maintain_trims_history_but_keeps_every_snapshot_a_replay_routes_with(
+    cluster: Cluster, qm1: QueueManager, qm2: QueueManager
+) -> None:
+    joined_with_orders(cluster, qm1, qm2)
+    log = Path(cluster.root) / "_cluster" / "_delta_log"
+    # A retention applies from the version that sets it on: set it first.
+    cluster.maintain(retention=timedelta(0))
+    first = cluster.routing_snapshot("P1", "ORDERS", 0)
+    recorded = cluster.record_routing("P1", "ORDERS", 0, first.version, ["QM1"], [], [], T0)
+    for priority in range(1, 6):
+        cluster.set_network_priority("QM2", priority)
+    summary = cluster.maintain(retention=timedelta(0))
+    assert summary == {
+        "version": recorded + 5,
+        "kept_from": first.version,
+        "log_entries_removed": first.version,
+        "files_vacuumed": 0,
+    }
+    assert min(int(name.split(".")[0]) for name in os.listdir(log) if name.endswith(".json")) == first.version
+    # A replay of batch 0 and the next batch still get their snapshots; the latest state is intact.
+    assert cluster.routing_snapshot("P1", "ORDERS", 0) == first
+    assert cluster.routing_snapshot("P1", "ORDERS", 1) == cluster.snapshot(recorded)
+    assert [m.network_priority for m in cluster.snapshot().members] == [0, 5]
+    with pytest.raises(MQValidationError, match=re.escape("retention must be 0 or more, got -1 seconds")):
+        cluster.maintain(retention=timedelta(seconds=-1))

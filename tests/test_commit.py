@@ -10,7 +10,7 @@ import pytest
 from deltalake import write_deltalake
 
 from mqspark import MQError, MQValidationError, qmgr, storage
-from mqspark.messages import GROUP_COLUMNS, MESSAGE_SCHEMA, prepare_put
+from mqspark.messages import GROUP_COLUMNS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, prepare_put
 
 
 def _parquet_files(qm, queue: str) -> list[str]:
@@ -20,6 +20,7 @@ def _parquet_files(qm, queue: str) -> list[str]:
 def _rival_put(qm, queue: str) -> None:
     """Another producer's put, committed straight through delta-rs so it does not re-enter the hook."""
     rows = prepare_put(qm.inquire_queue(queue), pa.table({"payload": ["rival"]})).messages
+    rows = rows.append_column(QUEUE_TABLE_SCHEMA.field("commit_version"), pa.nulls(rows.num_rows, pa.int64()))
     write_deltalake(storage.queue_location(qm.root, queue), rows, mode="append")
 
 

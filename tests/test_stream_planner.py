@@ -17,38 +17,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from mqspark import MQError, Reason, storage
 from mqspark.cli import main
 from mqspark.consumers import COMPACT_EVERY, ConsumerState
-from mqspark.datasource import _get_options
-from mqspark.stream import OFFSET_KEYS, QueueStreamReader
+from mqspark.stream import OFFSET_KEYS
 
+from .planner import read_batch
 from .samples import spec_example
-
-
-@pytest.fixture(autouse=True)
-def readers():
-    """Every planner a test made, stopped at its end (their lease threads would run on)."""
-    made: list[QueueStreamReader] = []
-    yield made
-    for reader in made:
-        reader.stop()
-
-
-@pytest.fixture
-def new_reader(qm, readers):
-    def make(**options) -> QueueStreamReader:
-        given = {"path": qm.root, "queue": "Q", **{key.lower(): value for key, value in options.items()}}
-        reader = QueueStreamReader(_get_options(given))
-        readers.append(reader)
-        return reader
-
-    return make
-
-
-def _read(reader: QueueStreamReader, start: dict, end: dict) -> list[tuple]:
-    rows = []
-    for partition in reader.partitions(start, end):
-        for batch in reader.read(partition):
-            rows += [(r["delivery_seq"], r["payload"].decode()) for r in batch.to_pylist()]
-    return rows
 
 
 def _state_version(qm) -> int:
@@ -69,25 +41,25 @@ def test_a_replay_in_a_new_process_delivers_the_same_rows(qm, new_reader):
     reader = new_reader(maxMessagesPerTrigger="3")
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(3))
-    first = _read(reader, start, end)
+    first = read_batch(reader, start, end)
     # More messages arrive; a new planner (after a crash) asked for the same offsets reads the recorded plan.
     qm.put("Q", [{"payload": "late", "priority": 9}])
-    assert _read(new_reader(), start, end) == first == [(0, "A"), (1, "Y1"), (2, "Y2")]
+    assert read_batch(new_reader(), start, end) == first == [(0, "A"), (1, "Y1"), (2, "Y2")]
 
 
 def test_a_crash_in_the_first_batch_is_replayed_by_the_restarted_query(qm, new_reader):
     spec_example(qm)
     crashed = new_reader()
     end = crashed.latestOffset(crashed.initialOffset(), ReadMaxRows(2))
-    first = _read(crashed, crashed.initialOffset(), end)
+    first = read_batch(crashed, crashed.initialOffset(), end)
     # The restarted planner: Spark asks for the initial offset again, then replays batch 0 and goes on,
     # while the crashed run's lease is still fresh.
     restarted = new_reader()
     start = restarted.initialOffset()
     assert start["owner"] != end["owner"]
-    assert _read(restarted, start, end) == first == [(0, "A"), (1, "Y1")]
+    assert read_batch(restarted, start, end) == first == [(0, "A"), (1, "Y1")]
     after = restarted.latestOffset(end, ReadMaxRows(2))
-    assert _read(restarted, end, after) == [(2, "Y2")]
+    assert read_batch(restarted, end, after) == [(2, "Y2")]
 
 
 def test_a_plan_that_never_ran_is_rolled_back(qm, new_reader):
@@ -98,7 +70,7 @@ def test_a_plan_that_never_ran_is_rolled_back(qm, new_reader):
     # Spark asks again from the same start: the first plan was never run, so its messages wait again.
     again = reader.latestOffset(start, ReadMaxRows(2))
     assert again["plan"] != abandoned["plan"]
-    assert _read(reader, start, again) == [(0, "A"), (1, "Y1")]
+    assert read_batch(reader, start, again) == [(0, "A"), (1, "Y1")]
     assert qm.depth("Q", consumer="default") == 8
 
 
@@ -124,7 +96,7 @@ def test_idle_polling_writes_nothing_and_returns_the_start(qm, new_reader):
     assert _state_version(qm) == version
     qm.put("Q", [{"payload": "new"}])
     later = reader.latestOffset(end, ReadAllAvailable())
-    assert _read(reader, end, later) == [(8, "new")]
+    assert read_batch(reader, end, later) == [(8, "new")]
 
 
 def test_available_now_stops_at_what_was_there_at_start(qm, new_reader):
@@ -135,7 +107,7 @@ def test_available_now_stops_at_what_was_there_at_start(qm, new_reader):
     start = reader.initialOffset()
     qm.put("Q", [{"payload": "after"}])
     end = reader.latestOffset(start, ReadAllAvailable())
-    assert _read(reader, start, end) == [(0, "before")]
+    assert read_batch(reader, start, end) == [(0, "before")]
     assert reader.latestOffset(end, ReadAllAvailable()) == end
 
 
@@ -165,7 +137,7 @@ def test_an_expired_message_is_discarded_by_a_batch_and_leaves_the_depth(qm, new
     reader = new_reader()
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
-    assert _read(reader, start, end) == [(0, "kept")]
+    assert read_batch(reader, start, end) == [(0, "kept")]
     reader.latestOffset(end, ReadAllAvailable())
     assert qm.depth("Q", consumer="default") == 0
 
@@ -179,7 +151,8 @@ def test_cli_depth_shows_each_consumer_group(qm, capsys, new_reader):
     reader.latestOffset(end, ReadMaxRows(1))
     assert main(["--root", qm.root, "depth", "Q", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["queue"], r["consumer"], r["depth"]) for r in rows] == [("Q", None, 2), ("Q", "billing", 1)]
+    # "one" is consumed by the only counted group, so CURDEPTH is 1.
+    assert [(r["queue"], r["consumer"], r["depth"]) for r in rows] == [("Q", None, 1), ("Q", "billing", 1)]
     assert all(isinstance(r["oldest_age_s"], float) for r in rows)
 
 
@@ -195,7 +168,15 @@ def test_a_delete_behind_mqspark_s_back_stops_the_get(qm, new_reader):
 def _state_rows(qm) -> list[tuple]:
     table = DeltaTable(storage.state_location(qm.root, "Q")).to_pyarrow_table()
     return sorted(
-        (r["event"], r["plan_id"] is not None, r["file"] is not None, r["row"], r["count"], r["seq"], r["delivery_seq"])
+        (
+            r["event"],
+            r["plan_id"] is not None,
+            r["origin"] is not None,
+            r["row"],
+            r["count"],
+            r["seq"],
+            r["delivery_seq"],
+        )
         for r in table.to_pylist()
     )
 
@@ -221,14 +202,14 @@ def test_compaction_folds_consumed_plans_and_keeps_the_plan_in_flight(qm, new_re
     assert qm.depth("Q", consumer="default") == 4
     assert qm.backlog("Q", consumer="default").depth == 4
     # A replay of the batch in flight, and the rest after a restart, see the compacted state.
-    assert _read(new_reader(), second, third) == [(6, "m6"), (7, "m7"), (8, "m8")]
+    assert read_batch(new_reader(), second, third) == [(6, "m6"), (7, "m7"), (8, "m8")]
     reader.stop()
     restarted = new_reader()
     start = restarted.initialOffset()
     assert (start["seq"], start["delivered"]) == (3, 9)
     end = restarted.latestOffset(start, ReadAllAvailable())
     # Plan 3 never became consumed (its batch did not finish): its messages come again, then the rest.
-    assert _read(restarted, start, end) == [(9, "m6"), (10, "m7"), (11, "m8"), (12, "m9")]
+    assert read_batch(restarted, start, end) == [(9, "m6"), (10, "m7"), (11, "m8"), (12, "m9")]
 
 
 def test_the_state_table_stays_small_as_batches_go_by(qm, new_reader):
@@ -239,7 +220,7 @@ def test_the_state_table_stays_small_as_batches_go_by(qm, new_reader):
     delivered = []
     for _ in range(3 * COMPACT_EVERY):
         end = reader.latestOffset(start, ReadMaxRows(1))
-        delivered += _read(reader, start, end)
+        delivered += read_batch(reader, start, end)
         start = end
     assert delivered == [(i, f"m{i}") for i in range(3 * COMPACT_EVERY)]
     table = DeltaTable(storage.state_location(qm.root, "Q"))

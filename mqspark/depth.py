@@ -1,0 +1,121 @@
+"""What waits on a queue: its live messages' identities, and which consumer groups still wait for them.
+
+- **CURDEPTH** (``qm.depth(queue)``): the live messages still waiting for at least one counted
+  consumer group, expired ones left out. With no counted group, every live message waits (for the
+  first group to come).
+- **A group's depth**: the live messages the group has not consumed, expired ones left out.
+- **Counted groups** are those with records in the queue's state table: every group that has read
+  the queue, and groups declared on it before they first read. Deleting a group releases its
+  messages.
+
+A put checks ``max_depth`` against CURDEPTH. It reads only file statistics while the queue's live
+messages (consumed or not) fit under ``max_depth``; otherwise it computes CURDEPTH exactly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from . import storage
+from .consumers import GroupsSnapshot, expand_ranges, in_ranges
+from .messages import MESSAGE_SCHEMA, TIMESTAMP, origins
+
+
+def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
+    """The live files of ``table``'s version (see :func:`storage.live_files`) and every live message:
+    ``file`` (its number in that list), ``origin`` and ``row`` (its identity), ``expiry``, and the
+    ``extra`` columns, in file order.
+
+    Files a put wrote whose rows are consecutive in one origin and never expire are described by their
+    statistics alone; the others are read (only the columns needed).
+    """
+    extra = extra or []
+    files = storage.live_files(table)
+    simple = np.zeros(files.num_rows, dtype=bool)
+    if not extra and files.num_rows:
+        low = pc.fill_null(files["min_put_seq"], -1).to_numpy()
+        high = pc.fill_null(files["max_put_seq"], -2).to_numpy()
+        simple = (
+            pc.is_valid(files["version"]).to_numpy(zero_copy_only=False)
+            & pc.fill_null(files["never_expire"], False).to_numpy(zero_copy_only=False)
+            & (high - low + 1 == files["rows"].to_numpy())
+            & (low >> 32 == high >> 32)
+        )
+    pieces = []
+    if simple.any():
+        chosen = np.flatnonzero(simple)
+        count = files["rows"].to_numpy()[chosen]
+        low = files["min_put_seq"].to_numpy(zero_copy_only=False)[chosen]
+        version = files["version"].to_numpy(zero_copy_only=False)[chosen].astype(np.int64)
+        pieces.append(
+            _identities(
+                np.repeat(chosen, count),
+                np.repeat(version, count),
+                expand_ranges(low, count),
+                pa.nulls(int(count.sum()), TIMESTAMP),
+            )
+        )
+    paths = files["path"].to_pylist()
+    versions = files["version"].to_pylist()
+    for number in np.flatnonzero(~simple):
+        data = storage.read_messages(table.table_uri, paths[number], versions[number], ["put_seq", "expiry", *extra])
+        piece = _identities(
+            np.full(data.num_rows, number),
+            data["commit_version"].to_numpy(),
+            data["put_seq"].to_numpy(),
+            data["expiry"],
+        )
+        for name in extra:
+            piece = piece.append_column(name, data[name])
+        pieces.append(piece)
+    if not pieces:
+        empty = _identities(
+            np.array([], np.int64), np.array([], np.int64), np.array([], np.int64), pa.array([], TIMESTAMP)
+        )
+        for name in extra:
+            empty = empty.append_column(name, pa.array([], MESSAGE_SCHEMA.field(name).type))
+        return files, empty
+    return files, pa.concat_tables(pieces)
+
+
+def _identities(
+    file: np.ndarray, commit_version: np.ndarray, put_seq: np.ndarray, expiry: pa.Array | pa.ChunkedArray
+) -> pa.Table:
+    names, number, row = origins(commit_version, put_seq)
+    origin = pa.DictionaryArray.from_arrays(pa.array(number), pa.array(names, pa.string())).cast(pa.string())
+    return pa.table(
+        {
+            "file": pa.array(np.asarray(file, dtype=np.int32)),
+            "origin": origin,
+            "row": pa.array(row),
+            "expiry": expiry.cast(TIMESTAMP),
+        }
+    )
+
+
+def consumed_by(live: pa.Table, ranges: pa.Table) -> np.ndarray:
+    """Which of the ``live`` messages lie in the ``origin``/``row``/``count`` ranges."""
+    return in_ranges(live["origin"], live["row"], ranges).to_numpy(zero_copy_only=False)
+
+
+def expired(live: pa.Table, at: datetime) -> np.ndarray:
+    return pc.fill_null(pc.less_equal(live["expiry"], pa.scalar(at, TIMESTAMP)), False).to_numpy(zero_copy_only=False)
+
+
+def waiting(live: pa.Table, groups: GroupsSnapshot, now: datetime, consumer: str | None = None) -> np.ndarray:
+    """Which of the ``live`` messages wait: for ``consumer``, or (None) for at least one counted group."""
+    unexpired = ~expired(live, now)
+    if consumer is not None:
+        consumed = groups.consumed.get(consumer)
+        return unexpired if consumed is None else unexpired & ~consumed_by(live, consumed)
+    if not groups.groups:
+        return unexpired
+    for_someone = np.zeros(live.num_rows, dtype=bool)
+    for name in groups.groups:
+        for_someone |= ~consumed_by(live, groups.consumed[name])
+    return unexpired & for_someone

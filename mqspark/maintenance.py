@@ -1,0 +1,362 @@
+"""Maintenance: what keeps a queue small (``qm.maintain``, ``mqspark maintain``), and purge (CLEAR QLOCAL).
+
+Purge removes every live message in one commit, under the same lease, and is refused while a query
+of any consumer group holds its lease. Messages put after its commit stay.
+
+One maintenance run of a queue, under the queue's maintenance lease (at most one at a time: two
+overlapping compactions would duplicate every row):
+
+1. **Removes messages** that every counted consumer group has consumed, and messages expired for
+   longer than :data:`EXPIRY_GRACE`. Messages of a plan not yet consumed (a batch that a replay may
+   still deliver) are never removed.
+2. **Rewrites files**: a file whose messages are all removed is dropped; a file with some removed
+   messages, a file a put wrote, and small files are rewritten into files of up to
+   :data:`TARGET_FILE_BYTES`. Rewritten rows carry their ``commit_version``, so physical order and
+   each message's identity (its origin and row) stay what they were. All of it is one commit at
+   exactly the version after the one read, so a concurrent put or another maintenance makes it
+   re-read, and a rewrite of files that are gone is given up.
+3. **Keeps the log and storage bounded**: a checkpoint at that commit, log entries older than the
+   retention cleaned up, and removed files vacuumed once older than the retention (time travel
+   reaches back that far).
+4. **Compacts the state table**, dropping the consumed ranges of messages no longer in the queue.
+
+Every file a put wrote is rewritten by the next run, so once a run is done the files whose rows carry
+no ``commit_version`` were all added after it, and their log entries are kept: the version that
+added them is still known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import depth, storage
+from .consumers import MAINTENANCE, ConsumerState, Heartbeat
+from .errors import MQError, MQValidationError, Reason
+from .messages import QUEUE_TABLE_SCHEMA
+
+if TYPE_CHECKING:
+    from .qmgr import QueueManager
+
+# Removed files and log entries stay this long by default, for time travel and for readers still
+# on an older version.
+DEFAULT_RETENTION = timedelta(hours=1)
+# An expired message is removed once it has been expired this long, so that a batch planned just
+# before it expired is recorded (and protected) before maintenance decides.
+EXPIRY_GRACE = timedelta(minutes=5)
+# Rewritten messages go into files of up to this many bytes; files under a quarter of it are merged.
+TARGET_FILE_BYTES = 128 * 1024 * 1024
+LEASE_TIMEOUT = timedelta(seconds=30)
+_ATTEMPTS = 100
+_log = logging.getLogger("mqspark.maintenance")
+
+
+@dataclass(frozen=True)
+class MaintenanceSummary:
+    """What one maintenance run of a queue did."""
+
+    queue: str
+    version: int | None
+    """The version of the maintenance commit; None when no file needed a change."""
+    removed_consumed: int
+    removed_expired: int
+    rewritten: int
+    """Messages kept and moved into new files."""
+    files_before: int
+    files_after: int
+    log_entries_removed: int
+    files_vacuumed: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_retention(retention: object) -> timedelta:
+    if not isinstance(retention, timedelta):
+        raise MQValidationError(f"retention must be a timedelta, got {type(retention).__name__} {retention!r}")
+    if retention < timedelta(0):
+        raise MQValidationError(f"retention must be 0 or more, got {retention.total_seconds():g} seconds")
+    return retention
+
+
+def maintain(qm: QueueManager, queue: str, retention: timedelta, now: datetime | None = None) -> MaintenanceSummary:
+    """Run maintenance on local queue ``queue`` (see the module docstring)."""
+    started = time.monotonic()
+    now = now or datetime.now(UTC)
+    with _Lease(qm, queue):
+        location = storage.queue_location(qm.root, queue)
+        table = _prepared_table(location, qm.storage_options, retention)
+        state = ConsumerState(qm.root, queue, qm.storage_options)
+        read_version = table.version()
+        files, messages = depth.live_messages(table, list(GROUP_FIELDS))
+        groups = state.all_groups()
+        consumed_by_all = np.zeros(messages.num_rows, dtype=bool)
+        if groups.groups:
+            consumed_by_all[:] = True
+            for name in groups.groups:
+                consumed_by_all &= depth.consumed_by(messages, groups.consumed[name])
+            # A group's consumed items anchor its place in logical order until its last item is consumed.
+            consumed_by_all &= _finished_or_ungrouped(messages, consumed_by_all)
+        expired = depth.expired(messages, now - EXPIRY_GRACE)
+        removed = (consumed_by_all | expired) & ~depth.consumed_by(messages, groups.in_flight)
+        file = messages["file"].to_numpy()
+        plan = _rewrite_plan(files, file, removed)
+        version = None
+        moved = np.isin(file, plan.rewritten) & ~removed
+        if len(plan.dropped) or len(plan.rewritten):
+            written = _write(location, _kept_rows(location, files, plan.rewritten, file, removed), files)
+            changed = files["path"].to_numpy(zero_copy_only=False)[np.concatenate([plan.dropped, plan.rewritten])]
+            version = _commit(location, qm.storage_options, changed.tolist(), written)
+        # Log entries may go only when no live file still needs its add version from them: every file a
+        # put wrote was rewritten, or there was none.
+        unstamped = pc.any(pc.is_valid(files["version"])).as_py()
+        clean_before = read_version if version is not None or not unstamped else None
+        cleaned, vacuumed = _tidy(location, qm.storage_options, version, clean_before, now - retention)
+        if version is None:
+            removed[:] = False
+            moved[:] = False
+        state.compact(live=pc.unique(messages["origin"].filter(pa.array(~removed))), seen_version=read_version)
+        return MaintenanceSummary(
+            queue=queue,
+            version=version,
+            removed_consumed=int((removed & consumed_by_all).sum()),
+            removed_expired=int((removed & ~consumed_by_all).sum()),
+            rewritten=int(moved.sum()),
+            files_before=files.num_rows,
+            files_after=len(storage.live_paths(storage.open_table(location, qm.storage_options))),
+            log_entries_removed=cleaned,
+            files_vacuumed=vacuumed,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+
+def purge(qm: QueueManager, queue: str, lease_timeout: timedelta) -> int:
+    """Remove every live message of local queue ``queue`` in one commit (see :meth:`QueueManager.purge`)."""
+    state = ConsumerState(qm.root, queue, qm.storage_options)
+    for group in state.groups():
+        if state.lease(group, lease_timeout) is not None:
+            raise MQError(
+                f"queue {queue}: consumer group {group!r} is reading it; stop its query before purging",
+                Reason.MQRC_OBJECT_IN_USE,
+            )
+    location = storage.queue_location(qm.root, queue)
+    with _Lease(qm, queue):
+        removed: list[int] = []
+
+        def prepare(attempt: int):
+            table = storage.open_table(location, qm.storage_options)
+            files = storage.live_files(table)
+            removed[:] = [int(pc.sum(files["rows"]).as_py() or 0)]
+            return lambda: storage.commit_files(
+                table,
+                [],
+                QUEUE_TABLE_SCHEMA,
+                removed=files["path"].to_pylist(),
+                metadata={"mqspark.operation": "purge"},
+            )
+
+        storage.commit_until_landed(
+            location, [], prepare, _ATTEMPTS, f"queue {queue}: purge gave up after {_ATTEMPTS} conflicts"
+        )
+        return removed[0]
+
+
+# The columns that say where a message's group ends.
+GROUP_FIELDS = ("group_id", "last_in_group", "segmented", "last_segment")
+
+
+def _finished_or_ungrouped(messages: pa.Table, consumed: np.ndarray) -> np.ndarray:
+    """Which messages are in no group, or in a group whose last item (the last segment of its last
+    message) is ``consumed``."""
+    group = messages["group_id"]
+    grouped = pc.is_valid(group).to_numpy(zero_copy_only=False)
+    ends = (
+        grouped
+        & messages["last_in_group"].to_numpy(zero_copy_only=False)
+        & (
+            ~messages["segmented"].to_numpy(zero_copy_only=False)
+            | messages["last_segment"].to_numpy(zero_copy_only=False)
+        )
+        & consumed
+    )
+    finished = pc.is_in(group, value_set=group.filter(pa.array(ends))).to_numpy(zero_copy_only=False)
+    return ~grouped | finished
+
+
+class Maintenance:
+    """Maintenance runs a long-lived service (a streaming get's planner) starts now and then, each in a
+    background thread, with the default retention. A run that finds another one going is skipped."""
+
+    def __init__(self, qm: QueueManager, queue: str) -> None:
+        self.qm = qm
+        self.queue = queue
+        self.started = time.monotonic()
+        self.last: MaintenanceSummary | Exception | None = None
+        self._thread: threading.Thread | None = None
+
+    def start_if_due(self, interval: timedelta) -> bool:
+        """Start a run when ``interval`` has passed since the last one started (or since this object was
+        made) and none is running; True when one was started."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        if time.monotonic() - self.started < interval.total_seconds():
+            return False
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"mqspark-maintain-{self.queue}", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        try:
+            self.last = maintain(self.qm, self.queue, DEFAULT_RETENTION)
+        except MQError as error:
+            self.last = error
+            if error.reason != Reason.MQRC_OBJECT_IN_USE:
+                _log.warning("maintenance of queue %s failed: %s", self.queue, error)
+        except Exception as error:  # noqa: BLE001 - a failed run must not stop the service; the next one retries
+            self.last = error
+            _log.warning("maintenance of queue %s failed: %s", self.queue, error)
+
+
+class _Lease:
+    """The queue's maintenance lease, renewed while a run lasts; refused (2042) while another run holds it."""
+
+    def __init__(self, qm: QueueManager, queue: str) -> None:
+        location = storage.maintenance_location(qm.root, queue)
+        self.state = ConsumerState(qm.root, queue, qm.storage_options, location)
+        self.queue = queue
+        self.owner = uuid.uuid4().hex
+
+    def __enter__(self) -> _Lease:
+        try:
+            self.state.acquire(MAINTENANCE, self.owner, LEASE_TIMEOUT)
+        except MQError as error:
+            if error.reason != Reason.MQRC_OBJECT_IN_USE:
+                raise
+            raise MQError(
+                f"queue {self.queue}: maintenance is already running (another process holds its lease)",
+                Reason.MQRC_OBJECT_IN_USE,
+            ) from None
+        self.heartbeat = Heartbeat(self.state, MAINTENANCE, self.owner, LEASE_TIMEOUT)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.heartbeat.stop()
+        self.state.release(MAINTENANCE, self.owner)
+
+
+def _prepared_table(location: str, storage_options: storage.StorageOptions, retention: timedelta):
+    """The queue table, its properties set for ``retention`` and for log clean-up by maintenance only."""
+    table = storage.open_table(location, storage_options)
+    seconds = int(retention.total_seconds())
+    wanted = {
+        "delta.enableExpiredLogCleanup": "false",
+        "delta.logRetentionDuration": f"interval {seconds} seconds",
+        "delta.deletedFileRetentionDuration": f"interval {seconds} seconds",
+    }
+    return storage.open_table(location, storage_options) if storage.set_properties(table, wanted) else table
+
+
+@dataclass(frozen=True)
+class _RewritePlan:
+    """File numbers (into the live files) to drop, and to rewrite."""
+
+    dropped: np.ndarray
+    rewritten: np.ndarray
+
+
+def _rewrite_plan(files: pa.Table, file: np.ndarray, removed: np.ndarray) -> _RewritePlan:
+    """Which files go (every message removed) and which are rewritten (some removed, written by a put,
+    or small while there is another small file to merge with)."""
+    count = len(files)
+    rows = files["rows"].to_numpy()
+    gone = np.bincount(file[removed], minlength=count)
+    stamped = pc.is_null(files["version"]).to_numpy(zero_copy_only=False)
+    small = files["size"].to_numpy() < TARGET_FILE_BYTES // 4
+    drop = gone == rows
+    rewrite = ~drop & ((gone > 0) | ~stamped | (small & (small.sum() > 1)))
+    return _RewritePlan(np.flatnonzero(drop), np.flatnonzero(rewrite))
+
+
+def _kept_rows(location: str, files: pa.Table, rewritten: np.ndarray, file: np.ndarray, removed: np.ndarray):
+    """The kept messages of the rewritten files, whole, with their commit_version, in physical order."""
+    if not len(rewritten):
+        return QUEUE_TABLE_SCHEMA.empty_table()
+    paths = files["path"].to_pylist()
+    versions = files["version"].to_pylist()
+    pieces = []
+    for number in rewritten:
+        data = storage.read_messages(location, paths[number], versions[number], QUEUE_TABLE_SCHEMA.names)
+        pieces.append(data.filter(pa.array(~removed[file == number])))
+    kept = pa.concat_tables(pieces).select(QUEUE_TABLE_SCHEMA.names).cast(QUEUE_TABLE_SCHEMA)
+    return kept.sort_by([("commit_version", "ascending"), ("put_seq", "ascending")])
+
+
+def _write(location: str, kept: pa.Table, files: pa.Table) -> list[storage.DataFile]:
+    """``kept`` in files of about :data:`TARGET_FILE_BYTES` (judged by the live files' bytes per row)."""
+    if kept.num_rows == 0:
+        return []
+    per_row = max(1, int(pc.sum(files["size"]).as_py() // max(1, int(pc.sum(files["rows"]).as_py()))))
+    rows_per_file = max(1, TARGET_FILE_BYTES // per_row)
+    written = []
+    for start in range(0, kept.num_rows, rows_per_file):
+        part = kept.slice(start, rows_per_file)
+        written.append(storage.write_data_file(location, part.to_batches(), QUEUE_TABLE_SCHEMA))
+    return written
+
+
+def _commit(
+    location: str, storage_options: storage.StorageOptions, removed: list[str], written: list[storage.DataFile]
+) -> int | None:
+    """Commit the rewrite at exactly the version after the one it checks; a concurrent commit makes it
+    check again that every file it removes is still live, and give up (deleting its files) if not."""
+
+    def prepare(attempt: int):
+        table = storage.open_table(location, storage_options)
+        if not set(removed) <= set(storage.live_paths(table)):
+            return None
+        return lambda: storage.commit_files(
+            table,
+            written,
+            QUEUE_TABLE_SCHEMA,
+            removed=removed,
+            metadata={"mqspark.operation": "maintain", "mqspark.files_removed": len(removed)},
+        )
+
+    return storage.commit_until_landed(
+        location, written, prepare, _ATTEMPTS, f"maintenance of {location} gave up after {_ATTEMPTS} conflicts"
+    )
+
+
+def _tidy(
+    location: str,
+    storage_options: storage.StorageOptions,
+    version: int | None,
+    clean_before: int | None,
+    older_than: datetime,
+) -> tuple[int, int]:
+    """Delete the files that maintenance and purge commits older than ``older_than`` removed, clean up
+    the log entries before version ``clean_before`` older than the table's retention (None: keep
+    them all), and checkpoint at the maintenance commit ``version``. Returns the log entries and
+    files removed."""
+    vacuumed = storage.delete_removed_files(location, older_than)
+    table = storage.open_table(location, storage_options)
+    cleaned = 0
+    if clean_before is not None:
+        table.load_as_version(clean_before)
+        cleaned = storage.clean_up_log(table)
+    if version is not None:
+        table.load_as_version(version)
+        table.create_checkpoint()
+    return cleaned, vacuumed
