@@ -36,7 +36,7 @@ setup() {
         echo "$wanted" > "$stamp"
     fi
     # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.
-    "$VENV/bin/python" -m mqspark.spark > /dev/null
+    "$VENV/bin/python" -m mqspark.spark.session > /dev/null
 }
 
 command="${1:-}"

@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 
 import mqspark
 from mqspark import QueueManager, storage
-from mqspark.cluster import Cluster
+from mqspark.cluster.repository import Cluster
 
 from .stream_put import _commits, _progress_fields, _run_stream, _summary, _write_input, check_run
 

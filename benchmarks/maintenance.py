@@ -51,9 +51,9 @@ import pyarrow as pa
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from mqspark import QueueManager, depth, qmgr, storage
-from mqspark.datasource import _get_options
 from mqspark.messages import QUEUE_TABLE_SCHEMA, group_items, prepare_put, rows_to_table
-from mqspark.stream import QueueStreamReader
+from mqspark.spark.datasource import _get_options
+from mqspark.spark.stream import QueueStreamReader
 
 from .stream_get import _Contention, _p
 from .stream_put import check_run

@@ -382,8 +382,8 @@ def _plan_rounds(qm: QueueManager, queue: str, rounds: int, readers: list) -> di
     the reader is added to ``readers`` (its lease heartbeat runs until stopped)."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from mqspark.datasource import _get_options
-    from mqspark.stream import QueueStreamReader
+    from mqspark.spark.datasource import _get_options
+    from mqspark.spark.stream import QueueStreamReader
 
     options = {"path": qm.root, "queue": queue, "consumer": "bench", "maxmessagespertrigger": "10"}
     reader = QueueStreamReader(_get_options(options))

@@ -1,6 +1,6 @@
 """mqspark: transactional message queues on Delta tables for Apache Spark."""
 
-from .cluster import Cluster
+from .cluster.repository import Cluster
 from .definitions import QueueDefinition, QueueManagerDefinition
 from .errors import MQError, MQValidationError, Reason
 from .qmgr import QueueManager
@@ -24,11 +24,11 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # Spark is imported only by those who use it: the CLI and plain puts start in well under a second.
     if name in ("session", "register"):
-        from . import spark
+        from .spark import session as spark
 
         return getattr(spark, name)
     if name == "route":
-        from .workload import route
+        from .spark.workload import route
 
         return route
     raise AttributeError(name)

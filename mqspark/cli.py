@@ -14,12 +14,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from .cluster import ROUTE_STATES, Cluster
+from .cluster.repository import ROUTE_STATES, Cluster
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError
-from .maintenance import DEFAULT_RETENTION
 from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
+from .services.maintenance import DEFAULT_RETENTION
 
 DEFAULT_ROOT = "./mq-data"
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")

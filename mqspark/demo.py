@@ -65,7 +65,7 @@ def run(root: str) -> None:
     work = Path(location) / "demo"
     _write_input(work / "input")
 
-    from .spark import session
+    from .spark.session import session
 
     spark = session(app_name="mqspark-demo", **{"spark.ui.showConsoleProgress": "false"})
 

@@ -19,12 +19,11 @@ from deltalake.exceptions import CommitFailedError
 
 from . import storage
 from .catalog import Catalog, CatalogState
-from .cluster import AdvertisedQueue, Cluster
+from .cluster.repository import AdvertisedQueue, Cluster
 from .consumers import DEFAULT_LEASE_TIMEOUT, ConsumerState
 from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from .depth import live_messages, waiting
 from .errors import MQError, MQValidationError, Reason
-from .maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
 from .messages import (
     GROUP_COLUMNS,
     MESSAGE_SCHEMA,
@@ -35,6 +34,7 @@ from .messages import (
     rows_to_table,
 )
 from .ordering import DeliveryOptions, deliver
+from .services.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
 
 MESSAGE_TABLE_CONFIGURATION = {
     "delta.enableChangeDataFeed": "true",
@@ -392,7 +392,7 @@ class QueueManager:
     def maintain(self, queue: str, retention: timedelta = DEFAULT_RETENTION) -> MaintenanceSummary:
         """Run maintenance on ``queue`` (its target, for an alias): remove what every counted group has
         consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping
-        time travel for ``retention``. See :mod:`mqspark.maintenance`."""
+        time travel for ``retention``. See :mod:`mqspark.services.maintenance`."""
         check_retention(retention)
         return maintain(self, self._resolve(queue).name, retention)
 

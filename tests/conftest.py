@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mqspark import QueueManager
-from mqspark.datasource import _get_options
-from mqspark.stream import QueueStreamReader
+from mqspark.spark.datasource import _get_options
+from mqspark.spark.stream import QueueStreamReader
 
 
 @pytest.fixture(scope="session")

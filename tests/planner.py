@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mqspark.stream import QueueStreamReader
+from mqspark.spark.stream import QueueStreamReader
 
 
 def read_batch(reader: QueueStreamReader, start: dict, end: dict) -> list[tuple]:

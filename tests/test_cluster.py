@@ -25,7 +25,7 @@ from deltalake import DeltaTable, write_deltalake
 from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, storage
 from mqspark.catalog import CATALOG_SCHEMA, Catalog, rewrite_until_landed
 from mqspark.cli import main
-from mqspark.cluster import REPOSITORY_SCHEMA, AdvertisedQueue, Binding, Cluster, ClusterSnapshot, Member
+from mqspark.cluster.repository import REPOSITORY_SCHEMA, AdvertisedQueue, Binding, Cluster, ClusterSnapshot, Member
 from mqspark.consumers import ConsumerState
 
 from .state import refused, unchanged

@@ -23,7 +23,7 @@ import pytest
 from deltalake import DeltaTable
 
 from mqspark import QueueManager, storage
-from mqspark.cluster import Cluster
+from mqspark.cluster.repository import Cluster
 
 from .processes import finish_driver, kill_run, last_spark_commit, start_driver
 

@@ -14,8 +14,8 @@ from chispa import assert_df_equality
 from pyspark.errors import AnalysisException
 
 from mqspark import QueueManager
-from mqspark.cluster import Cluster
-from mqspark.workload import route
+from mqspark.cluster.repository import Cluster
+from mqspark.spark.workload import route
 
 from .test_sink import _stream, _write_json_batch
 

@@ -21,10 +21,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
 from mqspark.cli import main
 from mqspark.consumers import MAINTENANCE, ConsumerState
-from mqspark.maintenance import EXPIRY_GRACE, maintain
 from mqspark.messages import MESSAGE_SCHEMA
 from mqspark.qmgr import MAINTAIN_AT_FILES
-from mqspark.stream import QueueStreamReader
+from mqspark.services.maintenance import EXPIRY_GRACE, maintain
+from mqspark.spark.stream import QueueStreamReader
 
 from .planner import read_batch
 from .samples import spec_example

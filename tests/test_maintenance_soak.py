@@ -43,9 +43,9 @@ from deltalake import DeltaTable
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from mqspark import MQError, QueueManager, Reason, storage
-from mqspark.datasource import _get_options
-from mqspark.maintenance import LEASE_TIMEOUT
-from mqspark.stream import QueueStreamReader
+from mqspark.services.maintenance import LEASE_TIMEOUT
+from mqspark.spark.datasource import _get_options
+from mqspark.spark.stream import QueueStreamReader
 
 PRIORITIES = (0, 4, 9)
 PAYLOAD_BYTES = 100
@@ -388,7 +388,7 @@ def _profile() -> dict[str, list[float]]:
     from deltalake.exceptions import CommitFailedError
 
     from mqspark import consumers, depth
-    from mqspark import maintenance as module
+    from mqspark.services import maintenance as module
 
     totals: dict[str, list[float]] = {}
     steps = [

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 from mqspark import MQValidationError
-from mqspark.cluster import AdvertisedQueue, Binding, ClusterSnapshot, Member
+from mqspark.cluster.repository import AdvertisedQueue, Binding, ClusterSnapshot, Member
+from mqspark.cluster.routing import BIND_MODES, RouteRequest, route_messages
 from mqspark.messages import MESSAGE_SCHEMA
-from mqspark.routing import BIND_MODES, RouteRequest, route_messages
 
 A = "INVENTORY"
 B = "PAYMENTS"

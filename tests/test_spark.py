@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
-from mqspark.source import batch_rows
+from mqspark.spark.browse import batch_rows
 
 from .samples import spec_example
 

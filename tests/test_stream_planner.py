@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from mqspark import MQError, Reason, storage
 from mqspark.cli import main
 from mqspark.consumers import COMPACT_EVERY, ConsumerState
-from mqspark.stream import OFFSET_KEYS
+from mqspark.spark.stream import OFFSET_KEYS
 
 from .planner import read_batch
 from .samples import spec_example

@@ -13,8 +13,8 @@ from datetime import datetime
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from .ordering import DeliveryOptions
-from .qmgr import QueueManager
+from ..ordering import DeliveryOptions
+from ..qmgr import QueueManager
 
 
 @dataclass(frozen=True)

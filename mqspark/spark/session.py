@@ -19,7 +19,7 @@ from delta import configure_spark_with_delta_pip
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -53,7 +53,9 @@ def delta_jars() -> list[str]:
 def _resolve(packages: str, folder: Path) -> list[str]:
     ivy = folder / "ivy"
     if SparkSession.getActiveSession() is not None:
-        raise RuntimeError("resolve the Delta jars before any SparkSession starts (run: python -m mqspark.spark)")
+        raise RuntimeError(
+            "resolve the Delta jars before any SparkSession starts (run: python -m mqspark.spark.session)"
+        )
     spark = (
         SparkSession.builder.master("local[1]")
         .appName("mqspark-resolve-jars")

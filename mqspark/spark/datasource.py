@@ -1,11 +1,11 @@
 """The ``mq`` Spark data source: the options users give, checked on the driver, and the reader and writers.
 
-- ``spark.read.format("mq").option("queue", Q).load(root)``: browse (:mod:`mqspark.source`);
+- ``spark.read.format("mq").option("queue", Q).load(root)``: browse (:mod:`mqspark.spark.browse`);
 - ``spark.readStream.format("mq").option("queue", Q).load(root)``: streaming get, destructive for
-  its consumer group (:mod:`mqspark.stream`);
-- ``df.write.format("mq").option("queue", Q).mode("append").save(root)``: batch put (:mod:`mqspark.sink`);
+  its consumer group (:mod:`mqspark.spark.stream`);
+- ``df.write.format("mq").option("queue", Q).mode("append").save(root)``: batch put (:mod:`mqspark.spark.sink`);
 - ``df.writeStream.format("mq").option("queue", Q).option("checkpointLocation", C).start(root)``:
-  streaming put, exactly once per micro-batch (:mod:`mqspark.sink`).
+  streaming put, exactly once per micro-batch (:mod:`mqspark.spark.sink`).
 
 Spark hands data sources their options with lower-cased keys. Mistakes are reported where Spark
 calls the driver first (``load()``, ``save()``, ``start()``), naming the option and the value.
@@ -25,13 +25,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from .consumers import DEFAULT_LEASE_TIMEOUT
-from .definitions import validate_name
-from .errors import MQValidationError
-from .ordering import DeliveryOptions
-from .qmgr import BROWSE_SCHEMA, QueueManager
+from ..consumers import DEFAULT_LEASE_TIMEOUT
+from ..definitions import validate_name
+from ..errors import MQValidationError
+from ..ordering import DeliveryOptions
+from ..qmgr import BROWSE_SCHEMA, QueueManager
+from .browse import BrowsePlan, BrowseReader
 from .sink import QueueStreamWriter, QueueWriter, SinkPlan
-from .source import BrowsePlan, BrowseReader
 from .stream import DEFAULT_MAINTENANCE_INTERVAL, GetOptions, QueueStreamReader
 from .workload import cluster_names
 

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .cluster import ROUTE_STATES, Binding, ClusterSnapshot
-from .definitions import BINDS
-from .errors import MQValidationError, Reason
+from ..definitions import BINDS
+from ..errors import MQValidationError, Reason
+from .repository import ROUTE_STATES, Binding, ClusterSnapshot
 
 BIND_MODES = ("as_q_def", *BINDS)
 

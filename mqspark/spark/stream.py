@@ -13,7 +13,7 @@ How a micro-batch goes (the planner methods run in one long-lived driver process
 3. ``read(partition)``: the executor reads the planned rows from their data files.
 
 Every ``maintenanceInterval`` the planner also starts a maintenance run of the queue in the
-background (see :mod:`mqspark.maintenance`); a run already going elsewhere is left to finish.
+background (see :mod:`mqspark.services.maintenance`); a run already going elsewhere is left to finish.
 
 The last batch of a run is recorded as consumed by the listener :func:`mqspark.register` installs
 (``latestOffset`` after it never comes), or by ``latestOffset`` when the query restarts.
@@ -40,15 +40,15 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from . import storage
-from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges
-from .errors import MQError, Reason
-from .maintenance import Maintenance
-from .messages import MESSAGE_SCHEMA, TIMESTAMP
-from .ordering import DeliveryOptions, deliver, join_segments, keep_rows
-from .pending import PendingMessages
-from .qmgr import BROWSE_SCHEMA, QueueManager
-from .source import batch_rows
+from .. import storage
+from ..consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges
+from ..errors import MQError, Reason
+from ..messages import MESSAGE_SCHEMA, TIMESTAMP
+from ..ordering import DeliveryOptions, deliver, join_segments, keep_rows
+from ..pending import PendingMessages
+from ..qmgr import BROWSE_SCHEMA, QueueManager
+from ..services.maintenance import Maintenance
+from .browse import batch_rows
 
 OFFSET_KEYS = ("root", "queue", "consumer", "owner", "seq", "plan", "delivered", "version", "now")
 # Planned messages are split into partitions of about this many payload bytes.

@@ -21,12 +21,12 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from .cluster import Binding, Cluster, ClusterSnapshot
-from .definitions import QueueDefinition, validate_name
-from .errors import MQError, MQValidationError, Reason
-from .messages import MESSAGE_SCHEMA, dead_letter
-from .qmgr import QueueManager
-from .routing import RouteRequest, Routing, check_bind, route_messages
+from ..cluster.repository import Binding, Cluster, ClusterSnapshot
+from ..cluster.routing import RouteRequest, Routing, check_bind, route_messages
+from ..definitions import QueueDefinition, validate_name
+from ..errors import MQError, MQValidationError, Reason
+from ..messages import MESSAGE_SCHEMA, dead_letter
+from ..qmgr import QueueManager
 
 # What route() adds to a DataFrame.
 ROUTE_COLUMNS = StructType(

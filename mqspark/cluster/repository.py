@@ -31,16 +31,16 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from . import storage
-from .catalog import Catalog, rewrite_until_landed
-from .consumers import ConsumerState
-from .definitions import QueueDefinition, _int_in, _one_of, validate_name
-from .errors import MQError, MQValidationError, Reason
-from .maintenance import DEFAULT_RETENTION, check_retention
-from .messages import TIMESTAMP
+from .. import storage
+from ..catalog import Catalog, rewrite_until_landed
+from ..consumers import ConsumerState
+from ..definitions import QueueDefinition, _int_in, _one_of, validate_name
+from ..errors import MQError, MQValidationError, Reason
+from ..messages import TIMESTAMP
+from ..services.maintenance import DEFAULT_RETENTION, check_retention
 
 if TYPE_CHECKING:
-    from .qmgr import QueueManager
+    from ..qmgr import QueueManager
 
 ROUTE_STATES = ("running", "stopped", "retrying", "unavailable")
 

@@ -23,16 +23,17 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from . import storage, workload
-from .definitions import QueueDefinition
-from .errors import MQError
-from .messages import GROUP_COLUMNS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, check_group_items, group_items, prepare_put
-from .qmgr import QueueManager, before_targets
+from .. import storage
+from ..definitions import QueueDefinition
+from ..errors import MQError
+from ..messages import GROUP_COLUMNS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, check_group_items, group_items, prepare_put
+from ..qmgr import QueueManager, before_targets
+from . import workload
 
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
 _PARTITION_SHIFT = 32
 
-_log = logging.getLogger("mqspark.sink")
+_log = logging.getLogger("mqspark.spark.sink")
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ def _report(text: str) -> None:
     # The commit runs in a Python worker whose stderr reaches the driver's log.
     if not _log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s INFO mqspark.sink: %(message)s", "%H:%M:%S"))
+        handler.setFormatter(logging.Formatter("%(asctime)s INFO mqspark.spark.sink: %(message)s", "%H:%M:%S"))
         _log.addHandler(handler)
         _log.setLevel(logging.INFO)
     _log.info(text)

@@ -40,13 +40,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import depth, storage
-from .consumers import MAINTENANCE, ConsumerState, Heartbeat
-from .errors import MQError, MQValidationError, Reason
-from .messages import QUEUE_TABLE_SCHEMA
+from .. import depth, storage
+from ..consumers import MAINTENANCE, ConsumerState, Heartbeat
+from ..errors import MQError, MQValidationError, Reason
+from ..messages import QUEUE_TABLE_SCHEMA
 
 if TYPE_CHECKING:
-    from .qmgr import QueueManager
+    from ..qmgr import QueueManager
 
 # Removed files and log entries stay this long by default, for time travel and for readers still
 # on an older version.
@@ -58,7 +58,7 @@ EXPIRY_GRACE = timedelta(minutes=5)
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 LEASE_TIMEOUT = timedelta(seconds=30)
 _ATTEMPTS = 100
-_log = logging.getLogger("mqspark.maintenance")
+_log = logging.getLogger("mqspark.services.maintenance")
 
 
 @dataclass(frozen=True)
