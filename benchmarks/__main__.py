@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import browse, cluster_put, maintenance, python_put, stream_get, stream_put
+from . import backout, browse, cluster_put, maintenance, python_put, stream_get, stream_put
 
 
 def _spark():
@@ -28,6 +28,7 @@ BENCHMARKS = {
     "cluster_put": lambda: cluster_put.run(batch_rows=100_000),
     "maintenance": lambda: maintenance.run(),
     "maintenance_quick": lambda: maintenance.run(history=1_000, bulk_messages=20_000, bulk_puts=20),
+    "backout": lambda: backout.run(_spark()),
 }
 
 

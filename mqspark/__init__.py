@@ -13,6 +13,7 @@ __all__ = [
     "QueueManager",
     "QueueManagerDefinition",
     "Reason",
+    "backout",
     "register",
     "route",
     "session",
@@ -27,6 +28,10 @@ def __getattr__(name: str):
         from .spark import session as spark
 
         return getattr(spark, name)
+    if name == "backout":
+        from .services.backout import backout
+
+        return backout
     if name == "route":
         from .spark.workload import route
 

@@ -166,6 +166,17 @@ def build_parser() -> argparse.ArgumentParser:
         "purge", parents=[output], help="remove every message of a local queue for every consumer group (CLEAR QLOCAL)"
     )
     purge.add_argument("queue")
+    redrive = commands.add_parser(
+        "redrive",
+        parents=[output],
+        help="move messages of a backout, error or dead-letter queue back to the queues they came from",
+    )
+    redrive.add_argument("queue")
+    redrive.add_argument("--msg-id", action="append", dest="msg_ids", help="only this msg_id (repeatable)")
+    redrive.add_argument("--correl-id", action="append", dest="correl_ids", help="only this correl_id (repeatable)")
+    redrive.add_argument(
+        "--reason", action="append", type=int, dest="reasons", help="only this dlq_reason (repeatable)"
+    )
 
     consumer = commands.add_parser("consumer", help="declare, delete or list a queue's consumer groups").add_subparsers(
         dest="action", required=True
@@ -303,11 +314,20 @@ def _apply(root: str, path: str) -> dict[str, Any]:
             raise MQError(
                 f"{path}: queue {definition.name}: target_queue {definition.target_queue} is not a local queue"
             )
+    for definition in planned.values():
+        for attribute in ("backout_queue", "error_queue"):
+            named = getattr(definition, attribute)
+            if named is not None and (named not in planned or named == definition.name):
+                raise MQError(f"{path}: queue {definition.name}: {attribute} {named} is not another defined queue")
     changes = []
-    # Local queues first, so that every alias finds its target.
-    for queue, attributes in sorted(
-        document.get("queues", {}).items(), key=lambda item: planned[item[0]].type != "local"
-    ):
+
+    def order(item: tuple[str, dict]) -> tuple[bool, bool]:
+        # Local queues first, so that every alias finds its target; queues naming a backout or error
+        # queue after the others, so that it exists.
+        definition = planned[item[0]]
+        return definition.type != "local", bool(definition.backout_queue or definition.error_queue)
+
+    for queue, attributes in sorted(document.get("queues", {}).items(), key=order):
         if queue in existing:
             attributes = {key: value for key, value in attributes.items() if key != "type"}
             qm.alter_queue(queue, **attributes)
@@ -396,6 +416,9 @@ def run(args: argparse.Namespace) -> Any:
         return [qm.maintain(name, retention=args.retention).as_dict() for name in names]
     if args.command == "purge":
         return {"queue": args.queue, "purged": qm.purge(args.queue)}
+    if args.command == "redrive":
+        moved = qm.redrive(args.queue, msg_ids=args.msg_ids, correl_ids=args.correl_ids, reasons=args.reasons)
+        return [{"queue": args.queue, "to": target, "messages": count} for target, count in moved.items()]
     if args.command == "consumer":
         if args.action == "declare":
             qm.declare_consumer(args.queue, args.group)

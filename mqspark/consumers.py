@@ -11,8 +11,18 @@
   messages, with the group's position (``seq``, next ``delivery_seq``) on every row.
 - ``lease`` / ``release``: the query (``owner``) reading for the group, renewed while it runs.
 - ``declare``: the group was declared on the queue before it first read, so it counts already.
+- ``backout`` / ``rollback``: a delivery of a message in plan ``plan_id`` failed, explicitly (given
+  back, with its ``error``) or because the plan's batch was replayed; see
+  :mod:`mqspark.services.backout`. A backed-out message is not consumed with its plan.
+- ``return``: a later item of a backed-out message's group in the same plan, which goes back with
+  it (not a failure of its own).
+- ``move``: messages that failed too often, on their way to queue ``target`` (the put's ``txn``
+  version in ``seq``, each message's backout count in ``delivery_seq``, the dead-letter ``reason``
+  and ``error`` text). A ``consumed`` record with the move's ``plan_id`` finishes it; an
+  ``abandoned`` one ends it with its messages left in place (the target refused them).
 
-A consumer group's depth is the queue's live messages minus its checkpoint and its consumed plans.
+A consumer group's depth is the queue's live messages minus its checkpoint, its consumed plans
+(without the messages backed out of them) and its finished moves.
 Plans never consumed are rolled back: their messages are delivered again. Every
 :data:`COMPACT_EVERY` versions (and at every maintenance run) the table is rewritten to that
 compact form, so its size follows the backlog in flight, not the history.
@@ -48,6 +58,9 @@ STATE_SCHEMA = pa.schema(
         pa.field("delivery_seq", pa.int64()),
         pa.field("partition", pa.int32()),
         pa.field("at", TIMESTAMP, nullable=False),
+        pa.field("target", pa.string()),
+        pa.field("reason", pa.int32()),
+        pa.field("error", pa.string()),
     ]
 )
 RANGE_COLUMNS = ["origin", "row", "count"]
@@ -156,7 +169,7 @@ class ConsumerState:
 
     def consumed_ranges(self, consumer: str) -> pa.Table:
         """``origin``, ``row`` and ``count`` of the messages the group has consumed or discarded."""
-        return _consumed(self.events(consumer, ("plan", "checkpoint", "consumed")))
+        return _consumed(self.events(consumer, ("plan", "checkpoint", "consumed", "move", "backout", "return")))
 
     def all_groups(self) -> GroupsSnapshot:
         """Every counted group's consumed messages, and the messages of plans not yet consumed (which a
@@ -171,11 +184,14 @@ class ConsumerState:
             mine = rows.filter(pc.equal(rows["consumer"], group))
             event = mine["event"]
             done = mine.filter(pc.is_in(event, pa.array(["consumed", "checkpoint"])))
+            abandoned = mine.filter(pc.equal(event, "abandoned"))["plan_id"]
             position = pc.max(done["seq"]).as_py()
             waiting = pc.and_(pc.equal(event, "plan"), pc.invert(pc.is_in(mine["plan_id"], done["plan_id"])))
             if position is not None:
                 waiting = pc.and_(waiting, pc.greater(mine["seq"], position))
-            in_flight.append(mine.filter(waiting).select(RANGE_COLUMNS))
+            ended = pa.concat_arrays([done["plan_id"].combine_chunks(), abandoned.combine_chunks()])
+            moving = pc.and_(pc.equal(event, "move"), pc.invert(pc.is_in(mine["plan_id"], ended)))
+            in_flight.append(mine.filter(pc.or_(waiting, moving)).select(RANGE_COLUMNS))
         in_flight = pa.concat_tables(in_flight) if in_flight else STATE_SCHEMA.empty_table().select(RANGE_COLUMNS)
         return GroupsSnapshot(groups, consumed, in_flight)
 
@@ -183,7 +199,7 @@ class ConsumerState:
         """Make ``consumer`` a counted group of the queue before it first reads: the messages put from
         now on wait for it. A group that exists already is left as it is."""
         if consumer not in self.groups():
-            self.append(_event_rows(consumer, "", "declare"))
+            self.append(event_rows(consumer, "", "declare"))
 
     def delete(self, consumer: str, timeout: timedelta) -> None:
         """Remove the group and everything recorded for it, which releases its messages. Refused
@@ -224,6 +240,28 @@ class ConsumerState:
         seq = pc.max(rows["seq"]).as_py()
         delivered = pc.max(following).as_py()
         return (seq or 0, delivered or 0)
+
+    def current_plan(self, consumer: str) -> tuple[str | None, str, pa.Table | None]:
+        """The group's last recorded plan when it is not consumed yet (the batch being processed):
+        its id, its owner and its ranges; (None, "", None) when there is none."""
+        rows = self.events(consumer, ("plan", "consumed", "checkpoint"), ["event", "plan_id", "seq", "owner"])
+        plans = rows.filter(pc.equal(rows["event"], "plan"))
+        if plans.num_rows == 0:
+            return None, "", None
+        last = plans.take(pc.sort_indices(plans, [("seq", "descending")]))
+        plan_id, owner, seq = (last[name][0].as_py() for name in ("plan_id", "owner", "seq"))
+        done = rows.filter(pc.not_equal(rows["event"], "plan"))
+        position = pc.max(done["seq"]).as_py()
+        if plan_id in done["plan_id"].to_pylist() or (position is not None and seq <= position):
+            return None, "", None
+        return plan_id, owner, self.plan(consumer, plan_id)
+
+    def pending_moves(self, consumer: str) -> pa.Table:
+        """The group's ``move`` rows whose move is not finished (no ``consumed`` record yet)."""
+        rows = self.events(consumer, ("move", "consumed", "abandoned"))
+        done = rows.filter(pc.not_equal(rows["event"], "move"))["plan_id"]
+        moves = rows.filter(pc.equal(rows["event"], "move"))
+        return moves.filter(pc.invert(pc.is_in(moves["plan_id"], value_set=done)))
 
     def append(self, rows: pa.Table) -> None:
         """Append rows; concurrent appends of other processes are fine, so conflicts just retry."""
@@ -325,26 +363,43 @@ class ConsumerState:
                     Reason.MQRC_OBJECT_IN_USE,
                 )
 
-        self._commit(_event_rows(consumer, owner, "lease"), check)
+        self._commit(event_rows(consumer, owner, "lease"), check)
 
     def release(self, consumer: str, owner: str) -> None:
         holder = self.lease(consumer, timedelta(days=3650))
         if holder is not None and holder.owner == owner:
-            self.append(_event_rows(consumer, owner, "release"))
+            self.append(event_rows(consumer, owner, "release"))
 
 
 def _consumed(rows: pa.Table) -> pa.Table:
-    """The consumed ranges among one group's ``plan``, ``checkpoint`` and ``consumed`` rows."""
-    done = pc.unique(rows.filter(pc.equal(rows["event"], "consumed"))["plan_id"])
-    plans = pc.and_(pc.equal(rows["event"], "plan"), pc.is_in(rows["plan_id"], value_set=done))
-    consumed = pc.and_(pc.or_(pc.equal(rows["event"], "checkpoint"), plans), pc.is_valid(rows["origin"]))
+    """The consumed ranges among one group's rows: its checkpoint, its consumed plans without the
+    messages backed out of them, and its finished moves."""
+    event = rows["event"]
+    done = pc.unique(rows.filter(pc.equal(event, "consumed"))["plan_id"])
+    finished = pc.and_(pc.is_in(event, pa.array(["plan", "move"])), pc.is_in(rows["plan_id"], value_set=done))
+    consumed = pc.and_(pc.or_(pc.equal(event, "checkpoint"), finished), pc.is_valid(rows["origin"]))
     # A plan recorded twice (a retried append) counts once.
-    return rows.filter(pc.fill_null(consumed, False)).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
+    return without_backouts(rows.filter(pc.fill_null(consumed, False)), rows)
+
+
+def without_backouts(consumed: pa.Table, rows: pa.Table) -> pa.Table:
+    """The ranges of ``consumed`` rows (of one group) without, for each plan among them, the messages
+    backed out of that plan (``backout`` and ``return`` rows among ``rows``)."""
+    given_back = rows.filter(pc.is_in(rows["event"], pa.array(["backout", "return"])))
+    plans = pc.unique(given_back["plan_id"]).to_pylist()
+    affected = pc.fill_null(pc.is_in(consumed["plan_id"], value_set=pa.array(plans, pa.string())), False)
+    pieces = [consumed.filter(pc.invert(affected)).select(RANGE_COLUMNS)]
+    for plan_id in plans:
+        ranges = consumed.filter(pc.fill_null(pc.equal(consumed["plan_id"], plan_id), False)).select(RANGE_COLUMNS)
+        if ranges.num_rows:
+            messages = given_back.filter(pc.equal(given_back["plan_id"], plan_id)).select(KEY_COLUMNS)
+            pieces.append(subtract_messages(ranges, messages))
+    return pa.concat_tables(pieces).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
 
 
 def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table:
     """The record that plan ``plan_id`` (number ``seq``) of the group has been processed."""
-    return _event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq)
+    return event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq)
 
 
 def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
@@ -361,6 +416,9 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
         consumed = pc.unique(mine.filter(pc.equal(event, "consumed"))["plan_id"])
         plans = pc.equal(event, "plan")
         folded = mine.filter(pc.or_(pc.equal(event, "checkpoint"), pc.and_(plans, pc.is_in(mine["plan_id"], consumed))))
+        moves = pc.equal(event, "move")
+        finished_moves = mine.filter(pc.and_(moves, pc.is_in(mine["plan_id"], consumed)))
+        failed = pc.is_in(event, pa.array(["backout", "rollback"]))
         position = pc.max(folded["seq"]).as_py()
         if folded.num_rows:
             following = pc.if_else(
@@ -368,7 +426,9 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
                 pc.add(folded["delivery_seq"], folded["count"]),
                 folded["delivery_seq"],
             )
-            ranges = merge_ranges(folded.select(RANGE_COLUMNS))
+            ranges = merge_ranges(
+                pa.concat_tables([without_backouts(folded, mine), finished_moves.select(RANGE_COLUMNS)])
+            )
             if forget is not None:
                 ranges = ranges.filter(pc.invert(forget(ranges)))
             if ranges.num_rows == 0:
@@ -388,6 +448,13 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
         if position is not None:
             waiting = pc.and_(waiting, pc.greater(mine["seq"], position))
         pieces.append(mine.filter(pc.and_(plans, waiting)))
+        ended = pa.concat_arrays([consumed, pc.unique(mine.filter(pc.equal(event, "abandoned"))["plan_id"])])
+        pieces.append(mine.filter(pc.and_(moves, pc.invert(pc.is_in(mine["plan_id"], ended)))))
+        # Failures are kept while their message still waits for the group: they make its backout count.
+        failures = mine.filter(failed)
+        if folded.num_rows and failures.num_rows:
+            failures = failures.filter(pc.invert(in_ranges(failures["origin"], failures["row"], ranges)))
+        pieces.append(failures)
         leases = mine.filter(pc.is_in(event, pa.array(["lease", "release"])))
         if leases.num_rows:
             pieces.append(leases.take(pc.sort_indices(leases, [("at", "descending")])[:1]))
@@ -421,6 +488,34 @@ def merge_ranges(ranges: pa.Table) -> pa.Table:
     )
 
 
+def subtract_messages(ranges: pa.Table, messages: pa.Table) -> pa.Table:
+    """``origin``/``row``/``count`` ranges without the single messages ``messages`` (``origin``, ``row``),
+    merged as :func:`merge_ranges` leaves them."""
+    ranges = merge_ranges(ranges)
+    if messages.num_rows == 0 or ranges.num_rows == 0:
+        return ranges
+    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
+    number = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64)
+    starts = number << 32 | ranges["row"].to_numpy()
+    ends = starts + ranges["count"].to_numpy()
+    point_number = pc.fill_null(pc.index_in(messages["origin"], value_set=names), -1).to_numpy().astype(np.int64)
+    points = np.unique((point_number << 32 | messages["row"].to_numpy())[point_number >= 0])
+    at = np.searchsorted(starts, points, side="right") - 1
+    inside = points[(at >= 0) & (points < ends[np.maximum(at, 0)])]
+    # Ranges are disjoint and sorted: each message inside one ends a piece and starts the next.
+    new_starts = np.sort(np.concatenate([starts, inside + 1]))
+    new_ends = np.sort(np.concatenate([ends, inside]))
+    keep = new_ends > new_starts
+    new_starts, new_ends = new_starts[keep], new_ends[keep]
+    return pa.table(
+        {
+            "origin": names.take(pa.array(new_starts >> 32)),
+            "row": pa.array(new_starts & 0xFFFFFFFF),
+            "count": pa.array(new_ends - new_starts),
+        }
+    )
+
+
 def expand_ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
     """Every value of the ranges ``first`` .. ``first + count - 1``, range after range."""
     count = np.asarray(count, dtype=np.int64)
@@ -443,7 +538,7 @@ def in_ranges(origin: pa.ChunkedArray | pa.Array, row: pa.ChunkedArray | pa.Arra
     return pa.array((number >= 0) & (at >= 0) & (key < ends[np.maximum(at, 0)]))
 
 
-def _event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None, seq: int | None = None) -> pa.Table:
+def event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None, seq: int | None = None) -> pa.Table:
     given = {
         "consumer": [consumer],
         "owner": [owner],
@@ -486,4 +581,4 @@ class Heartbeat:
                     Reason.MQRC_OBJECT_IN_USE,
                 )
                 return
-            self.state.append(_event_rows(self.consumer, self.owner, "lease"))
+            self.state.append(event_rows(self.consumer, self.owner, "lease"))

@@ -32,6 +32,9 @@ class Reason(IntEnum):
     MQRC_SEGMENTATION_NOT_ALLOWED = 2443
     MQRC_STANDBY_Q_MGR = 2543
     MQRC_RECONNECT_INCOMPATIBLE = 2547
+    # Not an MQ reason: a feedback code in MQ's application range (MQFB_APPL_FIRST), for a message
+    # whose Tuxedo retries are used up (it moved to the error or dead-letter queue).
+    MQFB_RETRIES_EXHAUSTED = 65536
 
 
 class MQError(Exception):

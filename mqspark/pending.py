@@ -157,7 +157,7 @@ class PendingMessages:
             return
         moved = [self._read(path, size, None) for path, size in zip(entry.added, entry.sizes, strict=True)]
         moved_rows = pa.concat_tables(moved) if moved else INDEX_SCHEMA.empty_table()
-        found, source = _lookup(self.keys(moved_rows), self.keys())
+        found, source = lookup(self.keys(moved_rows), self.keys())
         found &= removed
         for name in ("file", "file_row"):
             column = self.rows[name].to_numpy().copy()
@@ -204,7 +204,7 @@ class PendingMessages:
     def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where the messages with ``keys`` lie now: file numbers (into :attr:`files`) and rows, -1 for
         messages the index does not hold."""
-        found, source = _lookup(self.keys(), keys)
+        found, source = lookup(self.keys(), keys)
         file = np.where(found, self.rows["file"].to_numpy()[source], -1).astype(np.int32)
         file_row = np.where(found, self.rows["file_row"].to_numpy()[source], -1)
         return file, file_row
@@ -238,7 +238,7 @@ class PendingMessages:
             self.rows = self.rows.filter(pa.array(keep))
 
 
-def _lookup(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def lookup(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each of ``needles``: whether it is in ``haystack``, and its index there (0 when not)."""
     if len(haystack) == 0:
         return np.zeros(len(needles), dtype=bool), np.zeros(len(needles), dtype=np.int64)

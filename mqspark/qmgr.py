@@ -34,6 +34,7 @@ from .messages import (
     rows_to_table,
 )
 from .ordering import DeliveryOptions, deliver
+from .services.backout import redrive
 from .services.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
 
 MESSAGE_TABLE_CONFIGURATION = {
@@ -408,6 +409,22 @@ class QueueManager:
             )
         return purge(self, queue, lease_timeout)
 
+    def redrive(
+        self,
+        queue: str,
+        *,
+        msg_ids: Sequence[str] | None = None,
+        correl_ids: Sequence[str] | None = None,
+        reasons: Sequence[int] | None = None,
+    ) -> dict[str, int]:
+        """Move messages of a backout, error or dead-letter queue back to the queues they came from,
+        exactly once, with the dead-letter header cleared and ``backout_count`` reset, in the order
+        they arrived: all of them, or those matching every selector given (msg_id, correl_id,
+        ``dlq_reason``). Returns how many went back to each queue. See
+        :func:`mqspark.services.backout.redrive`."""
+        validate_name(queue)
+        return redrive(self, queue, msg_ids=msg_ids, correl_ids=correl_ids, reasons=reasons)
+
     def browse(
         self,
         queue: str,
@@ -558,6 +575,16 @@ def _check_references(state: CatalogState, definition: QueueDefinition) -> None:
             )
         if target.type != "local":
             raise MQValidationError(f"queue {definition.name}: target_queue {target.name} must be a local queue")
+    for attribute in ("backout_queue", "error_queue"):
+        named = getattr(definition, attribute)
+        if named is None:
+            continue
+        if named == definition.name:
+            raise MQValidationError(f"queue {definition.name}: {attribute} {named} must be another queue")
+        if named not in state.queues:
+            raise MQError(
+                f"queue {definition.name}: {attribute} {named} is not defined", Reason.MQRC_UNKNOWN_OBJECT_NAME
+            )
 
 
 def before_targets(messages: pa.Table) -> list[str]:

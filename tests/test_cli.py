@@ -270,7 +270,9 @@ def test_apply_creates_then_alters_and_refuses_a_type_change(tmp_path):
         "queue_manager": "QM1",
         "root": str(root),
         "changes": [
-            {"queue": name, "action": "defined"} for name in ("ORDERS", "ORDERS.BACKOUT", "REPLIES", "ORDERS.ALIAS")
+            # Queues naming a backout queue after the others, aliases last.
+            {"queue": name, "action": "defined"}
+            for name in ("ORDERS.BACKOUT", "REPLIES", "ORDERS", "ORDERS.ALIAS")
         ],
     }
     qm = QueueManager.open(root)
@@ -292,7 +294,7 @@ def test_apply_creates_then_alters_and_refuses_a_type_change(tmp_path):
         "queue_manager": "QM1",
         "root": str(root),
         "changes": [
-            {"queue": name, "action": "altered"} for name in ("ORDERS", "ORDERS.BACKOUT", "REPLIES", "ORDERS.ALIAS")
+            {"queue": name, "action": "altered"} for name in ("ORDERS.BACKOUT", "REPLIES", "ORDERS", "ORDERS.ALIAS")
         ],
     }
     assert {q.name: q for q in qm.queues()} == definitions

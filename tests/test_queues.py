@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,8 @@ def test_define_then_inquire_round_trips_every_attribute(
 ) -> None:
     default = QueueDefinition(name=expected.name)
     assert {attr for attr in ATTRIBUTES if getattr(expected, attr) != getattr(default, attr)} == not_default
-    qm.define_queue("TARGET")
+    for name in ("TARGET", "ORDERS.BACKOUT", "ORDERS.ERRORS"):
+        qm.define_queue(name)
     given = {**attributes_of(expected), "cluster": list(expected.cluster)}
     assert qm.define_queue(expected.name, **given) == expected
     assert qm.inquire_queue(expected.name) == expected
@@ -149,7 +151,8 @@ def test_cluster_given_as_comma_separated_text(qm: QueueManager) -> None:
 
 
 def test_alter_changes_only_given_attributes(qm: QueueManager) -> None:
-    qm.define_queue("TARGET")
+    for name in ("TARGET", "ORDERS.BACKOUT", "ORDERS.ERRORS"):
+        qm.define_queue(name)
     original = qm.define_queue(LOCAL_ALL_SET.name, **attributes_of(LOCAL_ALL_SET))
     other = qm.define_queue("OTHER", default_priority=2)
     altered = qm.alter_queue("ORDERS", default_priority=1, description="changed", put_inhibited=False)
@@ -503,3 +506,25 @@ def test_delete_bad_name_is_refused(qm: QueueManager) -> None:
         refused(MQValidationError, "queue name '../_qmgr' must not be a path (no '..', no leading '/', not '.')"),
     ):
         qm.delete_queue("../_qmgr", purge=True)
+
+
+@pytest.mark.parametrize("attribute", ["backout_queue", "error_queue"])
+def test_backout_and_error_queues_must_be_defined_other_queues(qm: QueueManager, attribute: str) -> None:
+    with pytest.raises(
+        MQError, match=re.escape(f"MQRC_UNKNOWN_OBJECT_NAME (2085): queue Q: {attribute} NOPE is not defined")
+    ):
+        qm.define_queue("Q", **{attribute: "NOPE"})
+    assert [q.name for q in qm.queues()] == [qm.dead_letter_queue]
+    qm.define_queue("Q")
+    with pytest.raises(MQValidationError, match=re.escape(f"queue Q: {attribute} Q must be another queue")):
+        qm.alter_queue("Q", **{attribute: "Q"})
+    with pytest.raises(MQError, match=re.escape(f"queue Q: {attribute} NOPE is not defined")):
+        qm.alter_queue("Q", **{attribute: "NOPE"})
+    assert getattr(qm.inquire_queue("Q"), attribute) is None
+
+
+def test_negative_backout_threshold_is_refused(qm: QueueManager) -> None:
+    with pytest.raises(MQValidationError) as refused:
+        qm.define_queue("Q", backout_threshold=-1)
+    assert str(refused.value) == "queue Q: attribute backout_threshold must be between 0 and 999999999, got -1"
+    assert [q.name for q in qm.queues()] == [qm.dead_letter_queue]

@@ -212,16 +212,8 @@ def test_second_query_in_the_same_group_is_refused_while_the_first_runs(spark, q
 
 def test_expiry_and_available_at_while_streaming(spark, qm, tmp_path):
     qm.define_queue("Q")
-    now = datetime.now(UTC)
-    qm.put(
-        "Q",
-        [
-            {"payload": "expires", "expiry": now + timedelta(seconds=1)},
-            {"payload": "later", "available_at": now + timedelta(seconds=4)},
-            {"payload": "now"},
-        ],
-    )
-    time.sleep(max(0.0, (now + timedelta(seconds=1.2) - datetime.now(UTC)).total_seconds()))
+    qm.put("Q", [{"payload": "expires", "expiry": datetime.now(UTC) + timedelta(seconds=1)}])
+    time.sleep(1.2)
     seen: list[tuple[float, int, list[str]]] = []
 
     def collect(df, batch_id: int) -> None:
@@ -236,7 +228,12 @@ def test_expiry_and_available_at_while_streaming(spark, qm, tmp_path):
         .trigger(processingTime="200 milliseconds")
         .start()
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
+    # Once the query runs (its start-up time varies with the machine's load), the delayed message is put.
+    while query.lastProgress is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    now = datetime.now(UTC)
+    qm.put("Q", [{"payload": "later", "available_at": now + timedelta(seconds=4)}, {"payload": "now"}])
     while len(seen) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     # A batch is consumed once it completes, not when foreachBatch has run: stop after its progress.

@@ -1,2 +1,2 @@
 """Services that keep queues running beside producers and consumers, one capability per module:
-``maintenance`` keeps queues small."""
+``maintenance`` keeps queues small; ``backout`` deals with failed messages."""

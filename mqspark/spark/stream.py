@@ -15,6 +15,11 @@ How a micro-batch goes (the planner methods run in one long-lived driver process
 Every ``maintenanceInterval`` the planner also starts a maintenance run of the queue in the
 background (see :mod:`mqspark.services.maintenance`); a run already going elsewhere is left to finish.
 
+Failed deliveries (:mod:`mqspark.services.backout`): messages given back with ``mqspark.backout``
+are left out when their plan is recorded consumed; a plan replayed by a new run counts a rolled-back
+delivery for each of its messages. Planning moves the messages that failed too often, holds the
+others back until their retry delay has passed, and delivered rows carry their ``backout_count``.
+
 The last batch of a run is recorded as consumed by the listener :func:`mqspark.register` installs
 (``latestOffset`` after it never comes), or by ``latestOffset`` when the query restarts.
 """
@@ -45,8 +50,9 @@ from ..consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, e
 from ..errors import MQError, Reason
 from ..messages import MESSAGE_SCHEMA, TIMESTAMP
 from ..ordering import DeliveryOptions, deliver, join_segments, keep_rows
-from ..pending import PendingMessages
+from ..pending import PendingMessages, lookup
 from ..qmgr import BROWSE_SCHEMA, QueueManager
+from ..services.backout import HELD_BEHIND, ROLLED_BACK, BackoutPolicy, Mover, failure_rows, failures, plan_messages
 from ..services.maintenance import Maintenance
 from .browse import batch_rows
 
@@ -93,6 +99,9 @@ class QueuePartition(InputPartition):
     count: np.ndarray
     delivery_seq: np.ndarray
     complete_message: bool
+    # The backout_count of the planned messages that have failed before, by delivery_seq.
+    backout_seq: np.ndarray
+    backout_count: np.ndarray
     value: int = 0
 
     def messages(self) -> pa.Table:
@@ -109,7 +118,13 @@ class QueuePartition(InputPartition):
             pieces.append(data.slice(int(row) - first, int(count)))
         table = pa.concat_tables(pieces)
         delivery_seq = np.repeat(self.delivery_seq - np.cumsum(self.count) + self.count, self.count)
-        table = table.append_column("delivery_seq", pa.array(delivery_seq + np.arange(len(delivery_seq)), pa.int64()))
+        delivery_seq = delivery_seq + np.arange(len(delivery_seq))
+        table = table.append_column("delivery_seq", pa.array(delivery_seq, pa.int64()))
+        if len(self.backout_seq):
+            found, at = lookup(self.backout_seq, delivery_seq)
+            counts = np.where(found, self.backout_count[at], table["backout_count"].to_numpy())
+            index = MESSAGE_SCHEMA.get_field_index("backout_count")
+            table = table.set_column(index, MESSAGE_SCHEMA.field(index), pa.array(counts.astype(np.int32)))
         if self.complete_message:
             # The segments of one message share their delivery_seq; joined in offset order.
             table = join_segments(table.sort_by([("delivery_seq", "ascending"), ("offset", "ascending")]))
@@ -144,6 +159,9 @@ class _Group:
         self.exhausted = False
         self.next_due: datetime | None = None
         self.maintenance = Maintenance(qm, self.queue)
+        self.mover = Mover(qm, BackoutPolicy.of(qm, definition), self.state, options.consumer, owner)
+        # Plans of earlier runs this run has replayed (each counted as one rolled-back delivery).
+        self.replayed: set[str] = set()
 
 
 class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -236,8 +254,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         plan = group.plans.get(end["plan"])
         if plan is None:
             plan = group.state.plan(self.options.consumer, end["plan"])
+            self._count_replay(group, end["plan"], plan)
         delivered = plan.filter(pc.is_valid(plan["delivery_seq"]))
         delivered = delivered.take(pc.sort_indices(delivered, [("delivery_seq", "ascending")]))
+        backout_seq, backout_count = self._backout_counts(group, delivered)
         where = locate_plan(delivered, group.pending)
         used, file = np.unique(where["file"], return_inverse=True)
         files = [group.pending.files[number] for number in used]
@@ -255,6 +275,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     count=where["count"][chosen],
                     delivery_seq=where["delivery_seq"][chosen],
                     complete_message=self.options.delivery.complete_message,
+                    backout_seq=backout_seq,
+                    backout_count=backout_count,
                     value=index,
                 )
             )
@@ -294,20 +316,61 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _consume(self, group: _Group, start: dict) -> None:
         """Note the plan that ended at ``start`` as consumed (once; recorded with the next state
-        commit), and load the pending messages on first use, without everything the group consumed."""
+        commit), without the messages backed out of it, and load the pending messages on first use,
+        without everything the group consumed."""
         plan_id = start["plan"]
         if plan_id and plan_id not in group.consumed_plans:
-            group.unrecorded.append(consumed_rows(self.options.consumer, group.owner, plan_id, start["seq"]))
             group.consumed_plans.add(plan_id)
+            if group.pending is None:
+                # Loaded before this consumption is recorded, so the plan's messages are in the index.
+                self._load(group)
             group.plans.pop(plan_id, None)
             keys = group.plan_keys.pop(plan_id, None)
-            if group.pending is not None:
-                if keys is None:
-                    # Planned by an earlier run: the index was loaded before this consumption was known.
-                    keys = group.pending.range_keys(group.state.plan(self.options.consumer, plan_id))
-                group.pending.mark_consumed(keys)
+            if keys is None:
+                keys = group.pending.range_keys(group.state.plan(self.options.consumer, plan_id))
+            kept = self._backed_out(group, plan_id, keys)
+            group.unrecorded.append(consumed_rows(self.options.consumer, group.owner, plan_id, start["seq"]))
+            group.pending.mark_consumed(keys[~np.isin(keys, kept)])
         if group.pending is None:
             self._load(group)
+
+    def _backed_out(self, group: _Group, plan_id: str, keys: np.ndarray) -> np.ndarray:
+        """The keys of the plan's messages that stay waiting: those backed out of it, and the later
+        items of their message groups in the plan, which wait behind them (recorded as ``return``)."""
+        backed_out = group.state.events(self.options.consumer, ("backout",), ["origin", "row"], plan_id)
+        if backed_out.num_rows == 0:
+            return np.zeros(0, dtype=np.int64)
+        group.exhausted = False
+        pending = group.pending
+        failed = pending.range_keys(_single(backed_out))
+        found, at = lookup(pending.keys(), keys)
+        planned = pending.rows.take(pa.array(at[found]))
+        planned_keys = keys[found]
+        is_failed = np.isin(planned_keys, failed)
+        held = np.zeros(len(planned_keys), dtype=bool)
+        grouped = np.flatnonzero(pc.is_valid(planned["group_id"]).to_numpy(zero_copy_only=False))
+        if len(grouped):
+            items = planned.take(pa.array(grouped))
+            group_id = items["group_id"].to_pylist()
+            position = list(zip(items["msg_seq_number"].to_pylist(), items["offset"].to_pylist(), strict=True))
+            first_failed: dict[str, tuple] = {}
+            for index, gid, where in zip(grouped, group_id, position, strict=True):
+                if is_failed[index]:
+                    first_failed[gid] = min(first_failed.get(gid, where), where)
+            for index, gid, where in zip(grouped, group_id, position, strict=True):
+                held[index] = not is_failed[index] and gid in first_failed and where > first_failed[gid]
+        if held.any():
+            returned = planned.filter(pa.array(held))
+            identities = pa.table(
+                {
+                    "origin": pa.array(pending.origins, pa.string()).take(returned["origin"]),
+                    "row": returned["row"],
+                }
+            )
+            group.unrecorded.append(
+                failure_rows(self.options.consumer, group.owner, "return", plan_id, identities, HELD_BEHIND)
+            )
+        return np.concatenate([failed, planned_keys[held]])
 
     def _load(self, group: _Group) -> None:
         """Build the pending index from the table's snapshot, without what the group consumed."""
@@ -343,7 +406,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The next micro-batch: delivered messages (with delivery_seq and partition) and expired ones."""
         options = self.options
         group.qm.resolve_for_get(options.queue)
-        rows = group.pending.rows
+        rows = self._failed_messages(group, now)
         moment = pa.scalar(now, TIMESTAMP)
         waiting = pc.invert(rows["consumed"])
         expired = rows.filter(pc.and_(waiting, pc.fill_null(pc.less_equal(rows["expiry"], moment), False)))
@@ -365,6 +428,59 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         plan_id = uuid.uuid4().hex
         group.plan_keys[plan_id] = group.pending.keys(taken)
         return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
+
+    def _failed_messages(self, group: _Group, now: datetime) -> pa.Table:
+        """The pending index to plan on, after the group's failed messages were dealt with: those
+        that failed too often are moved (moves a crash interrupted are finished first), the others
+        wait until their retry delay has passed."""
+        pending = group.pending
+        finished = group.mover.finish_pending(pending)
+        if finished.num_rows:
+            pending.mark_consumed(pending.range_keys(_single(finished)))
+        failed = failures(group.state, self.options.consumer)
+        if failed.num_rows == 0:
+            return pending.rows
+        keys = pending.range_keys(_single(failed))
+        waiting = pending.keys()[~pending.rows["consumed"].to_numpy(zero_copy_only=False)]
+        failed = failed.filter(pa.array(np.isin(keys, waiting)))
+        moved = group.mover.move(failed, pending)
+        if moved.num_rows:
+            pending.mark_consumed(pending.range_keys(_single(moved)))
+        rows = pending.rows
+        found, at = lookup(pending.range_keys(_single(failed)), pending.keys())
+        if not found.any():
+            return rows
+        retry_at = pc.add(failed["failed_at"], pa.scalar(group.mover.policy.retry_delay, pa.duration("us")))
+        retry = retry_at.take(pa.array(at))
+        available_at = rows["available_at"]
+        later = pc.fill_null(pc.greater(retry, available_at), True)
+        held = pc.if_else(pc.and_(pa.array(found), later), retry, available_at)
+        index = rows.schema.get_field_index("available_at")
+        return rows.set_column(index, rows.schema.field(index), held.cast(rows.schema.field(index).type))
+
+    def _count_replay(self, group: _Group, plan_id: str, plan: pa.Table) -> None:
+        """A plan this run did not make is being replayed: its batch failed, once for each message."""
+        if plan_id in group.replayed:
+            return
+        group.replayed.add(plan_id)
+        messages = plan_messages(plan).select(["origin", "row"])
+        if messages.num_rows:
+            group.state.append(
+                failure_rows(self.options.consumer, group.owner, "rollback", plan_id, messages, ROLLED_BACK)
+            )
+
+    def _backout_counts(self, group: _Group, delivered: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """The delivery_seq (sorted) and backout_count of the plan's messages that have failed before."""
+        failed = failures(group.state, self.options.consumer)
+        empty = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        if failed.num_rows == 0:
+            return empty
+        messages = plan_messages(delivered)
+        found, at = lookup(group.pending.range_keys(_single(failed)), group.pending.range_keys(_single(messages)))
+        seqs = messages["delivery_seq"].to_numpy()[found]
+        counts = failed["backout_count"].to_numpy()[at[found]]
+        by_seq = np.argsort(seqs)
+        return seqs[by_seq], counts[by_seq].astype(np.int32)
 
     def _admit(self, candidates: pa.Table, limit: ReadLimit, first_seq: int) -> tuple[pa.Table, int]:
         """The prefix of ``candidates`` this batch delivers, with delivery_seq and partition, and the
@@ -428,8 +544,22 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), rows),
             **{name: plan[name] for name in plan.column_names},
         }
-        self._flush(group, pa.table({f.name: given[f.name] for f in STATE_SCHEMA}, schema=STATE_SCHEMA))
+        self._flush(
+            group,
+            pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA),
+        )
         group.plans[end["plan"]] = plan
+
+
+def _single(messages: pa.Table) -> pa.Table:
+    """``origin``/``row`` identities as ranges of one message each."""
+    return pa.table(
+        {
+            "origin": messages["origin"],
+            "row": messages["row"],
+            "count": pa.array(np.ones(messages.num_rows, dtype=np.int64)),
+        }
+    )
 
 
 def plan_ranges(taken: pa.Table, origins: list[str]) -> pa.Table:
@@ -504,6 +634,8 @@ def record_finished_batch(end_offset: str) -> None:
         return
     qm = QueueManager.open(end["root"])
     state = ConsumerState(qm.root, qm.resolve_for_get(end["queue"]).name, qm.storage_options)
-    if end["plan"] not in state.consumed_plans(end["consumer"]).to_pylist():
+    settled = end["plan"] in state.consumed_plans(end["consumer"]).to_pylist()
+    # A batch that backed out messages is settled by the group's next run, which knows their groups.
+    if not settled and not state.events(end["consumer"], ("backout",), ["row"], end["plan"]).num_rows:
         state.append(consumed_rows(end["consumer"], end["owner"], end["plan"], end["seq"]))
     state.release(end["consumer"], end["owner"])

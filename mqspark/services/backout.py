@@ -1,0 +1,562 @@
+"""Failed messages (spec sections 1, 5 and 9): backout counts, the retry delay, and the move to the
+backout, error or dead-letter queue when a message has failed too often.
+
+A delivery of a message to a consumer group fails in one of two ways:
+
+- **explicitly**: the consumer gives the message back with :func:`backout` (inside ``foreachBatch``);
+  the batch itself succeeds, and the message is not consumed with it;
+- **implicitly**: the batch fails and Spark replays it (a rolled-back unit of work).
+
+Each failure is a row of the queue's state table (:mod:`mqspark.consumers`): ``backout`` for an
+explicit one, ``rollback`` for a replayed plan, with the plan it happened in. A message's
+``backout_count`` for a group is the number of its failures. A failure **pinpoints** its message
+when it was explicit, or when the replayed plan delivered that message alone; a failed batch of many
+messages says nothing about which of them is bad, so only a pinpointed failure can move a message.
+
+A failed message is redelivered to its group no sooner than the queue's ``retry_delay`` after the
+failure; later items of its message group wait behind it, other messages flow past.
+
+**The limit** (:class:`BackoutPolicy`). MQ's rule applies when ``backout_threshold`` > 0: at that
+many failures the message moves to ``backout_queue``, or to the dead-letter queue when none is named
+(reason 2362, ``MQRC_BACKOUT_THRESHOLD_REACHED``). Tuxedo's rule applies otherwise, and also beside
+MQ's when ``retry_count`` > 0 or ``error_queue`` is named: after ``retry_count`` retries (failure
+``retry_count + 1``) the message moves to ``error_queue``, or to the dead-letter queue (reason
+:attr:`Reason.MQFB_RETRIES_EXHAUSTED`). When both apply, the limit reached first wins; at a tie, MQ's.
+So a queue with nothing configured moves a message to the dead-letter queue at its first failure:
+Tuxedo's retry count 0 means no retry.
+
+**The move** happens exactly once across crashes, through the state table:
+
+1. a ``move`` record names the messages, the target queue and the Delta transaction version the
+   put will carry (one past the target's last for this queue and group);
+2. the put to the target carries that ``txn``, so a put done before a crash is never repeated;
+3. a ``consumed`` record for the move takes the messages off the queue for the group.
+
+A move recorded but not consumed is finished before anything else is planned for the group, and
+maintenance keeps its messages meanwhile. When the target refuses the put (full, put-inhibited, its
+group rules), an ``abandoned`` record ends the move and the messages stay; a move to a backout or
+error queue then goes to the dead-letter queue instead. The moved copy carries the dead-letter header (reason, a
+text with the last error given, original queue and queue manager, time) and its ``backout_count``.
+
+**Redrive** (:func:`redrive`) moves messages of a backout, error or dead-letter queue back to their
+original queue the same way, under the consumer group :data:`REDRIVER` of that queue, with the
+header cleared and the backout count reset, in the order they arrived there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import storage
+from ..consumers import STATE_SCHEMA, ConsumerState, event_rows, expand_ranges
+from ..definitions import QueueDefinition, validate_name
+from ..errors import MQError, MQValidationError, Reason
+from ..messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items
+
+if TYPE_CHECKING:
+    from ..pending import PendingMessages
+    from ..qmgr import QueueManager
+
+FAILURE_EVENTS = ("backout", "rollback")
+# The error text of a rolled-back delivery (the batch failed and was replayed).
+ROLLED_BACK = "MQRC_BACKED_OUT (2003): the micro-batch that delivered it failed and was replayed"
+# The error text of a later item of a message group, returned with an item backed out before it.
+HELD_BEHIND = "returned behind an earlier item of its message group that was backed out"
+IDENTITY_SCHEMA = pa.schema([pa.field("origin", pa.string()), pa.field("row", pa.int64())])
+FAILURE_SCHEMA = pa.schema(
+    [
+        pa.field("origin", pa.string()),
+        pa.field("row", pa.int64()),
+        pa.field("backout_count", pa.int32()),
+        pa.field("failed_at", TIMESTAMP),
+        pa.field("error", pa.string()),
+        pa.field("pinpointed", pa.bool_()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a message that failed too often goes, and why."""
+
+    queue: str
+    reason: Reason
+    text: str
+
+
+@dataclass(frozen=True)
+class BackoutPolicy:
+    """A queue's failure attributes, and the rule that decides when a failed message moves."""
+
+    queue: str
+    qmgr: str
+    backout_threshold: int
+    backout_queue: str | None
+    retry_count: int
+    retry_delay: timedelta
+    error_queue: str | None
+    dead_letter_queue: str
+
+    @classmethod
+    def of(cls, qm: QueueManager, definition: QueueDefinition) -> BackoutPolicy:
+        return cls(
+            queue=definition.name,
+            qmgr=qm.name,
+            backout_threshold=definition.backout_threshold,
+            backout_queue=definition.backout_queue,
+            retry_count=definition.retry_count,
+            retry_delay=timedelta(seconds=definition.retry_delay),
+            error_queue=definition.error_queue,
+            dead_letter_queue=qm.dead_letter_queue,
+        )
+
+    def limits(self) -> tuple[int | None, int | None]:
+        """The failure count at which MQ's rule and Tuxedo's rule move a message (None: not in force)."""
+        mq = self.backout_threshold if self.backout_threshold > 0 else None
+        tuxedo = self.retry_count + 1 if mq is None or self.retry_count > 0 or self.error_queue else None
+        return mq, tuxedo
+
+    def destination(self, backout_count: int, error: str | None) -> Destination | None:
+        """Where a message with ``backout_count`` failures goes now; None while it is retried."""
+        mq, tuxedo = self.limits()
+        last = f"; last error: {error}" if error else ""
+        if mq is not None and backout_count >= mq and (tuxedo is None or mq <= tuxedo):
+            return Destination(
+                self.backout_queue or self.dead_letter_queue,
+                Reason.MQRC_BACKOUT_THRESHOLD_REACHED,
+                f"backout count {backout_count} reached the backout threshold {mq} of queue {self.queue}{last}",
+            )
+        if tuxedo is not None and backout_count >= tuxedo:
+            return Destination(
+                self.error_queue or self.dead_letter_queue,
+                Reason.MQFB_RETRIES_EXHAUSTED,
+                f"retry count {self.retry_count} of queue {self.queue} used up after {backout_count} "
+                f"failed deliveries{last}",
+            )
+        return None
+
+
+def failures(state: ConsumerState, consumer: str) -> pa.Table:
+    """Each failed message of the group: its ``backout_count``, the time and error of its last
+    failure, and whether that failure was ``pinpointed`` (see the module doc).
+
+    A failure is counted once per plan and kind, however often it was recorded."""
+    rows = state.events(consumer, FAILURE_EVENTS, ["event", "plan_id", "origin", "row", "at", "error"])
+    if rows.num_rows == 0:
+        return FAILURE_SCHEMA.empty_table()
+    rows = rows.group_by(["origin", "row", "event", "plan_id"], use_threads=False).aggregate(
+        [("at", "min"), ("error", "first")]
+    )
+    # A replayed plan of one message pinpoints it as surely as an explicit backout.
+    sizes = rows.filter(pc.equal(rows["event"], "rollback")).group_by("plan_id").aggregate([("row", "count")])
+    alone = sizes.filter(pc.equal(sizes["row_count"], 1))["plan_id"]
+    pinpointed = pc.or_(pc.equal(rows["event"], "backout"), pc.is_in(rows["plan_id"], value_set=alone))
+    rows = rows.append_column("pinpointed", pinpointed)
+    rows = rows.take(pc.sort_indices(rows, [("at_min", "ascending")]))
+    counted = rows.group_by(["origin", "row"], use_threads=False).aggregate(
+        [("event", "count"), ("at_min", "max"), ("error_first", "last"), ("pinpointed", "last")]
+    )
+    return pa.table(
+        {
+            "origin": counted["origin"],
+            "row": counted["row"],
+            "backout_count": pc.cast(counted["event_count"], pa.int32()),
+            "failed_at": counted["at_min_max"],
+            "error": counted["error_first_last"],
+            "pinpointed": counted["pinpointed_last"],
+        },
+        schema=FAILURE_SCHEMA,
+    )
+
+
+def failure_rows(consumer: str, owner: str, event: str, plan_id: str, identities: pa.Table, error: str) -> pa.Table:
+    """State rows recording that each message of ``identities`` (``origin``, ``row``) failed in plan
+    ``plan_id``: ``event`` is ``backout`` (explicit) or ``rollback`` (the plan was replayed), or
+    ``return`` for a later item of a backed-out item's group, which goes back without a failure."""
+    count = identities.num_rows
+    now = datetime.now(UTC)
+    given = {
+        "consumer": pa.repeat(consumer, count),
+        "owner": pa.repeat(owner, count),
+        "event": pa.repeat(event, count),
+        "plan_id": pa.repeat(plan_id, count),
+        "origin": identities["origin"],
+        "row": identities["row"],
+        "count": pa.repeat(pa.scalar(1, pa.int64()), count),
+        "error": pa.repeat(error, count),
+        "at": pa.repeat(pa.scalar(now, TIMESTAMP), count),
+    }
+    return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
+
+
+def plan_messages(plan: pa.Table) -> pa.Table:
+    """The delivered messages of a recorded plan, one row each: ``origin``, ``row``, ``delivery_seq``."""
+    plan = plan.filter(pc.is_valid(plan["delivery_seq"]))
+    count = plan["count"].to_numpy()
+    return pa.table(
+        {
+            "origin": plan["origin"].take(pa.array(np.repeat(np.arange(plan.num_rows), count))),
+            "row": pa.array(expand_ranges(plan["row"].to_numpy(), count)),
+            "delivery_seq": pa.array(expand_ranges(plan["delivery_seq"].to_numpy(), count)),
+        }
+    )
+
+
+def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> int:
+    """Give back messages of the batch being processed, inside ``foreachBatch``: they are not consumed
+        with the batch, count one failed delivery each (later items of their message groups in the batch go
+    back with them, uncounted), and come back after the queue's retry delay (or
+        move once they have failed too often). Returns how many messages were backed out.
+
+        ``rows`` are delivered rows of the batch (a Spark DataFrame, a pyarrow Table, or a list of dicts)
+        with at least their ``queue`` and ``delivery_seq``; ``root`` is the queue manager root and
+        ``consumer`` the consumer group the query reads for. Backing out the same messages again when a
+        batch is replayed records them once. Rows that are not in the group's current batch are refused
+        and nothing is recorded.
+    """
+    from ..qmgr import QueueManager
+
+    if not isinstance(error, str) or not error:
+        raise MQValidationError(f"backout: error must be a non-empty text, got {error!r}")
+    validate_name(consumer, "consumer group")
+    table = _as_table(rows)
+    missing = [name for name in ("queue", "delivery_seq") if name not in table.column_names]
+    if missing:
+        raise MQValidationError(f"backout: rows lack the column(s) {', '.join(missing)} of delivered messages")
+    if table.num_rows == 0:
+        return 0
+    queues = pc.unique(table["queue"]).to_pylist()
+    if len(queues) != 1 or queues[0] is None:
+        raise MQValidationError(f"backout: rows come from more than one queue: {sorted(map(str, queues))}")
+    qm = QueueManager.open(root)
+    queue = qm.resolve_for_get(queues[0]).name
+    state = ConsumerState(qm.root, queue, qm.storage_options)
+    plan_id, owner, plan = state.current_plan(consumer)
+    wanted = pc.unique(table["delivery_seq"].cast(pa.int64()))
+    delivered = plan_messages(plan if plan is not None else STATE_SCHEMA.empty_table())
+    known = pc.is_in(wanted, value_set=delivered["delivery_seq"])
+    if not pc.all(known).as_py():
+        strangers = sorted(wanted.filter(pc.invert(known)).to_pylist())
+        shown = ", ".join(map(str, strangers[:10])) + (" ..." if len(strangers) > 10 else "")
+        raise MQValidationError(
+            f"backout: queue {queue}: delivery_seq {shown} not in the batch consumer group {consumer!r} "
+            "is processing; nothing was backed out"
+        )
+    chosen = delivered.filter(pc.is_in(delivered["delivery_seq"], value_set=wanted))
+    done = state.events(consumer, ("backout",), ["origin", "row"], plan_id=plan_id)
+    if done.num_rows:
+        seen = pc.is_in(
+            pc.binary_join_element_wise(chosen["origin"], pc.cast(chosen["row"], pa.string()), ":"),
+            value_set=pc.binary_join_element_wise(done["origin"], pc.cast(done["row"], pa.string()), ":"),
+        )
+        chosen = chosen.filter(pc.invert(seen))
+    if chosen.num_rows:
+        state.append(failure_rows(consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error))
+    return int(len(wanted))
+
+
+def _as_table(rows: Any) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, Sequence):
+        return pa.Table.from_pylist(list(rows))
+    select = getattr(rows, "select", None)
+    if select is not None and hasattr(rows, "toArrow"):
+        return rows.select("queue", "delivery_seq").toArrow()
+    raise MQValidationError(f"backout: rows must be a DataFrame, a pyarrow Table or a list of dicts, not {type(rows)}")
+
+
+class Transfer:
+    """Moves messages of a queue, for one consumer group, to other queues exactly once: a ``move``
+    record first, then the put carrying the record's ``txn`` version, then the record's consumption
+    (see the module doc). ``copy`` turns the messages as stored, with their ``move`` rows, into the
+    copies to put."""
+
+    def __init__(
+        self,
+        qm: QueueManager,
+        queue: str,
+        state: ConsumerState,
+        consumer: str,
+        owner: str,
+        app_id: str,
+        copy: Callable[[pa.Table, pa.Table], pa.Table],
+    ) -> None:
+        self.qm, self.queue, self.state, self.consumer, self.owner = qm, queue, state, consumer, owner
+        self.app_id, self.copy = app_id, copy
+
+    def finish_pending(self, pending: PendingMessages) -> pa.Table:
+        """Finish moves recorded but not consumed (a crash came between); their identities."""
+        moves = self.state.pending_moves(self.consumer)
+        finished = [IDENTITY_SCHEMA.empty_table()]
+        for move_id in pc.unique(moves["plan_id"]).to_pylist():
+            mine = moves.filter(pc.equal(moves["plan_id"], move_id))
+            self._put(mine, pending)
+            self.state.append(event_rows(self.consumer, self.owner, "consumed", plan_id=move_id))
+            finished.append(mine.select(IDENTITY_SCHEMA.names))
+        return pa.concat_tables(finished)
+
+    def transfer(self, chosen: pa.Table, target: str, pending: PendingMessages, **given: pa.Array) -> None:
+        """Move the messages ``chosen`` (``origin``, ``row``) to queue ``target``; ``given`` are more
+        columns of their ``move`` rows (``delivery_seq``, ``reason``, ``error``)."""
+        table = storage.open_table(storage.queue_location(self.qm.root, target), self.qm.storage_options)
+        committed = table.transaction_version(self.app_id) if table is not None else None
+        move_id = uuid.uuid4().hex
+        count = chosen.num_rows
+        columns = {
+            "consumer": pa.repeat(self.consumer, count),
+            "owner": pa.repeat(self.owner, count),
+            "event": pa.repeat("move", count),
+            "plan_id": pa.repeat(move_id, count),
+            "seq": pa.repeat(pa.scalar((committed or 0) + 1, pa.int64()), count),
+            "origin": chosen["origin"],
+            "row": chosen["row"],
+            "count": pa.repeat(pa.scalar(1, pa.int64()), count),
+            "target": pa.repeat(target, count),
+            "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count),
+            **given,
+        }
+        rows = pa.table({f.name: columns.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA})
+        rows = rows.cast(STATE_SCHEMA)
+        self.state.append(rows)
+        try:
+            self._put(rows, pending)
+        except MQError as refused:
+            # The target refused the put (full, inhibited, group rules): nothing moved, the messages stay.
+            if refused.reason == Reason.MQRC_BACKED_OUT:
+                raise
+            self.state.append(event_rows(self.consumer, self.owner, "abandoned", plan_id=move_id))
+            raise
+        self.state.append(event_rows(self.consumer, self.owner, "consumed", plan_id=move_id))
+
+    def _put(self, move: pa.Table, pending: PendingMessages) -> None:
+        """Put the copies a ``move`` record names on its target, once (the ``txn`` check)."""
+        target = move["target"][0].as_py()
+        version = move["seq"][0].as_py()
+        file, file_row = pending.locate(pending.range_keys(move.select(["origin", "row", "count"])))
+        if (file < 0).any():
+            raise MQError(
+                f"queue {self.queue}: a message to move to {target} is no longer in the queue", Reason.MQRC_BACKED_OUT
+            )
+        location = storage.queue_location(self.qm.root, self.queue)
+        pieces = []
+        for number in np.unique(file):
+            rows = file_row[file == number]
+            data = storage.read_data_rows(
+                location, pending.files[number], int(rows.min()), int(rows.max()) + 1, MESSAGE_SCHEMA.names
+            )
+            pieces.append(data.take(pa.array(rows - rows.min())).select(MESSAGE_SCHEMA.names))
+        # Back in the order of the move rows, which is the order the copies are put in.
+        order = np.argsort(np.concatenate([np.flatnonzero(file == n) for n in np.unique(file)]))
+        messages = pa.concat_tables(pieces).cast(MESSAGE_SCHEMA).take(pa.array(order))
+        count = messages.num_rows
+        messages = _replace(messages, "put_time", pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count))
+        messages = _replace(messages, "put_seq", pa.array(np.arange(count, dtype=np.int64)))
+        messages = self.copy(messages, move)
+        data = storage.write_data_file(
+            storage.queue_location(self.qm.root, target), messages.to_batches(), QUEUE_TABLE_SCHEMA
+        )
+        self.qm.commit_put(
+            target,
+            [data],
+            group_items(messages),
+            producer=self.app_id,
+            batch_id=version,
+            metadata={"mqspark.moved_from": self.queue},
+        )
+
+
+def _replace(messages: pa.Table, name: str, column: pa.Array) -> pa.Table:
+    index = MESSAGE_SCHEMA.get_field_index(name)
+    return messages.set_column(index, MESSAGE_SCHEMA.field(index), column.cast(MESSAGE_SCHEMA.field(index).type))
+
+
+class Mover:
+    """Moves a consumer group's messages that failed too often, exactly once (see the module doc)."""
+
+    def __init__(self, qm: QueueManager, policy: BackoutPolicy, state: ConsumerState, consumer: str, owner: str):
+        self.qm, self.policy = qm, policy
+        app_id = f"mqspark.backout/{policy.qmgr}/{policy.queue}/{consumer}"
+        self.transfer = Transfer(qm, policy.queue, state, consumer, owner, app_id, self._copy)
+
+    def finish_pending(self, pending: PendingMessages) -> pa.Table:
+        """Finish moves a crash interrupted; their identities."""
+        return self.transfer.finish_pending(pending)
+
+    def move(self, failed: pa.Table, pending: PendingMessages) -> pa.Table:
+        """Move the messages of ``failed`` (:data:`FAILURE_SCHEMA` rows) that reached the limit with a
+        pinpointed failure; their identities."""
+        targets: dict[Destination, list[int]] = {}
+        for index, (count, error, pinpointed) in enumerate(
+            zip(
+                failed["backout_count"].to_pylist(),
+                failed["error"].to_pylist(),
+                failed["pinpointed"].to_pylist(),
+                strict=True,
+            )
+        ):
+            destination = self.policy.destination(count, error) if pinpointed else None
+            if destination is not None:
+                targets.setdefault(destination, []).append(index)
+        moved = [IDENTITY_SCHEMA.empty_table()]
+        for destination, indices in targets.items():
+            chosen = failed.take(pa.array(indices))
+            destination = self._available(destination)
+            try:
+                self._transfer(chosen, destination, pending)
+            except MQError as refused:
+                if destination.queue == self.policy.dead_letter_queue or refused.reason == Reason.MQRC_BACKED_OUT:
+                    raise
+                text = f"{destination.text}; not moved to {destination.queue}: {refused}"
+                fallback = Destination(self.policy.dead_letter_queue, destination.reason, text)
+                self._transfer(chosen, fallback, pending)
+            moved.append(chosen.select(IDENTITY_SCHEMA.names))
+        return pa.concat_tables(moved)
+
+    def _transfer(self, chosen: pa.Table, destination: Destination, pending: PendingMessages) -> None:
+        count = chosen.num_rows
+        self.transfer.transfer(
+            chosen,
+            self.qm.resolve_for_put(destination.queue).name,
+            pending,
+            delivery_seq=pc.cast(chosen["backout_count"], pa.int64()),
+            reason=pa.repeat(pa.scalar(int(destination.reason), pa.int32()), count),
+            error=pa.repeat(destination.text, count),
+        )
+
+    def _available(self, destination: Destination) -> Destination:
+        """``destination``, or the dead-letter queue when its queue cannot take the messages (deleted
+        since it was named, or put-inhibited), as MQ does."""
+        if destination.queue == self.policy.dead_letter_queue:
+            return destination
+        try:
+            self.qm.resolve_for_put(destination.queue)
+        except MQError as unavailable:
+            return Destination(
+                self.policy.dead_letter_queue, destination.reason, f"{destination.text}; not moved to {unavailable}"
+            )
+        return destination
+
+    def _copy(self, messages: pa.Table, move: pa.Table) -> pa.Table:
+        """The copy with its dead-letter header and backout count (kept in the move's ``delivery_seq``)."""
+        messages = _replace(messages, "backout_count", move["delivery_seq"])
+        return dead_letter(
+            messages, move["reason"], move["error"], self.policy.queue, self.policy.qmgr, datetime.now(UTC)
+        )
+
+
+# The consumer group under which redrive takes messages off a backout, error or dead-letter queue.
+REDRIVER = "mqspark.redrive"
+
+
+def redrive(
+    qm: QueueManager,
+    queue: str,
+    msg_ids: Sequence[str] | None = None,
+    correl_ids: Sequence[str] | None = None,
+    reasons: Sequence[int] | None = None,
+    lease_timeout: timedelta = timedelta(seconds=30),
+) -> dict[str, int]:
+    """Move messages of ``queue`` (a backout, error or dead-letter queue) back to the queues they came
+    from (``dlq_original_queue``), with their dead-letter header cleared and ``backout_count`` reset,
+    in the order they arrived, exactly once. All of them, or those matching every selector given.
+    Returns how many went back to each queue. Messages without an original queue, or whose original
+    queue is no longer defined here, stay."""
+    from ..pending import PendingMessages
+
+    definition = qm.resolve_for_get(queue)
+    local = definition.name
+    for name, values in (("msg_ids", msg_ids), ("correl_ids", correl_ids), ("reasons", reasons)):
+        if values is not None and (isinstance(values, str | bytes) or not values):
+            raise MQValidationError(f"redrive: queue {local}: {name} must be a non-empty list, got {values!r}")
+    state = ConsumerState(qm.root, local, qm.storage_options)
+    owner = uuid.uuid4().hex
+    state.acquire(REDRIVER, owner, lease_timeout)
+    try:
+        pending = PendingMessages(storage.queue_location(qm.root, local), qm.storage_options)
+        pending.load(state.consumed_ranges(REDRIVER))
+        transfer = Transfer(qm, local, state, REDRIVER, owner, f"mqspark.redrive/{qm.name}/{local}", _without_header)
+        pending.mark_consumed(pending.range_keys(_one_each(transfer.finish_pending(pending))))
+        waiting = pending.rows.filter(pc.invert(pending.rows["consumed"]))
+        headers = _headers(pending, waiting)
+        keep = pc.is_valid(headers["dlq_original_queue"])
+        for values, column in ((msg_ids, "msg_id"), (correl_ids, "correl_id"), (reasons, "dlq_reason")):
+            if values is not None:
+                keep = pc.and_(keep, pc.fill_null(pc.is_in(headers[column], pa.array(list(values))), False))
+        chosen = headers.filter(keep)
+        chosen = chosen.take(pc.sort_indices(chosen, [("commit_version", "ascending"), ("put_seq", "ascending")]))
+        known = {q.name for q in qm.queues()}
+        moved: dict[str, int] = {}
+        for target in sorted(pc.unique(chosen["dlq_original_queue"]).to_pylist()):
+            if target not in known:
+                continue
+            mine = chosen.filter(pc.equal(chosen["dlq_original_queue"], target))
+            transfer.transfer(mine.select(IDENTITY_SCHEMA.names), qm.resolve_for_put(target).name, pending)
+            moved[target] = mine.num_rows
+        return moved
+    finally:
+        state.release(REDRIVER, owner)
+
+
+def _headers(pending: PendingMessages, waiting: pa.Table) -> pa.Table:
+    """Identity, physical order, selectors and original queue of the ``waiting`` index rows."""
+    location = pending.location
+    pieces = []
+    for number in pc.unique(waiting["file"]).to_pylist():
+        mine = waiting.filter(pc.equal(waiting["file"], number))
+        rows = mine["file_row"].to_numpy()
+        data = storage.read_data_rows(
+            location,
+            pending.files[number],
+            int(rows.min()),
+            int(rows.max()) + 1,
+            ["correl_id", "dlq_reason", "dlq_original_queue"],
+        ).take(pa.array(rows - rows.min()))
+        pieces.append(
+            pa.table(
+                {
+                    "origin": pa.array(pending.origins, pa.string()).take(mine["origin"]),
+                    "row": mine["row"],
+                    "commit_version": mine["commit_version"],
+                    "put_seq": mine["put_seq"],
+                    "msg_id": mine["msg_id"],
+                    "correl_id": data["correl_id"],
+                    "dlq_reason": data["dlq_reason"],
+                    "dlq_original_queue": data["dlq_original_queue"],
+                }
+            )
+        )
+    if pieces:
+        return pa.concat_tables(pieces)
+    return pa.table(
+        {
+            "origin": pa.array([], pa.string()),
+            "row": pa.array([], pa.int64()),
+            "commit_version": pa.array([], pa.int64()),
+            "put_seq": pa.array([], pa.int64()),
+            "msg_id": pa.array([], pa.string()),
+            "correl_id": pa.array([], pa.string()),
+            "dlq_reason": pa.array([], pa.int32()),
+            "dlq_original_queue": pa.array([], pa.string()),
+        }
+    )
+
+
+def _one_each(identities: pa.Table) -> pa.Table:
+    return identities.append_column("count", pa.array(np.ones(identities.num_rows, dtype=np.int64)))
+
+
+def _without_header(messages: pa.Table, move: pa.Table) -> pa.Table:
+    """A redriven copy: no dead-letter header, backout count 0."""
+    count = messages.num_rows
+    for name in DEAD_LETTER_FIELDS:
+        messages = _replace(messages, name, pa.nulls(count, MESSAGE_SCHEMA.field(name).type))
+    return _replace(messages, "backout_count", pa.array(np.zeros(count, dtype=np.int32)))
