@@ -15,7 +15,8 @@
   back, with its ``error``) or because the plan's batch was replayed; see
   :mod:`mqspark.services.backout`. A backed-out message is not consumed with its plan.
 - ``return``: a later item of a backed-out message's group in the same plan, which goes back with
-  it (not a failure of its own).
+  it (not a failure of its own); or, with ``batch_limit``, a message of a plan given up after its
+  replay failed too, delivered from then on in batches of at most ``batch_limit`` units.
 - ``move``: messages that failed too often, on their way to queue ``target`` (the put's ``txn``
   version in ``seq``, each message's backout count in ``delivery_seq``, the dead-letter ``reason``
   and ``error`` text). A ``consumed`` record with the move's ``plan_id`` finishes it; an
@@ -61,6 +62,7 @@ STATE_SCHEMA = pa.schema(
         pa.field("target", pa.string()),
         pa.field("reason", pa.int32()),
         pa.field("error", pa.string()),
+        pa.field("batch_limit", pa.int64()),
     ]
 )
 RANGE_COLUMNS = ["origin", "row", "count"]
@@ -418,7 +420,11 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
         folded = mine.filter(pc.or_(pc.equal(event, "checkpoint"), pc.and_(plans, pc.is_in(mine["plan_id"], consumed))))
         moves = pc.equal(event, "move")
         finished_moves = mine.filter(pc.and_(moves, pc.is_in(mine["plan_id"], consumed)))
-        failed = pc.is_in(event, pa.array(["backout", "rollback"]))
+        # Failures, and the batch limits of messages returned from a plan given up.
+        failed = pc.or_(
+            pc.is_in(event, pa.array(["backout", "rollback"])),
+            pc.and_(pc.equal(event, "return"), pc.is_valid(mine["batch_limit"])),
+        )
         position = pc.max(folded["seq"]).as_py()
         if folded.num_rows:
             following = pc.if_else(

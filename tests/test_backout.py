@@ -362,3 +362,27 @@ def test_redrive_refuses_bad_selectors_and_changes_nothing(qm):
     assert qm.redrive(qm.dead_letter_queue, reasons=[2362]) == {"Q": 1}
     assert [m["payload"] for m in qm.browse("Q").to_pylist()] == [b"a"]
     assert qm.browse("Q").to_pylist()[0]["dlq_reason"] is None
+
+
+def test_cli_redrive_selects_by_msg_id_and_reports_what_moved(qm, capsys):
+    import json
+
+    from mqspark.cli import main
+
+    qm.define_queue("Q")
+    _dead_letters(
+        qm,
+        qm.dead_letter_queue,
+        [{"payload": p, "fields": {"msg_id": p}, "reason": 2362} for p in ("a", "b")],
+    )
+    assert main(["--root", qm.root, "redrive", qm.dead_letter_queue, "--msg-id", "b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"queue": qm.dead_letter_queue, "to": "Q", "messages": 1}]
+    assert [m["payload"] for m in qm.browse("Q").to_pylist()] == [b"b"]
+    assert main(["--root", qm.root, "redrive", "NOPE", "--json"]) == 1
+    assert capsys.readouterr().err == (
+        "mqspark: error: MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1\n"
+    )
+    with pytest.raises(SystemExit) as usage:
+        main(["--root", qm.root, "redrive", qm.dead_letter_queue, "--reason", "x"])
+    assert usage.value.code == 2
+    assert "argument --reason: invalid int value: 'x'" in capsys.readouterr().err

@@ -16,6 +16,17 @@ messages says nothing about which of them is bad, so only a pinpointed failure c
 A failed message is redelivered to its group no sooner than the queue's ``retry_delay`` after the
 failure; later items of its message group wait behind it, other messages flow past.
 
+**Poison messages** (no crash loop). A replay delivers the same messages as the batch it replays,
+because mqspark cannot know whether the failed attempt's processing committed. When the replay
+fails too, the batch is not a passing failure: the next replay of that plan is **given up**. It
+delivers nothing, and its messages go back to the queue (``return`` rows with a ``batch_limit``)
+to be delivered in batches of at most 1/:data:`ISOLATE_FACTOR` of the plan's size, whenever one of
+them is at the head of the logical order. A bad message so ends, after a few rounds, in a batch of
+its own, whose failure pinpoints it; the others are processed on the way. With the ``delta`` and
+``mq`` sinks, which skip a batch they have committed, a plan that failed twice never committed, so
+giving it up loses and duplicates nothing. A ``foreachBatch`` function that commits side effects
+and then fails twice on the same batch sees those messages again, in the smaller batches.
+
 **The limit** (:class:`BackoutPolicy`). MQ's rule applies when ``backout_threshold`` > 0: at that
 many failures the message moves to ``backout_queue``, or to the dead-letter queue when none is named
 (reason 2362, ``MQRC_BACKOUT_THRESHOLD_REACHED``). Tuxedo's rule applies otherwise, and also beside
@@ -68,6 +79,10 @@ if TYPE_CHECKING:
 FAILURE_EVENTS = ("backout", "rollback")
 # The error text of a rolled-back delivery (the batch failed and was replayed).
 ROLLED_BACK = "MQRC_BACKED_OUT (2003): the micro-batch that delivered it failed and was replayed"
+# The error text of the messages of a plan given up after its replay failed too.
+GIVEN_UP = "returned in smaller batches: the micro-batch that delivered it failed again when replayed"
+# A plan given up is delivered again in batches of about 1/ISOLATE_FACTOR of its size.
+ISOLATE_FACTOR = 16
 # The error text of a later item of a message group, returned with an item backed out before it.
 HELD_BEHIND = "returned behind an earlier item of its message group that was backed out"
 IDENTITY_SCHEMA = pa.schema([pa.field("origin", pa.string()), pa.field("row", pa.int64())])
@@ -149,14 +164,19 @@ def failures(state: ConsumerState, consumer: str) -> pa.Table:
     failure, and whether that failure was ``pinpointed`` (see the module doc).
 
     A failure is counted once per plan and kind, however often it was recorded."""
-    rows = state.events(consumer, FAILURE_EVENTS, ["event", "plan_id", "origin", "row", "at", "error"])
+    rows = state.events(consumer, FAILURE_EVENTS, ["event", "plan_id", "seq", "origin", "row", "at", "error"])
     if rows.num_rows == 0:
         return FAILURE_SCHEMA.empty_table()
-    rows = rows.group_by(["origin", "row", "event", "plan_id"], use_threads=False).aggregate(
+    # Each replay of a plan (numbered in ``seq``) is a failure of its own.
+    rows = rows.group_by(["origin", "row", "event", "plan_id", "seq"], use_threads=False).aggregate(
         [("at", "min"), ("error", "first")]
     )
     # A replayed plan of one message pinpoints it as surely as an explicit backout.
-    sizes = rows.filter(pc.equal(rows["event"], "rollback")).group_by("plan_id").aggregate([("row", "count")])
+    sizes = (
+        rows.filter(pc.equal(rows["event"], "rollback"))
+        .group_by(["plan_id", "seq"], use_threads=False)
+        .aggregate([("row", "count")])
+    )
     alone = sizes.filter(pc.equal(sizes["row_count"], 1))["plan_id"]
     pinpointed = pc.or_(pc.equal(rows["event"], "backout"), pc.is_in(rows["plan_id"], value_set=alone))
     rows = rows.append_column("pinpointed", pinpointed)
@@ -177,7 +197,16 @@ def failures(state: ConsumerState, consumer: str) -> pa.Table:
     )
 
 
-def failure_rows(consumer: str, owner: str, event: str, plan_id: str, identities: pa.Table, error: str) -> pa.Table:
+def failure_rows(
+    consumer: str,
+    owner: str,
+    event: str,
+    plan_id: str,
+    identities: pa.Table,
+    error: str,
+    seq: int | None = None,
+    batch_limit: int | None = None,
+) -> pa.Table:
     """State rows recording that each message of ``identities`` (``origin``, ``row``) failed in plan
     ``plan_id``: ``event`` is ``backout`` (explicit) or ``rollback`` (the plan was replayed), or
     ``return`` for a later item of a backed-out item's group, which goes back without a failure."""
@@ -193,6 +222,8 @@ def failure_rows(consumer: str, owner: str, event: str, plan_id: str, identities
         "count": pa.repeat(pa.scalar(1, pa.int64()), count),
         "error": pa.repeat(error, count),
         "at": pa.repeat(pa.scalar(now, TIMESTAMP), count),
+        "seq": pa.repeat(pa.scalar(seq, pa.int64()), count),
+        "batch_limit": pa.repeat(pa.scalar(batch_limit, pa.int64()), count),
     }
     return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
 

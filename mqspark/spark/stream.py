@@ -52,7 +52,17 @@ from ..messages import MESSAGE_SCHEMA, TIMESTAMP
 from ..ordering import DeliveryOptions, deliver, join_segments, keep_rows
 from ..pending import PendingMessages, lookup
 from ..qmgr import BROWSE_SCHEMA, QueueManager
-from ..services.backout import HELD_BEHIND, ROLLED_BACK, BackoutPolicy, Mover, failure_rows, failures, plan_messages
+from ..services.backout import (
+    GIVEN_UP,
+    HELD_BEHIND,
+    ISOLATE_FACTOR,
+    ROLLED_BACK,
+    BackoutPolicy,
+    Mover,
+    failure_rows,
+    failures,
+    plan_messages,
+)
 from ..services.maintenance import Maintenance
 from .browse import batch_rows
 
@@ -160,8 +170,9 @@ class _Group:
         self.next_due: datetime | None = None
         self.maintenance = Maintenance(qm, self.queue)
         self.mover = Mover(qm, BackoutPolicy.of(qm, definition), self.state, options.consumer, owner)
-        # Plans of earlier runs this run has replayed (each counted as one rolled-back delivery).
-        self.replayed: set[str] = set()
+        # Plans of earlier runs this run has replayed (each counted as one rolled-back delivery), and
+        # whether each was given up.
+        self.replayed: dict[str, bool] = {}
 
 
 class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -254,7 +265,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         plan = group.plans.get(end["plan"])
         if plan is None:
             plan = group.state.plan(self.options.consumer, end["plan"])
-            self._count_replay(group, end["plan"], plan)
+            if self._count_replay(group, end["plan"], plan):
+                return []
         delivered = plan.filter(pc.is_valid(plan["delivery_seq"]))
         delivered = delivered.take(pc.sort_indices(delivered, [("delivery_seq", "ascending")]))
         backout_seq, backout_count = self._backout_counts(group, delivered)
@@ -337,12 +349,15 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _backed_out(self, group: _Group, plan_id: str, keys: np.ndarray) -> np.ndarray:
         """The keys of the plan's messages that stay waiting: those backed out of it, and the later
         items of their message groups in the plan, which wait behind them (recorded as ``return``)."""
-        backed_out = group.state.events(self.options.consumer, ("backout",), ["origin", "row"], plan_id)
-        if backed_out.num_rows == 0:
+        given_back = group.state.events(
+            self.options.consumer, ("backout", "return"), ["event", "origin", "row"], plan_id
+        )
+        if given_back.num_rows == 0:
             return np.zeros(0, dtype=np.int64)
         group.exhausted = False
         pending = group.pending
-        failed = pending.range_keys(_single(backed_out))
+        given_up = _keys(pending, given_back.filter(pc.equal(given_back["event"], "return")))
+        failed = _keys(pending, given_back.filter(pc.equal(given_back["event"], "backout")))
         found, at = lookup(pending.keys(), keys)
         planned = pending.rows.take(pa.array(at[found]))
         planned_keys = keys[found]
@@ -370,7 +385,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             group.unrecorded.append(
                 failure_rows(self.options.consumer, group.owner, "return", plan_id, identities, HELD_BEHIND)
             )
-        return np.concatenate([failed, planned_keys[held]])
+        return np.concatenate([failed, given_up, planned_keys[held]])
 
     def _load(self, group: _Group) -> None:
         """Build the pending index from the table's snapshot, without what the group consumed."""
@@ -416,7 +431,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group.next_due = pc.min(later).as_py() if len(later) else None
         ordered = deliver(rows, group.delivery_sequence, options.delivery, now, join=False).messages
         candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
-        taken, delivered = self._admit(candidates, limit, start["delivered"])
+        taken, delivered = self._admit(candidates, limit, start["delivered"], self._isolation(group, candidates))
         group.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
             return None
@@ -447,6 +462,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if moved.num_rows:
             pending.mark_consumed(pending.range_keys(_single(moved)))
         rows = pending.rows
+        if group.mover.policy.retry_delay <= timedelta(0):
+            return rows
         found, at = lookup(pending.range_keys(_single(failed)), pending.keys())
         if not found.any():
             return rows
@@ -458,16 +475,26 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         index = rows.schema.get_field_index("available_at")
         return rows.set_column(index, rows.schema.field(index), held.cast(rows.schema.field(index).type))
 
-    def _count_replay(self, group: _Group, plan_id: str, plan: pa.Table) -> None:
-        """A plan this run did not make is being replayed: its batch failed, once for each message."""
+    def _count_replay(self, group: _Group, plan_id: str, plan: pa.Table) -> bool:
+        """A plan this run did not make is being replayed: its batch failed, once for each message.
+        True when the plan is given up: an earlier replay of it failed too (see
+        :mod:`mqspark.services.backout`)."""
         if plan_id in group.replayed:
-            return
-        group.replayed.add(plan_id)
+            return group.replayed[plan_id]
         messages = plan_messages(plan).select(["origin", "row"])
-        if messages.num_rows:
-            group.state.append(
-                failure_rows(self.options.consumer, group.owner, "rollback", plan_id, messages, ROLLED_BACK)
-            )
+        if messages.num_rows == 0:
+            group.replayed[plan_id] = False
+            return False
+        consumer = self.options.consumer
+        replays = pc.max(group.state.events(consumer, ("rollback",), ["seq"], plan_id)["seq"]).as_py() or 0
+        rows = [failure_rows(consumer, group.owner, "rollback", plan_id, messages, ROLLED_BACK, seq=replays + 1)]
+        given_up = replays >= 1
+        if given_up:
+            limit = -(-messages.num_rows // ISOLATE_FACTOR)
+            rows.append(failure_rows(consumer, group.owner, "return", plan_id, messages, GIVEN_UP, batch_limit=limit))
+        group.state.append(pa.concat_tables(rows))
+        group.replayed[plan_id] = given_up
+        return given_up
 
     def _backout_counts(self, group: _Group, delivered: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         """The delivery_seq (sorted) and backout_count of the plan's messages that have failed before."""
@@ -482,7 +509,23 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         by_seq = np.argsort(seqs)
         return seqs[by_seq], counts[by_seq].astype(np.int32)
 
-    def _admit(self, candidates: pa.Table, limit: ReadLimit, first_seq: int) -> tuple[pa.Table, int]:
+    def _isolation(self, group: _Group, candidates: pa.Table) -> int | None:
+        """The most units the next batch may hold: the ``batch_limit`` of the message at the head of
+        the logical order when it was returned from a plan given up (None: no such limit)."""
+        if candidates.num_rows == 0:
+            return None
+        returned = group.state.events(self.options.consumer, ("return",), ["origin", "row", "batch_limit"])
+        returned = returned.filter(pc.is_valid(returned["batch_limit"]))
+        if returned.num_rows == 0:
+            return None
+        keys = group.pending.range_keys(_single(returned))
+        head = group.pending.keys(candidates.slice(0, 1))
+        mine = returned["batch_limit"].filter(pa.array(keys == head[0]))
+        return int(pc.min(mine).as_py()) if len(mine) else None
+
+    def _admit(
+        self, candidates: pa.Table, limit: ReadLimit, first_seq: int, max_units: int | None = None
+    ) -> tuple[pa.Table, int]:
         """The prefix of ``candidates`` this batch delivers, with delivery_seq and partition, and the
         next delivery_seq. Limits count delivered messages and payload bytes; at least one unit goes."""
         options = self.options
@@ -516,6 +559,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fits &= size[ends] <= max_bytes
         # Whole units are taken while they fit; the first always goes, so a big message cannot stall.
         units = len(ends) if fits.all() else max(1, int(np.argmin(fits)))
+        if max_units is not None:
+            units = min(units, max_units)
         stop = int(ends[units - 1]) + 1
         taken = candidates.slice(0, stop)
         total = int(size[stop - 1])
@@ -549,6 +594,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA),
         )
         group.plans[end["plan"]] = plan
+
+
+def _keys(pending: PendingMessages, messages: pa.Table) -> np.ndarray:
+    """The pending-index keys of ``origin``/``row`` identities."""
+    if messages.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pending.range_keys(_single(messages))
 
 
 def _single(messages: pa.Table) -> pa.Table:
