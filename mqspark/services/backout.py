@@ -22,10 +22,10 @@ fails too, the batch is not a passing failure: the next replay of that plan is *
 delivers nothing, and its messages go back to the queue (``return`` rows with a ``batch_limit``)
 to be delivered in batches of at most 1/:data:`ISOLATE_FACTOR` of the plan's size, whenever one of
 them is at the head of the logical order. A bad message so ends, after a few rounds, in a batch of
-its own, whose failure pinpoints it; the others are processed on the way. With the ``delta`` and
-``mq`` sinks, which skip a batch they have committed, a plan that failed twice never committed, so
-giving it up loses and duplicates nothing. A ``foreachBatch`` function that commits side effects
-and then fails twice on the same batch sees those messages again, in the smaller batches.
+its own, whose failure pinpoints it; the others are processed on the way. A batch that failed in
+its sink never committed there, so giving it up loses and duplicates nothing. A replay cannot tell
+that from a driver killed after the sink committed (twice in a row on one batch): the sink then
+sees the messages again.
 
 **The limit** (:class:`BackoutPolicy`). MQ's rule applies when ``backout_threshold`` > 0: at that
 many failures the message moves to ``backout_queue``, or to the dead-letter queue when none is named
