@@ -522,6 +522,17 @@ def subtract_messages(ranges: pa.Table, messages: pa.Table) -> pa.Table:
     )
 
 
+def single_ranges(messages: pa.Table) -> pa.Table:
+    """``origin``/``row`` identities as ``origin``/``row``/``count`` ranges of one message each."""
+    return pa.table(
+        {
+            "origin": messages["origin"],
+            "row": messages["row"],
+            "count": pa.array(np.ones(messages.num_rows, dtype=np.int64)),
+        }
+    )
+
+
 def expand_ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
     """Every value of the ranges ``first`` .. ``first + count - 1``, range after range."""
     count = np.asarray(count, dtype=np.int64)

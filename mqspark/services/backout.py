@@ -67,7 +67,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..consumers import STATE_SCHEMA, ConsumerState, event_rows, expand_ranges
+from ..consumers import STATE_SCHEMA, ConsumerState, event_rows, expand_ranges, single_ranges
 from ..definitions import QueueDefinition, validate_name
 from ..errors import MQError, MQValidationError, Reason
 from ..messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items
@@ -299,8 +299,7 @@ def _as_table(rows: Any) -> pa.Table:
         return rows
     if isinstance(rows, Sequence):
         return pa.Table.from_pylist(list(rows))
-    select = getattr(rows, "select", None)
-    if select is not None and hasattr(rows, "toArrow"):
+    if hasattr(rows, "toArrow"):
         return rows.select("queue", "delivery_seq").toArrow()
     raise MQValidationError(f"backout: rows must be a DataFrame, a pyarrow Table or a list of dicts, not {type(rows)}")
 
@@ -515,7 +514,7 @@ def redrive(
         pending = PendingMessages(storage.queue_location(qm.root, local), qm.storage_options)
         pending.load(state.consumed_ranges(REDRIVER))
         transfer = Transfer(qm, local, state, REDRIVER, owner, f"mqspark.redrive/{qm.name}/{local}", _without_header)
-        pending.mark_consumed(pending.range_keys(_one_each(transfer.finish_pending(pending))))
+        pending.mark_consumed(pending.range_keys(single_ranges(transfer.finish_pending(pending))))
         waiting = pending.rows.filter(pc.invert(pending.rows["consumed"]))
         headers = _headers(pending, waiting)
         keep = pc.is_valid(headers["dlq_original_queue"])
@@ -579,10 +578,6 @@ def _headers(pending: PendingMessages, waiting: pa.Table) -> pa.Table:
             "dlq_original_queue": pa.array([], pa.string()),
         }
     )
-
-
-def _one_each(identities: pa.Table) -> pa.Table:
-    return identities.append_column("count", pa.array(np.ones(identities.num_rows, dtype=np.int64)))
 
 
 def _without_header(messages: pa.Table, move: pa.Table) -> pa.Table:

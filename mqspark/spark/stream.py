@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .. import storage
-from ..consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges
+from ..consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges, single_ranges
 from ..errors import MQError, Reason
 from ..messages import MESSAGE_SCHEMA, TIMESTAMP
 from ..ordering import DeliveryOptions, deliver, join_segments, keep_rows
@@ -451,20 +451,20 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pending = group.pending
         finished = group.mover.finish_pending(pending)
         if finished.num_rows:
-            pending.mark_consumed(pending.range_keys(_single(finished)))
+            pending.mark_consumed(_keys(pending, finished))
         failed = failures(group.state, self.options.consumer)
         if failed.num_rows == 0:
             return pending.rows
-        keys = pending.range_keys(_single(failed))
+        keys = _keys(pending, failed)
         waiting = pending.keys()[~pending.rows["consumed"].to_numpy(zero_copy_only=False)]
         failed = failed.filter(pa.array(np.isin(keys, waiting)))
         moved = group.mover.move(failed, pending)
         if moved.num_rows:
-            pending.mark_consumed(pending.range_keys(_single(moved)))
+            pending.mark_consumed(_keys(pending, moved))
         rows = pending.rows
         if group.mover.policy.retry_delay <= timedelta(0):
             return rows
-        found, at = lookup(pending.range_keys(_single(failed)), pending.keys())
+        found, at = lookup(_keys(pending, failed), pending.keys())
         if not found.any():
             return rows
         retry_at = pc.add(failed["failed_at"], pa.scalar(group.mover.policy.retry_delay, pa.duration("us")))
@@ -503,7 +503,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if failed.num_rows == 0:
             return empty
         messages = plan_messages(delivered)
-        found, at = lookup(group.pending.range_keys(_single(failed)), group.pending.range_keys(_single(messages)))
+        found, at = lookup(_keys(group.pending, failed), _keys(group.pending, messages))
         seqs = messages["delivery_seq"].to_numpy()[found]
         counts = failed["backout_count"].to_numpy()[at[found]]
         by_seq = np.argsort(seqs)
@@ -518,7 +518,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         returned = returned.filter(pc.is_valid(returned["batch_limit"]))
         if returned.num_rows == 0:
             return None
-        keys = group.pending.range_keys(_single(returned))
+        keys = _keys(group.pending, returned)
         head = group.pending.keys(candidates.slice(0, 1))
         mine = returned["batch_limit"].filter(pa.array(keys == head[0]))
         return int(pc.min(mine).as_py()) if len(mine) else None
@@ -600,18 +600,7 @@ def _keys(pending: PendingMessages, messages: pa.Table) -> np.ndarray:
     """The pending-index keys of ``origin``/``row`` identities."""
     if messages.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
-    return pending.range_keys(_single(messages))
-
-
-def _single(messages: pa.Table) -> pa.Table:
-    """``origin``/``row`` identities as ranges of one message each."""
-    return pa.table(
-        {
-            "origin": messages["origin"],
-            "row": messages["row"],
-            "count": pa.array(np.ones(messages.num_rows, dtype=np.int64)),
-        }
-    )
+    return pending.range_keys(single_ranges(messages))
 
 
 def plan_ranges(taken: pa.Table, origins: list[str]) -> pa.Table:
