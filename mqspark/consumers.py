@@ -32,7 +32,8 @@ compact form, so its size follows the backlog in flight, not the history.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -103,7 +104,8 @@ class Lease:
 class ConsumerState:
     """The state table of one queue. Open it with the queue manager root and the (local) queue name.
 
-    The table is opened once and brought up to date incrementally: one instance per thread.
+    The table is opened once and brought up to date incrementally, and so are its rows: only the
+    data files added since the last look are read. One instance per thread.
     """
 
     def __init__(
@@ -114,17 +116,38 @@ class ConsumerState:
         self.location = location or storage.state_location(root, queue)
         self.storage_options = storage_options
         self._table: DeltaTable | None = None
+        # The rows of each live data file read so far, and of the whole table at ``_rows_version``.
+        self._files: dict[str, pa.Table] = {}
+        self._rows = STATE_SCHEMA.empty_table()
+        self._rows_version = -1
+        self._pinned = self._current = False
 
     def table(self) -> DeltaTable | None:
-        """The table at its latest version, None when there is none (yet, or any more)."""
+        """The table at its latest version, None when there is none (yet, or any more). Inside
+        :meth:`pinned`, the version of the first look, until this instance commits."""
         if self._table is not None:
+            if self._pinned and self._current:
+                return self._table
             try:
                 self._table.update_incremental()
+                self._current = self._pinned
                 return self._table
             except Exception:
                 self._table = None  # deleted with its queue, or recreated
         self._table = storage.open_table(self.location, self.storage_options)
+        self._current = self._pinned and self._table is not None
         return self._table
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Answer the questions asked inside from one look at the table, taken again after this
+        instance's own commits: a planning step asks several questions of the same version, and each
+        look lists the table's log."""
+        self._pinned, self._current = True, False
+        try:
+            yield
+        finally:
+            self._pinned = self._current = False
 
     def _table_or_create(self) -> DeltaTable:
         table = self.table()
@@ -138,6 +161,30 @@ class ConsumerState:
                 raise
         return self.table()
 
+    def rows(self) -> pa.Table:
+        """Every row of the table at its latest version, in no particular order (none without a table).
+
+        Between compactions the table only grows by appends, so only the files added since the last
+        call are read; a planner asks several questions of the same version per micro-batch."""
+        table = self.table()
+        if table is None:
+            self._files, self._rows, self._rows_version = {}, STATE_SCHEMA.empty_table(), -1
+            return self._rows
+        version = table.version()
+        if version != self._rows_version:
+            files = {}
+            for path in storage.live_paths(table):
+                known = self._files.get(path)
+                files[path] = (
+                    known if known is not None else storage.read_data_file(self.location, path).cast(STATE_SCHEMA)
+                )
+            self._files = files
+            self._rows = (
+                pa.concat_tables(list(files.values())).combine_chunks() if files else STATE_SCHEMA.empty_table()
+            )
+            self._rows_version = version
+        return self._rows
+
     def events(
         self,
         consumer: str,
@@ -146,24 +193,20 @@ class ConsumerState:
         plan_id: str | None = None,
     ) -> pa.Table:
         """The group's recorded rows (of the given ``events``, of one plan), in no particular order."""
-        table = self.table()
-        if table is None:
-            return STATE_SCHEMA.empty_table().select(columns or STATE_SCHEMA.names)
-        condition = pc.field("consumer") == consumer
+        rows = self.rows()
+        # Compute kernels on the columns: a filter expression would start an Acero plan per question.
+        mask = pc.equal(rows["consumer"], consumer)
         if events is not None:
-            condition &= pc.field("event").isin(list(events))
+            mask = pc.and_(mask, pc.is_in(rows["event"], pa.array(events, pa.string())))
         if plan_id is not None:
-            condition &= pc.field("plan_id") == plan_id
-        return table.to_pyarrow_dataset().to_table(columns=columns, filter=condition)
+            mask = pc.and_(mask, pc.fill_null(pc.equal(rows["plan_id"], plan_id), False))
+        rows = rows.filter(mask)
+        return rows.select(columns) if columns is not None else rows
 
     def groups(self) -> list[str]:
         """The consumer groups that count for the queue's depth, by name: those with records in the
         table (they have read the queue, or were declared on it)."""
-        table = self.table()
-        if table is None:
-            return []
-        names = pc.unique(table.to_pyarrow_dataset().to_table(columns=["consumer"])["consumer"]).to_pylist()
-        return sorted(names)
+        return sorted(pc.unique(self.rows()["consumer"]).to_pylist())
 
     def consumed_plans(self, consumer: str) -> pa.Array:
         ids = self.events(consumer, ("consumed",), ["plan_id"])["plan_id"]
@@ -176,8 +219,7 @@ class ConsumerState:
     def all_groups(self) -> GroupsSnapshot:
         """Every counted group's consumed messages, and the messages of plans not yet consumed (which a
         replay may still deliver), from one read of the table."""
-        table = self.table()
-        rows = STATE_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
+        rows = self.rows()
         groups = sorted(pc.unique(rows["consumer"]).to_pylist())
         consumed = {g: _consumed(rows.filter(pc.equal(rows["consumer"], g))) for g in groups}
         # Plans after a group's last consumed one may still run; earlier ones were rolled back.
@@ -276,6 +318,7 @@ class ConsumerState:
             return
 
         def prepare(attempt: int) -> Callable[[], int]:
+            self._current = False
             table = self._table_or_create()
             if check is not None:
                 check()
@@ -288,6 +331,7 @@ class ConsumerState:
             _ATTEMPTS,
             f"queue {self.queue}: state commit gave up after {_ATTEMPTS} conflicts",
         )
+        self._current = False
         if version is not None and version % COMPACT_EVERY == 0:
             self.compact()
 
@@ -322,6 +366,7 @@ class ConsumerState:
         """Replace the table's rows in one commit at exactly the version after ``table``'s; False when a
         concurrent commit got in first."""
         file = storage.write_data_file(self.location, rows.cast(STATE_SCHEMA).to_batches(), STATE_SCHEMA)
+        self._current = False
         try:
             table.create_write_transaction(
                 [file.add_action()] if file is not None else [],

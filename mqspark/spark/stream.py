@@ -221,6 +221,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         group = self._join(start["owner"])
+        with group.state.pinned():
+            return self._next_offset(group, start, limit)
+
+    def _next_offset(self, group: _Group, start: dict, limit: ReadLimit) -> dict:
         self._consume(group, start)
         if self.options.maintenance_interval is not None:
             group.maintenance.start_if_due(self.options.maintenance_interval)
@@ -258,6 +262,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start == end or not end["plan"]:
             return []
         group = self._join(end["owner"])
+        with group.state.pinned():
+            return self._partitions(group, start, end)
+
+    def _partitions(self, group: _Group, start: dict, end: dict) -> list[InputPartition]:
         # Spark replays a batch only once the one before it is done: this also loads the pending index,
         # which must know where maintenance has moved the plan's messages since.
         self._consume(group, start)
