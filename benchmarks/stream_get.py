@@ -2,15 +2,23 @@
 
 ``drain``: ``messages`` messages of ``payload_bytes`` random bytes, put in ``puts`` commits through the
 mq batch sink (``spark.read.parquet(...).write.format("mq")``), are drained with
-``trigger(availableNow=True)`` into Spark's ``noop`` sink, against
-``spark.readStream.format("delta")`` on the same queue table into the same ``noop`` sink, in the
-same SparkSession and run, after a warm-up of both sources on a small queue. ``noop`` for both, so
-the comparison is the cost of the source alone (planning, reading, handing rows to the JVM), not
-of writing anything. Wall time is start() to awaitTermination(); per micro-batch times come from
-``recentProgress``. The run fails instead of reporting when the mq stream did not deliver exactly
-``messages`` rows (sum of ``numInputRows``), when the Delta stream did not read them all, or when
-the consumer group's depth is not 0 afterwards (checked once the listener that records the last
-batch as consumed has seen the query end).
+``trigger(availableNow=True)``, in the same SparkSession and run, after a warm-up of every source on
+a small queue, by:
+
+- ``ceiling``: a trivial Python streaming source (:mod:`benchmarks.arrow_source`) that reads the
+  queue table's Parquet files with pyarrow and yields them as Arrow batches, into ``noop``: what
+  any Python source pays (Spark's hand-off of Arrow batches to the JVM, and Parquet decoding);
+- ``mq``: ``spark.readStream.format("mq")`` into ``noop`` (the source's cost alone);
+- ``delta``: ``spark.readStream.format("delta")`` on the same queue table into ``noop``;
+- ``mq_to_delta`` and ``delta_to_delta``: the same two into a Delta table (another consumer group);
+- ``delta_batch_noop``: ``spark.read.format("delta")`` into ``noop``.
+
+Wall time is start() to awaitTermination(); ``in_batch`` is the sum of the micro-batches' ``addBatch``
+times from ``recentProgress``, and ``outside_triggers`` what the run spent outside any trigger
+(start-up and shutdown). Ratios are throughput ratios (above 1: mq is faster). The run fails instead of
+reporting when any stream did not read exactly ``messages`` rows, when a consumer group's depth is
+not 0 afterwards (checked once the listener that records the last batch as consumed has seen the
+query end), or when the Delta table mq drained into does not hold every message.
 
 ``latency``: a streaming get with ``trigger(processingTime="0 seconds")`` into ``foreachBatch`` runs
 while the benchmark's main thread puts ``messages`` messages, one per ``qm.put``, every
@@ -41,6 +49,7 @@ Wall times on a shared 2-core machine are only comparable when that is near 0.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -55,7 +64,9 @@ import numpy as np
 
 import mqspark
 from mqspark import QueueManager, storage
+from mqspark.messages import MESSAGE_SCHEMA
 
+from .arrow_source import ArrowFilesSource
 from .stream_put import _write_input, check_run
 
 
@@ -151,16 +162,23 @@ def _wait_for_listener(spark) -> None:
     spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
 
 
-def _drain_stream(spark, reader, checkpoint: Path):
-    """Run one availableNow stream into noop to its end; returns (seconds start() to awaitTermination(), progress)."""
-    writer = reader.writeStream.format("noop").option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+def _drain_stream(spark, reader, checkpoint: Path, target: Path | None = None):
+    """Run one availableNow stream to its end, into ``noop`` or, with ``target``, a Delta table;
+    returns (seconds start() to awaitTermination(), progress)."""
+    writer = reader.writeStream.format("noop" if target is None else "delta")
+    writer = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
     start = time.perf_counter()
-    query = writer.start()
+    query = writer.start() if target is None else writer.start(str(target))
     query.awaitTermination()
     elapsed = time.perf_counter() - start
     if query.exception() is not None:
         raise RuntimeError(f"stream failed: {query.exception()}")
     return elapsed, list(query.recentProgress)
+
+
+def _in_batch_s(progress: list) -> float:
+    """Seconds spent running micro-batches (``addBatch``: reading and writing the rows)."""
+    return sum(p.durationMs.get("addBatch", 0) for p in progress) / 1000
 
 
 def _durations(prefix: str, progress: list) -> dict:
@@ -206,55 +224,91 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
         if qm.depth("Q") != messages or table.version() != puts:
             raise RuntimeError(f"fill is broken: depth {qm.depth('Q')}, table version {table.version()}")
 
-        # Warm-up: JVM code paths, Python workers and the planner of both sources, on a small queue.
-        _drain_stream(spark, _mq(spark, qm.root, "WARMUP", "warmup"), root / "ckpt-warmup-mq")
-        warmup = storage.queue_location(qm.root, "WARMUP")
-        _drain_stream(spark, spark.readStream.format("delta").load(warmup), root / "ckpt-warmup-delta")
+        spark.dataSource.register(ArrowFilesSource)
+        columns = json.dumps(MESSAGE_SCHEMA.names)
 
-        contention = _Contention()
-        with _progress_kept(spark):
-            mq_s, mq_progress = _drain_stream(spark, _mq(spark, qm.root, "Q", "drain"), root / "ckpt-mq")
-            mq_contention = contention.fields()
-            contention = _Contention()
-            delta_s, delta_progress = _drain_stream(
-                spark, spark.readStream.format("delta").load(location), root / "ckpt-delta"
+        def ceiling(location: str):
+            files = json.dumps(
+                [f"{location}/{path}" for path in storage.live_paths(storage.open_table(location, None))]
             )
-            delta_contention = contention.fields()
+            return spark.readStream.format("arrowfiles").option("files", files).option("columns", columns).load()
+
+        # Warm-up: JVM code paths, Python workers and the planners of every source, on a small queue.
+        warmup = storage.queue_location(qm.root, "WARMUP")
+        _drain_stream(spark, _mq(spark, qm.root, "WARMUP", "warmup"), root / "ckpt-warmup-mq")
+        _drain_stream(spark, spark.readStream.format("delta").load(warmup), root / "ckpt-warmup-delta")
+        _drain_stream(spark, ceiling(warmup), root / "ckpt-warmup-ceiling")
+        _drain_stream(spark, _mq(spark, qm.root, "WARMUP", "warmup2"), root / "ckpt-warmup-mq2", root / "warm-out")
+
+        runs = {}
+        with _progress_kept(spark):
+            for name, reader, target in (
+                ("ceiling", ceiling(location), None),
+                ("mq", _mq(spark, qm.root, "Q", "drain"), None),
+                ("delta", spark.readStream.format("delta").load(location), None),
+                ("mq_to_delta", _mq(spark, qm.root, "Q", "drain_to_delta"), root / "out-mq"),
+                ("delta_to_delta", spark.readStream.format("delta").load(location), root / "out-delta"),
+            ):
+                contention = _Contention()
+                seconds, progress = _drain_stream(spark, reader, root / f"ckpt-{name}", target)
+                runs[name] = (seconds, progress, contention.fields())
+            contention = _Contention()
+            began = time.perf_counter()
+            spark.read.format("delta").load(location).write.format("noop").mode("overwrite").save()
+            delta_batch_s = time.perf_counter() - began
+            delta_batch_contention = contention.fields()
 
         _wait_for_listener(spark)
-        depth = qm.depth("Q", consumer="drain")
-        checks = {
-            "mq rows delivered": (sum(p.numInputRows for p in mq_progress), messages),
-            "delta rows read": (sum(p.numInputRows for p in delta_progress), messages),
-            "mq consumer depth afterwards": (depth, 0),
-            "queue depth (non-destructive count)": (qm.depth("Q"), messages),
-        }
+        checks = {f"{name} rows read": (sum(p.numInputRows for p in runs[name][1]), messages) for name in runs}
+        checks.update(
+            {
+                "mq consumer depth afterwards": (qm.depth("Q", consumer="drain"), 0),
+                "mq to delta consumer depth afterwards": (qm.depth("Q", consumer="drain_to_delta"), 0),
+                # Both groups consumed every message: none waits, and none was removed (no maintenance ran).
+                "queue depth afterwards": (qm.depth("Q"), 0),
+                "messages still in the queue table": (
+                    storage.live_counts(storage.open_table(location, None))[1],
+                    messages,
+                ),
+                "mq to delta rows written": (
+                    storage.live_counts(storage.open_table(str(root / "out-mq"), None))[1],
+                    messages,
+                ),
+            }
+        )
         check_run("stream_get_drain", checks)
 
-        mq_rate = messages / mq_s
-        delta_rate = messages / delta_s
-        return {
+        rate = {name: messages / runs[name][0] for name in runs}
+        in_batch = {name: _in_batch_s(runs[name][1]) for name in runs}
+        result = {
             "benchmark": "stream_get_drain",
             "messages": messages,
             "payload_bytes": payload_bytes,
             "puts": puts,
             "table_files": files,
-            "sink": "noop",
             "fill_s": round(fill_s, 2),
-            "mq_seconds": round(mq_s, 2),
-            "delta_seconds": round(delta_s, 2),
-            "mq_messages_per_s": round(mq_rate),
-            "delta_messages_per_s": round(delta_rate),
-            "ratio_to_delta": round(mq_rate / delta_rate, 3),
-            "mq_outside_triggers_s": _outside_triggers(mq_s, mq_progress),
-            "delta_outside_triggers_s": _outside_triggers(delta_s, delta_progress),
-            "mq_batches": sum(p.numInputRows > 0 for p in mq_progress),
-            "delta_batches": sum(p.numInputRows > 0 for p in delta_progress),
-            **_durations("mq", mq_progress),
-            **_durations("delta", delta_progress),
-            **{f"mq_{key}": value for key, value in mq_contention.items()},
-            **{f"delta_{key}": value for key, value in delta_contention.items()},
+            "delta_batch_noop_seconds": round(delta_batch_s, 2),
+            "ratio_to_delta": round(rate["mq"] / rate["delta"], 3),
+            "ratio_to_delta_batch": round(delta_batch_s / runs["mq"][0], 3),
+            "in_batch_ratio_to_ceiling": round(in_batch["ceiling"] / in_batch["mq"], 3),
+            "in_batch_ratio_to_delta": round(in_batch["delta"] / in_batch["mq"], 3),
+            "ceiling_in_batch_ratio_to_delta": round(in_batch["delta"] / in_batch["ceiling"], 3),
+            "to_delta_ratio": round(rate["mq_to_delta"] / rate["delta_to_delta"], 3),
+            **{f"delta_batch_noop_{key}": value for key, value in delta_batch_contention.items()},
         }
+        for name, (seconds, progress, contention) in runs.items():
+            result.update(
+                {
+                    f"{name}_seconds": round(seconds, 2),
+                    f"{name}_messages_per_s": round(rate[name]),
+                    f"{name}_in_batch_s": round(in_batch[name], 2),
+                    f"{name}_outside_triggers_s": _outside_triggers(seconds, progress),
+                    f"{name}_batches": sum(p.numInputRows > 0 for p in progress),
+                    **_durations(name, progress),
+                    **{f"{name}_{key}": value for key, value in contention.items()},
+                }
+            )
+        return result
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -497,4 +551,103 @@ def run(
         return _latency(spark, messages or 150, warmup, interval_s, payload_bytes, timeout_s)
     if case == "planning":
         return _planning(small_versions, large_versions, rounds)
-    raise ValueError(f"unknown case {case!r}: drain, latency or planning")
+    if case == "read_profile":
+        return _read_profile(messages or 1_000_000, puts, payload_bytes)
+    raise ValueError(f"unknown case {case!r}: drain, latency, planning or read_profile")
+
+
+def _profile_read(batches) -> tuple[float, dict, int, int]:
+    """Profile handing every batch of ``batches`` (an iterable) over as Spark's Python worker does
+    (to an Arrow IPC stream; here in memory): (seconds, the ten functions with the most own time
+    and their seconds, batches, rows)."""
+    import cProfile
+    import pstats
+
+    import pyarrow as pa
+
+    profile = cProfile.Profile()
+    count = rows = 0
+    writer = None
+    began = time.perf_counter()
+    profile.enable()
+    for batch in batches:
+        if writer is None:
+            writer = pa.ipc.new_stream(pa.BufferOutputStream(), batch.schema)
+        writer.write_batch(batch)
+        count += 1
+        rows += batch.num_rows
+    profile.disable()
+    seconds = time.perf_counter() - began
+    own = {
+        f"{Path(file).name}:{function}" if file != "~" else function: entry[2]
+        for (file, _, function), entry in pstats.Stats(profile).stats.items()
+    }
+    top = sorted(own.items(), key=lambda item: -item[1])[:10]
+    return seconds, {name: round(value, 3) for name, value in top}, count, rows
+
+
+def _read_profile(messages: int, puts: int, payload_bytes: int) -> dict:
+    """The executor's read of a planned drain, without Spark, under cProfile: mq's
+    ``QueueStreamReader.read`` of every partition of one plan, against the ceiling source's read of
+    the same files (pyarrow ``iter_batches``), each batch written to an Arrow IPC stream as the
+    Python worker does. Each reports the ten functions with the most own time in cProfile."""
+    import pyarrow as pa
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from mqspark.spark.datasource import _get_options
+    from mqspark.spark.stream import QueueStreamReader
+
+    from .arrow_source import read_file
+
+    root = Path(tempfile.mkdtemp(prefix="mqspark-bench-read-"))
+    reader = None
+    try:
+        qm = QueueManager.create(root / "qm", "BENCH")
+        qm.define_queue("Q")
+        generator = np.random.default_rng(4)
+        size = messages // puts
+        offsets = pa.py_buffer(np.arange(size + 1, dtype=np.int32) * payload_bytes)
+        for _ in range(puts):
+            data = pa.py_buffer(generator.bytes(size * payload_bytes))
+            qm.put("Q", pa.table({"payload": pa.Array.from_buffers(pa.binary(), size, [None, offsets, data])}))
+        reader = QueueStreamReader(_get_options({"path": qm.root, "queue": "Q", "consumer": "profile"}))
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        parts = reader.partitions(start, end)
+
+        def mq_batches():
+            for part in parts:
+                yield from reader.read(part)
+
+        location = storage.queue_location(qm.root, "Q")
+        paths = [f"{location}/{path}" for path in storage.live_paths(storage.open_table(location, None))]
+
+        def ceiling_batches():
+            for path in paths:
+                yield from read_file(path, MESSAGE_SCHEMA.names)
+
+        # Warm-up of both (the first Parquet read of a process pays a one-time start).
+        _profile_read(ceiling_batches())
+        _profile_read(mq_batches())
+        ceiling_s, ceiling_stages, ceiling_count, ceiling_rows = _profile_read(ceiling_batches())
+        mq_s, mq_stages, mq_count, mq_rows = _profile_read(mq_batches())
+        check_run("stream_get_read_profile", {"mq rows": (mq_rows, messages), "ceiling rows": (ceiling_rows, messages)})
+        return {
+            "benchmark": "stream_get_read_profile",
+            "messages": messages,
+            "payload_bytes": payload_bytes,
+            "puts": puts,
+            "mq_partitions": len(parts),
+            "ceiling_partitions": len(paths),
+            "mq_batches": mq_count,
+            "ceiling_batches": ceiling_count,
+            "mq_read_s": round(mq_s, 3),
+            "ceiling_read_s": round(ceiling_s, 3),
+            "read_ratio_to_ceiling": round(ceiling_s / mq_s, 3),
+            "mq_profile_own_s": mq_stages,
+            "ceiling_profile_own_s": ceiling_stages,
+        }
+    finally:
+        if reader is not None:
+            reader.stop()
+        shutil.rmtree(root, ignore_errors=True)
