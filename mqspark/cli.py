@@ -17,12 +17,15 @@ import pyarrow as pa
 from .cluster.repository import ROUTE_STATES, Cluster
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError
+from .messages import DEAD_LETTER_FIELDS
 from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
 from .services.maintenance import DEFAULT_RETENTION
 
 DEFAULT_ROOT = "./mq-data"
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
+# Shown by browse for the queues failed messages go to, before the payload: MQ's dead-letter header.
+_HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
 
 
 def _boolean(text: str) -> bool:
@@ -436,22 +439,73 @@ def run(args: argparse.Namespace) -> Any:
             args.msg_seq_number,
         )
         table = qm.browse_with(args.queue, options, limit=args.limit)
-        return table.select(list(_BROWSE_COLUMNS)) if not args.json else table
-    names = [args.queue] if args.queue else [q.name for q in qm.queues() if q.type == "local"]
+        if args.json:
+            return table
+        columns = list(_BROWSE_COLUMNS)
+        if _holds_failed_messages(qm, args.queue, table):
+            columns[-1:-1] = _HEADER_COLUMNS
+        return table.select(columns)
+    rows = _depths(qm, args.queue)
+    if args.json or any(row["backout_queue"] or row["error_queue"] or row["dead_letters"] for row in rows):
+        return rows
+    return [{key: row[key] for key in ("queue", "consumer", "depth", "oldest_age_s")} for row in rows]
+
+
+def _holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> bool:
+    """Whether browse shows the dead-letter header: for the dead-letter queue, a queue some queue
+    names as its backout or error queue, and any queue holding messages that carry a header."""
+    queues = qm.queues()
+    failure_queues = {qm.dead_letter_queue}
+    failure_queues |= {q.backout_queue for q in queues if q.backout_queue}
+    failure_queues |= {q.error_queue for q in queues if q.error_queue}
+    return qm.inquire_queue(queue).name in failure_queues or browsed["dlq_reason"].null_count < browsed.num_rows
+
+
+def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
+    """``depth``: each queue's depth and oldest age, in all and per consumer group; beside each
+    source queue, how many of its failed messages wait on its backout queue, its error queue and the
+    dead-letter queue (``--json`` always has these keys; the table shows them when one is set or
+    a dead letter waits)."""
+    queues = {q.name: q for q in qm.queues() if q.type == "local"}
+    names = [queue] if queue else list(queues)
+    from_queue: dict[str, dict[str, int]] = {}
+
+    def failed_on(failure_queue: str | None, source: str) -> int | None:
+        if failure_queue is None or failure_queue not in queues:
+            return None
+        if failure_queue not in from_queue:
+            from_queue[failure_queue] = qm.depth_by_original_queue(failure_queue)
+        return from_queue[failure_queue].get(source, 0)
+
     rows = []
     now = datetime.now(UTC)
     for name in names:
+        definition = queues.get(name)
         for consumer in [None, *qm.consumers(name)]:
             backlog = qm.backlog(name, consumer)
             age = backlog.oldest_age(now)
-            rows.append(
-                {
-                    "queue": name,
-                    "consumer": consumer,
-                    "depth": backlog.depth,
-                    "oldest_age_s": None if age is None else round(age, 1),
-                }
-            )
+            row = {
+                "queue": name,
+                "consumer": consumer,
+                "depth": backlog.depth,
+                "oldest_age_s": None if age is None else round(age, 1),
+                "backout_queue": None,
+                "backed_out": None,
+                "error_queue": None,
+                "errors": None,
+                "dead_letters": None,
+            }
+            if consumer is None and definition is not None and name != qm.dead_letter_queue:
+                row.update(
+                    {
+                        "backout_queue": definition.backout_queue,
+                        "backed_out": failed_on(definition.backout_queue, name),
+                        "error_queue": definition.error_queue,
+                        "errors": failed_on(definition.error_queue, name),
+                        "dead_letters": failed_on(qm.dead_letter_queue, name),
+                    }
+                )
+            rows.append(row)
     return rows
 
 

@@ -390,6 +390,16 @@ class QueueManager:
         first = pc.min(live["put_time"].filter(pa.array(mask))).as_py() if oldest and count else None
         return Backlog(local, consumer, count, first)
 
+    def depth_by_original_queue(self, queue: str) -> dict[str, int]:
+        """How many of the messages waiting on ``queue`` (as :meth:`depth` counts them) came from each
+        queue, by their dead-letter header's ``dlq_original_queue``: for a backout, error or
+        dead-letter queue. Messages without a header are not counted."""
+        local = self._resolve(queue).name
+        _, live = self._with_snapshot(local, lambda table: live_messages(table, ["dlq_original_queue"]))
+        mask = waiting(live, self._state(local).all_groups(), datetime.now(UTC))
+        counts = pc.value_counts(live["dlq_original_queue"].filter(pa.array(mask)).drop_null())
+        return {item["values"].as_py(): item["counts"].as_py() for item in counts}
+
     def maintain(self, queue: str, retention: timedelta = DEFAULT_RETENTION) -> MaintenanceSummary:
         """Run maintenance on ``queue`` (its target, for an alias): remove what every counted group has
         consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping

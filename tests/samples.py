@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
 
 def spec_example(qm) -> None:
     """Spec section 4: physically A; Y1; Z2; Y2; Y3 segment 1; Y3 segment 2 (last); Z1; B."""
@@ -15,3 +19,23 @@ def spec_example(qm) -> None:
     qm.put("Q", [{**segment, "payload": "Y3-2", "offset": 5, "last_segment": True}])
     qm.put("Q", [{"payload": "Z1", "group_id": "Z", "msg_seq_number": 1}])
     qm.put("Q", [{"payload": "B"}])
+
+
+def dead_letters(qm, queue: str, rows: list[dict], original: str = "Q") -> None:
+    """Put messages on ``queue`` as earlier moves from queue ``original`` would have left them there:
+    each row gives ``payload``, the message ``fields`` and the dead-letter ``reason``."""
+    from mqspark import storage
+    from mqspark.messages import QUEUE_TABLE_SCHEMA, dead_letter, group_items, prepare_put, rows_to_table
+
+    definition = qm.inquire_queue(queue)
+    prepared = prepare_put(definition, rows_to_table(queue, [{"payload": r["payload"], **r["fields"]} for r in rows]))
+    messages = dead_letter(
+        prepared.messages,
+        pa.array([r["reason"] for r in rows], pa.int32()),
+        pa.array(["moved"] * len(rows)),
+        original,
+        qm.name,
+        datetime.now(UTC),
+    )
+    file = storage.write_data_file(storage.queue_location(qm.root, queue), messages.to_batches(), QUEUE_TABLE_SCHEMA)
+    qm.commit_put(queue, [file], group_items(messages))

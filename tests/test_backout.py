@@ -18,6 +18,8 @@ from mqspark import MQError, MQValidationError, QueueManager, Reason
 from mqspark.consumers import ConsumerState
 from mqspark.services.backout import BackoutPolicy, failures
 
+from .samples import dead_letters
+
 ROWS = "delivery_seq, payload, backout_count, group_id"
 
 
@@ -291,27 +293,6 @@ def test_a_backout_queue_deleted_since_it_was_named_sends_to_the_dead_letter_que
     assert qm.depth("Q", consumer="default") == 0
 
 
-def _dead_letters(qm, queue: str, rows: list[dict]) -> None:
-    """Put messages on ``queue`` as earlier moves would have left them there."""
-    from mqspark.messages import dead_letter, prepare_put, rows_to_table
-
-    definition = qm.inquire_queue(queue)
-    prepared = prepare_put(definition, rows_to_table(queue, [{"payload": r["payload"], **r["fields"]} for r in rows]))
-    messages = dead_letter(
-        prepared.messages,
-        pa.array([r["reason"] for r in rows], pa.int32()),
-        pa.array(["moved"] * len(rows)),
-        "Q",
-        qm.name,
-        datetime.now(UTC),
-    )
-    from mqspark import storage
-    from mqspark.messages import QUEUE_TABLE_SCHEMA, group_items
-
-    file = storage.write_data_file(storage.queue_location(qm.root, queue), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-    qm.commit_put(queue, [file], group_items(messages))
-
-
 def test_redrive_round_trip_moves_back_once_in_order_with_the_count_reset(spark, qm, tmp_path):
     qm.define_queue("BOQ")
     qm.define_queue("Q", backout_threshold=1, backout_queue="BOQ")
@@ -349,7 +330,7 @@ def test_redrive_round_trip_moves_back_once_in_order_with_the_count_reset(spark,
 
 def test_redrive_refuses_bad_selectors_and_changes_nothing(qm):
     qm.define_queue("Q")
-    _dead_letters(qm, qm.dead_letter_queue, [{"payload": "a", "fields": {}, "reason": 2362}])
+    dead_letters(qm, qm.dead_letter_queue, [{"payload": "a", "fields": {}, "reason": 2362}])
     with pytest.raises(
         MQValidationError,
         match=re.escape("redrive: queue SYSTEM.DEAD.LETTER.QUEUE: msg_ids must be a non-empty list, got 'abc'"),
@@ -370,7 +351,7 @@ def test_cli_redrive_selects_by_msg_id_and_reports_what_moved(qm, capsys):
     from mqspark.cli import main
 
     qm.define_queue("Q")
-    _dead_letters(
+    dead_letters(
         qm,
         qm.dead_letter_queue,
         [{"payload": p, "fields": {"msg_id": p}, "reason": 2362} for p in ("a", "b")],

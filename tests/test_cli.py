@@ -17,6 +17,8 @@ import pytest
 
 from mqspark import MQError, QueueManager, Reason
 
+from .samples import dead_letters
+
 REPO_CONF = Path(__file__).parents[1] / "conf" / "queue-manager.toml"
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 MSG_ID = re.compile(r"[0-9a-f]{32}")
@@ -403,3 +405,43 @@ def test_put_ordering_overrides(qm):
     ok(qm.root, "put", "ORDERS", "before-b", "--before-msg-id", "B")
     browsed = json.loads(ok(qm.root, "browse", "ORDERS", "--json"))
     assert [row["payload"] for row in browsed] == ["first", "a", "before-b", "b"]
+
+
+def test_browse_shows_the_dead_letter_header_and_depth_shows_failed_messages_beside_their_queue(qm):
+    root = qm.root
+    qm.define_queue("BOQ")
+    qm.define_queue("ERRQ")
+    qm.define_queue("Q", backout_threshold=2, backout_queue="BOQ", error_queue="ERRQ", retry_count=5)
+    qm.define_queue("OTHER")
+    qm.put("Q", [{"payload": "waiting"}])
+    dead_letters(qm, "BOQ", [{"payload": p, "fields": {"msg_id": p}, "reason": 2362} for p in ("b1", "b2")])
+    dead_letters(qm, "ERRQ", [{"payload": "e1", "fields": {"msg_id": "e1"}, "reason": 65536}])
+    dead_letters(qm, DLQ, [{"payload": "d1", "fields": {"msg_id": "d1"}, "reason": 2362}])
+    dead_letters(qm, DLQ, [{"payload": "d2", "fields": {"msg_id": "d2"}, "reason": 2085}], original="OTHER")
+
+    header = ["backout_count", "dlq_reason", "dlq_reason_text", "dlq_original_queue", "dlq_original_qmgr", "dlq_time"]
+    plain = ["msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time"]
+    columns, rows = parse_table(ok(root, "browse", "BOQ"))
+    assert columns == [*plain, *header, "payload"]
+    assert [
+        [row[c] for c in ("msg_id", "backout_count", "dlq_reason", "dlq_reason_text", "dlq_original_queue")]
+        for row in rows
+    ] == [["b1", "0", "2362", "moved", "Q"], ["b2", "0", "2362", "moved", "Q"]]
+    assert [row["dlq_original_qmgr"] for row in rows] == ["QM1", "QM1"]
+    assert all(PUT_TIME.fullmatch(row["dlq_time"]) for row in rows)
+    # The dead-letter queue shows the header even when empty; an ordinary queue does not.
+    assert parse_table(ok(root, "browse", DLQ))[0] == [*plain, *header, "payload"]
+    assert parse_table(ok(root, "browse", "Q"))[0] == [*plain, "payload"]
+
+    failure_keys = ("backout_queue", "backed_out", "error_queue", "errors", "dead_letters")
+    depths = ok_json(root, "depth")
+    assert [(d["queue"], d["depth"], *(d[k] for k in failure_keys)) for d in depths] == [
+        ("BOQ", 2, None, None, None, None, 0),
+        ("ERRQ", 1, None, None, None, None, 0),
+        ("OTHER", 0, None, None, None, None, 1),
+        ("Q", 1, "BOQ", 2, "ERRQ", 1, 1),
+        (DLQ, 2, None, None, None, None, None),
+    ]
+    table = lines(ok(root, "depth", "Q"))
+    assert table[0].split() == ["queue", "consumer", "depth", "oldest_age_s", *failure_keys]
+    assert re.fullmatch(r"Q\s+1\s+\d+\.\d\s+BOQ\s+2\s+ERRQ\s+1\s+1", table[1]) and len(table) == 2
