@@ -26,7 +26,8 @@ A consumer group's depth is the queue's live messages minus its checkpoint, its 
 (without the messages backed out of them) and its finished moves.
 Plans never consumed are rolled back: their messages are delivered again. Every
 :data:`COMPACT_EVERY` versions (and at every maintenance run) the table is rewritten to that
-compact form, so its size follows the backlog in flight, not the history.
+compact form, so its size follows the backlog in flight, not the history; a compaction that lost to
+a concurrent commit is tried again at the committer's next commit.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class ConsumerState:
         self._rows = STATE_SCHEMA.empty_table()
         self._rows_version = -1
         self._pinned = self._current = False
+        self._compaction_due = False
 
     def table(self) -> DeltaTable | None:
         """The table at its latest version, None when there is none (yet, or any more). Inside
@@ -332,8 +334,10 @@ class ConsumerState:
             f"queue {self.queue}: state commit gave up after {_ATTEMPTS} conflicts",
         )
         self._current = False
-        if version is not None and version % COMPACT_EVERY == 0:
-            self.compact()
+        if version is not None and (version % COMPACT_EVERY == 0 or self._compaction_due):
+            # A compaction that lost to a concurrent commit (a lease renewal) is tried again at this
+            # instance's next commit, not a hundred versions later.
+            self._compaction_due = not self.compact()
 
     def compact(self, live: pa.Array | None = None, seen_version: int = -1) -> bool:
         """Rewrite the table in its compact form (see :func:`compact_rows`) in one commit at exactly the
