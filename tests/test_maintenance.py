@@ -777,10 +777,11 @@ def test_cli_maintain_purge_consumer_and_depth(qm, capsys, new_reader):
     }
     assert isinstance(summary["seconds"], float)
     assert _cli(capsys, qm, "consumer", "delete", "Q", "B") == [{"queue": "Q", "consumer": "A"}]
+    no_failures = dict.fromkeys(("backout_queue", "backed_out", "error_queue", "errors", "dead_letters"))
     assert _cli(capsys, qm, "depth") == [
-        {"queue": "Q", "consumer": None, "depth": 0, "oldest_age_s": None},
-        {"queue": "Q", "consumer": "A", "depth": 0, "oldest_age_s": None},
-        {"queue": DLQ, "consumer": None, "depth": 0, "oldest_age_s": None},
+        {"queue": "Q", "consumer": None, "depth": 0, "oldest_age_s": None, **no_failures, "dead_letters": 0},
+        {"queue": "Q", "consumer": "A", "depth": 0, "oldest_age_s": None, **no_failures},
+        {"queue": DLQ, "consumer": None, "depth": 0, "oldest_age_s": None, **no_failures},
     ]
     # Every local queue when none is named.
     summaries = _cli(capsys, qm, "maintain", "--retention", "0s")
