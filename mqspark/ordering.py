@@ -79,7 +79,7 @@ def deliver(
     present = keep_rows(messages, pc.invert(pc.or_(expired, waiting)))
     keys = _physical_keys(present, delivery_sequence)
     if options.order == "physical":
-        ordered = take_rows(present, np.lexsort(keys[::-1]))
+        ordered = take_rows(present, sort_order(keys))
     else:
         ordered = _logical(present, keys, options, join)
     return Delivery(_match(ordered, options), expired_count)
@@ -134,6 +134,10 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions, 
     if table.num_rows == 0:
         return table
     grouped = pc.is_valid(table["group_id"]).to_numpy(zero_copy_only=False)
+    if not grouped.any():
+        # Without groups the logical order is the physical one (segments by offset).
+        result = take_rows(table, sort_order([*keys, table["offset"].to_numpy()]))
+        return join_segments(result) if options.complete_message and join else result
     group = pc.dictionary_encode(pc.fill_null(table["group_id"], "")).combine_chunks().indices.to_numpy()
     seq = table["msg_seq_number"].to_numpy().astype(np.int64)
     offset = table["offset"].to_numpy()
@@ -192,8 +196,24 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions, 
     chosen = np.concatenate([ungrouped, delivered_grouped])
     anchor = np.concatenate([ungrouped, anchors])
     position = [key[anchor] for key in keys] + [np.where(grouped[chosen], seq[chosen], 0), offset[chosen]]
-    result = take_rows(table, chosen[np.lexsort(position[::-1])])
+    result = take_rows(table, chosen[sort_order(position)])
     return join_segments(result) if options.complete_message and join else result
+
+
+def sort_order(keys: list[np.ndarray]) -> np.ndarray:
+    """``np.lexsort`` of ``keys`` given most significant first (stable). Rows already in that order,
+    as a queue put in order without priorities or inserts to sort, are recognised in one pass
+    instead of being sorted."""
+    count = len(keys[0])
+    if count > 1:
+        less = np.zeros(count - 1, dtype=bool)
+        equal = np.ones(count - 1, dtype=bool)
+        for key in keys:
+            less |= equal & (key[:-1] < key[1:])
+            equal &= key[:-1] == key[1:]
+        if (less | equal).all():
+            return np.arange(count)
+    return np.lexsort(keys[::-1])
 
 
 def keep_rows(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> pa.Table:

@@ -144,6 +144,9 @@ class PendingMessages:
     def _append(self, pieces: list[pa.Table]) -> bool:
         if not pieces:
             return False
+        # Files in physical order where their first rows say so (the log lists them in any order), so
+        # the ordering engine mostly finds the index sorted already.
+        pieces = sorted(pieces, key=_first_position)
         self.rows = pa.concat_tables([self.rows, *pieces])
         return True
 
@@ -236,6 +239,13 @@ class PendingMessages:
         keep = ~consumed | (grouped & ~finished)
         if not keep.all():
             self.rows = self.rows.filter(pa.array(keep))
+
+
+def _first_position(piece: pa.Table) -> tuple[int, int]:
+    """The physical position (commit version, put_seq) of a piece's first row."""
+    if piece.num_rows == 0:
+        return (-1, -1)
+    return (piece["commit_version"][0].as_py(), piece["put_seq"][0].as_py())
 
 
 def lookup(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
