@@ -1,4 +1,4 @@
-"""Streaming get: ``spark.readStream.format("mq")`` (destructive, one consumer group) in three cases.
+"""Streaming get: ``spark.readStream.format("mq")`` (destructive, one consumer group) in four cases.
 
 ``drain``: ``messages`` messages of ``payload_bytes`` random bytes, put in ``puts`` commits through the
 mq batch sink (``spark.read.parquet(...).write.format("mq")``), are drained with
@@ -10,7 +10,8 @@ a small queue, by:
   any Python source pays (Spark's hand-off of Arrow batches to the JVM, and Parquet decoding);
 - ``mq``: ``spark.readStream.format("mq")`` into ``noop`` (the source's cost alone);
 - ``delta``: ``spark.readStream.format("delta")`` on the same queue table into ``noop``;
-- ``mq_to_delta`` and ``delta_to_delta``: the same two into a Delta table (another consumer group);
+- ``mq_to_delta``, ``delta_to_delta`` and ``ceiling_to_delta``: the same three into a Delta table (mq
+  under another consumer group);
 - ``delta_batch_noop``: ``spark.read.format("delta")`` into ``noop``.
 
 Wall time is start() to awaitTermination(); ``in_batch`` is the sum of the micro-batches' ``addBatch``
@@ -30,6 +31,11 @@ reported as a second figure. ``warmup`` messages go first and are not counted (t
 rows starts the executors' Python workers: several seconds, reported as
 ``cold_first_message_latency_s``). The run fails unless every message arrived exactly once and
 nothing else arrived, and the group's depth is 0 after stop().
+
+``read_profile``: the executor's read alone, without Spark: a queue of ``messages`` messages put with
+``qm.put`` in ``puts`` commits is planned in one batch, and ``QueueStreamReader.read`` of every
+partition is profiled (cProfile) against the trivial source's read of the same files, each batch
+written to an in-memory Arrow IPC stream as Spark's Python worker writes it to the JVM.
 
 ``planning``: the planner alone, without Spark. Two queues get ``small_versions`` and
 ``large_versions`` commits of one small message each (``qm.put``). For each, a
@@ -248,6 +254,7 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
                 ("delta", spark.readStream.format("delta").load(location), None),
                 ("mq_to_delta", _mq(spark, qm.root, "Q", "drain_to_delta"), root / "out-mq"),
                 ("delta_to_delta", spark.readStream.format("delta").load(location), root / "out-delta"),
+                ("ceiling_to_delta", ceiling(location), root / "out-ceiling"),
             ):
                 contention = _Contention()
                 seconds, progress = _drain_stream(spark, reader, root / f"ckpt-{name}", target)
@@ -294,6 +301,8 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
             "in_batch_ratio_to_delta": round(in_batch["delta"] / in_batch["mq"], 3),
             "ceiling_in_batch_ratio_to_delta": round(in_batch["delta"] / in_batch["ceiling"], 3),
             "to_delta_ratio": round(rate["mq_to_delta"] / rate["delta_to_delta"], 3),
+            "ceiling_to_delta_ratio": round(rate["ceiling_to_delta"] / rate["delta_to_delta"], 3),
+            "to_delta_in_batch_ratio_to_ceiling": round(in_batch["ceiling_to_delta"] / in_batch["mq_to_delta"], 3),
             **{f"delta_batch_noop_{key}": value for key, value in delta_batch_contention.items()},
         }
         for name, (seconds, progress, contention) in runs.items():
@@ -540,7 +549,8 @@ def run(
     rounds: int = 50,
     keep: bool = False,
 ) -> dict:
-    """One case: ``drain`` (default 1M messages), ``latency`` (default 150 messages) or ``planning``.
+    """One case: ``drain`` (default 1M messages), ``latency`` (default 150 messages), ``planning`` or
+    ``read_profile`` (default 1M messages).
 
     ``spark`` is the session for drain and latency (a local[2] mqspark session when None); ``keep``
     leaves the drain's temporary folder in place for inspection.
