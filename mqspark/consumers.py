@@ -138,6 +138,8 @@ class ConsumerState:
                 self._table = None  # deleted with its queue, or recreated
         self._table = storage.open_table(self.location, self.storage_options)
         self._current = self._pinned and self._table is not None
+        # A table opened anew may be a new table at a version the rows were kept for.
+        self._rows_version = -1
         return self._table
 
     @contextmanager
