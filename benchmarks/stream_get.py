@@ -73,7 +73,7 @@ from mqspark import QueueManager, storage
 from mqspark.messages import MESSAGE_SCHEMA
 
 from .arrow_source import ArrowFilesSource
-from .stream_put import _write_input, check_run
+from .stream_put import _write_input, check_run, random_payloads
 
 
 class _Contention:
@@ -600,7 +600,7 @@ def _profile_read(batches) -> tuple[float, dict, int, int]:
 def _read_profile(messages: int, puts: int, payload_bytes: int) -> dict:
     """The executor's read of a planned drain, without Spark, under cProfile: mq's
     ``QueueStreamReader.read`` of every partition of one plan, against the ceiling source's read of
-    the same files (pyarrow ``iter_batches``), each batch written to an Arrow IPC stream as the
+    the same files (:func:`benchmarks.arrow_source.read_file`), each batch written to an Arrow IPC stream as the
     Python worker does. Each reports the ten functions with the most own time in cProfile."""
     import pyarrow as pa
     from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -616,11 +616,8 @@ def _read_profile(messages: int, puts: int, payload_bytes: int) -> dict:
         qm = QueueManager.create(root / "qm", "BENCH")
         qm.define_queue("Q")
         generator = np.random.default_rng(4)
-        size = messages // puts
-        offsets = pa.py_buffer(np.arange(size + 1, dtype=np.int32) * payload_bytes)
         for _ in range(puts):
-            data = pa.py_buffer(generator.bytes(size * payload_bytes))
-            qm.put("Q", pa.table({"payload": pa.Array.from_buffers(pa.binary(), size, [None, offsets, data])}))
+            qm.put("Q", pa.table({"payload": random_payloads(generator, messages // puts, payload_bytes)}))
         reader = QueueStreamReader(_get_options({"path": qm.root, "queue": "Q", "consumer": "profile"}))
         start = reader.initialOffset()
         end = reader.latestOffset(start, ReadAllAvailable())
@@ -640,8 +637,8 @@ def _read_profile(messages: int, puts: int, payload_bytes: int) -> dict:
         # Warm-up of both (the first Parquet read of a process pays a one-time start).
         _profile_read(ceiling_batches())
         _profile_read(mq_batches())
-        ceiling_s, ceiling_stages, ceiling_count, ceiling_rows = _profile_read(ceiling_batches())
-        mq_s, mq_stages, mq_count, mq_rows = _profile_read(mq_batches())
+        ceiling_s, ceiling_profile, ceiling_count, ceiling_rows = _profile_read(ceiling_batches())
+        mq_s, mq_profile, mq_count, mq_rows = _profile_read(mq_batches())
         check_run("stream_get_read_profile", {"mq rows": (mq_rows, messages), "ceiling rows": (ceiling_rows, messages)})
         return {
             "benchmark": "stream_get_read_profile",
@@ -655,8 +652,8 @@ def _read_profile(messages: int, puts: int, payload_bytes: int) -> dict:
             "mq_read_s": round(mq_s, 3),
             "ceiling_read_s": round(ceiling_s, 3),
             "read_ratio_to_ceiling": round(ceiling_s / mq_s, 3),
-            "mq_profile_own_s": mq_stages,
-            "ceiling_profile_own_s": ceiling_stages,
+            "mq_profile_own_s": mq_profile,
+            "ceiling_profile_own_s": ceiling_profile,
         }
     finally:
         if reader is not None:

@@ -32,14 +32,19 @@ from mqspark import QueueManager, storage
 INPUT_SCHEMA = "payload binary"
 
 
+def random_payloads(generator: np.random.Generator, rows: int, payload_bytes: int) -> pa.Array:
+    """``rows`` random binary payloads of ``payload_bytes`` each, built on one buffer."""
+    offsets = pa.py_buffer(np.arange(rows + 1, dtype=np.int32) * payload_bytes)
+    data = pa.py_buffer(generator.bytes(rows * payload_bytes))
+    return pa.Array.from_buffers(pa.binary(), rows, [None, offsets, data])
+
+
 def _write_input(folder: Path, files: int, file_rows: int, payload_bytes: int, seed: int) -> None:
     """``files`` Parquet files of ``file_rows`` distinct random payloads each."""
     folder.mkdir(parents=True)
     generator = np.random.default_rng(seed)
-    offsets = pa.py_buffer(np.arange(file_rows + 1, dtype=np.int32) * payload_bytes)
     for index in range(files):
-        data = pa.py_buffer(generator.bytes(file_rows * payload_bytes))
-        payload = pa.Array.from_buffers(pa.binary(), file_rows, [None, offsets, data])
+        payload = random_payloads(generator, file_rows, payload_bytes)
         pq.write_table(pa.table({"payload": payload}), folder / f"part-{index:05d}.parquet")
 
 

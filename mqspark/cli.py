@@ -26,6 +26,8 @@ DEFAULT_ROOT = "./mq-data"
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
 # Shown by browse for the queues failed messages go to, before the payload: MQ's dead-letter header.
 _HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
+# Shown by depth beside each source queue: its failure queues and its failed messages waiting there.
+_FAILURE_KEYS = ("backout_queue", "backed_out", "error_queue", "errors", "dead_letters")
 
 
 def _boolean(text: str) -> bool:
@@ -448,7 +450,7 @@ def run(args: argparse.Namespace) -> Any:
     rows = _depths(qm, args.queue)
     if args.json or any(row["backout_queue"] or row["error_queue"] or row["dead_letters"] for row in rows):
         return rows
-    return [{key: row[key] for key in ("queue", "consumer", "depth", "oldest_age_s")} for row in rows]
+    return [{key: value for key, value in row.items() if key not in _FAILURE_KEYS} for row in rows]
 
 
 def _holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> bool:
@@ -489,11 +491,7 @@ def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
                 "consumer": consumer,
                 "depth": backlog.depth,
                 "oldest_age_s": None if age is None else round(age, 1),
-                "backout_queue": None,
-                "backed_out": None,
-                "error_queue": None,
-                "errors": None,
-                "dead_letters": None,
+                **dict.fromkeys(_FAILURE_KEYS),
             }
             if consumer is None and definition is not None and name != qm.dead_letter_queue:
                 row.update(
