@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from .errors import MQError, Reason
@@ -497,15 +497,30 @@ def commit_files(
     transactions = [Transaction(app_id, app_version)] if app_id is not None else None
     now = int(time.time() * 1000)
     removals = [RemoveAction(path, True, now) for path in removed]
-    table.create_write_transaction(
-        [*removals, *(file.add_action() for file in files)],
-        mode="append",
-        schema=schema,
-        commit_properties=CommitProperties(
-            max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
-        ),
-    )
-    return table.version() + 1
+    version = table.version() + 1
+    try:
+        table.create_write_transaction(
+            [*removals, *(file.add_action() for file in files)],
+            mode="append",
+            schema=schema,
+            commit_properties=CommitProperties(
+                max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
+            ),
+        )
+    except DeltaError as error:
+        if not read_back_failed(error, version):
+            raise
+    return version
+
+
+def read_back_failed(error: DeltaError, version: int) -> bool:
+    """Whether ``error`` says that the log entry of ``version`` was not found.
+
+    delta-rs reads a commit's own entry back after writing it, to update the snapshot; the entry is
+    never read before it is written. Maintenance running in between (a checkpoint at a later version,
+    then a clean-up of older entries) can remove it first, so this error means the commit landed.
+    """
+    return "File not found" in str(error) and f"_delta_log/{version:020d}.json" in str(error)
 
 
 def commit_until_landed(
