@@ -79,10 +79,9 @@ def origins(commit_version: np.ndarray, put_seq: np.ndarray) -> tuple[list[str],
     put_seq = np.asarray(put_seq, dtype=np.int64)
     part = put_seq >> _PART_SHIFT
     # A commit version below 2**32 and a task number below 2**31 share one int64.
-    pair = commit_version << 31 | part
-    unique, number = np.unique(pair, return_inverse=True)
-    names = [f"{value >> 31}:{value & 0x7FFFFFFF}" for value in unique.tolist()]
-    return names, number.astype(np.int32), put_seq & 0xFFFFFFFF
+    pair = pc.dictionary_encode(pa.array(commit_version << 31 | part))
+    names = [f"{value >> 31}:{value & 0x7FFFFFFF}" for value in pair.dictionary.to_pylist()]
+    return names, pair.indices.to_numpy(), put_seq & 0xFFFFFFFF
 
 
 def origin_versions(names: pa.Array | pa.ChunkedArray) -> pa.Array:

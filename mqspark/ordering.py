@@ -92,27 +92,26 @@ def _physical_keys(table: pa.Table, delivery_sequence: str) -> list[np.ndarray]:
     """Each row's physical position as sort keys, most significant first.
 
     (lane, top class, version, put_seq, insert version, insert put_seq): the lane is ``-priority``
-    (0 under fifo). A ``top_of_queue`` message goes ahead of its lane, the latest put first. A
-    ``before_msg_id`` message takes its target's position and sorts just before it, later inserts
-    closer to the target; when the target is not there it keeps its own position.
+    under ``priority`` delivery. A ``top_of_queue`` message goes ahead of its lane, the latest put
+    first. A ``before_msg_id`` message takes its target's position and sorts just before it, later
+    inserts closer to the target; when the target is not there it keeps its own position. Keys that
+    are the same for every row (one lane, no top or insert) are left out: they order nothing.
     """
     rows = table.num_rows
-    lane = np.zeros(rows, dtype=np.int64)
-    if delivery_sequence == "priority":
-        lane = -table["priority"].to_numpy().astype(np.int64)
-    version = table["commit_version"].to_numpy().astype(np.int64)
-    put_seq = table["put_seq"].to_numpy().astype(np.int64)
-    top = table["top_of_queue"].to_numpy(zero_copy_only=False)
-    keys = [
-        lane,
-        np.where(top, 0, 1),
-        np.where(top, -version, version),
-        put_seq,
-        np.full(rows, _LAST),
-        np.full(rows, _LAST),
-    ]
+    version = table["commit_version"].to_numpy().astype(np.int64, copy=False)
+    put_seq = table["put_seq"].to_numpy().astype(np.int64, copy=False)
+    keys = []
+    if delivery_sequence == "priority" and pc.count_distinct(table["priority"]).as_py() > 1:
+        keys.append(-table["priority"].to_numpy().astype(np.int64))
+    if pc.any(table["top_of_queue"]).as_py():
+        top = table["top_of_queue"].to_numpy(zero_copy_only=False)
+        keys += [np.where(top, 0, 1), np.where(top, -version, version)]
+    else:
+        keys.append(version)
+    keys.append(put_seq)
     before = table["before_msg_id"]
     if before.null_count < rows:
+        keys = [key.copy() for key in keys]
         candidates = np.flatnonzero(
             pc.and_(pc.is_null(table["group_id"]), pc.is_null(before)).to_numpy(zero_copy_only=False)
         )
@@ -124,9 +123,11 @@ def _physical_keys(table: pa.Table, delivery_sequence: str) -> list[np.ndarray]:
         targets = candidates[found[inserted].astype(np.int64)]
         earlier = version[targets] < version[inserted]
         inserted, targets = inserted[earlier], targets[earlier]
-        for key in keys[:4]:
+        for key in keys:
             key[inserted] = key[targets]
-        keys[4][inserted], keys[5][inserted] = version[inserted], put_seq[inserted]
+        insert_version, insert_seq = np.full(rows, _LAST), np.full(rows, _LAST)
+        insert_version[inserted], insert_seq[inserted] = version[inserted], put_seq[inserted]
+        keys += [insert_version, insert_seq]
     return keys
 
 

@@ -10,6 +10,9 @@ micro-batch costs what the backlog and the new data cost, not what the table's h
 
 Consumed items of a group that is still in flight stay in the index, marked consumed: the group's
 position in logical order and the next item it expects are decided by its first items.
+
+``msg_id`` is read only once a message of the index names another with ``before_msg_id`` (the only
+use the planner has for it): it is most of the cost of reading the index columns.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class PendingMessages:
         self.files: list[str] = []
         self._file_numbers: dict[str, int] = {}
         self.rows = INDEX_SCHEMA.empty_table()
+        # Whether ``msg_id`` is read (else null): from the first ``before_msg_id`` on.
+        self.msg_ids = False
 
     def load(self, consumed: pa.Table, up_to: int | None = None) -> None:
         """Read the live messages of the table at version ``up_to`` (default: its latest) and leave out
@@ -148,7 +153,25 @@ class PendingMessages:
         # the ordering engine mostly finds the index sorted already.
         pieces = sorted(pieces, key=_first_position)
         self.rows = pa.concat_tables([self.rows, *pieces])
+        if not self.msg_ids and self.rows["before_msg_id"].null_count < self.rows.num_rows:
+            self._read_msg_ids()
         return True
+
+    def _read_msg_ids(self) -> None:
+        """Read ``msg_id`` of every message of the index, and of every message read from now on."""
+        self.msg_ids = True
+        file = self.rows["file"].to_numpy()
+        file_row = self.rows["file_row"].to_numpy()
+        order = np.argsort(file, kind="stable")
+        starts = np.flatnonzero(np.diff(file[order])) + 1
+        chunks = [
+            storage.read_data_file(self.location, self.files[file[rows[0]]], ["msg_id"])["msg_id"]
+            .take(pa.array(file_row[rows]))
+            .cast(pa.string())
+            for rows in np.split(order, starts)
+        ]
+        msg_id = pa.chunked_array(chunks, pa.string()).take(pa.array(np.argsort(order)))
+        self.rows = self.rows.set_column(INDEX_SCHEMA.get_field_index("msg_id"), INDEX_SCHEMA.field("msg_id"), msg_id)
 
     def _move(self, entry: storage.LogEntry) -> None:
         """Follow a maintenance or purge commit: messages of the files it removed now lie in the files
@@ -182,9 +205,12 @@ class PendingMessages:
         return result
 
     def _read(self, path: str, size: int, version: int | None) -> pa.Table:
-        data = storage.read_messages(self.location, path, version, INDEX_COLUMNS)
+        names = INDEX_COLUMNS if self.msg_ids else [name for name in INDEX_COLUMNS if name != "msg_id"]
+        data = storage.read_messages(self.location, path, version, names)
         count = data.num_rows
-        columns = {name: data[name].cast(MESSAGE_SCHEMA.field(name).type) for name in INDEX_COLUMNS}
+        columns = {name: data[name].cast(MESSAGE_SCHEMA.field(name).type) for name in names}
+        if not self.msg_ids:
+            columns["msg_id"] = pa.nulls(count, pa.string())
         if self.exact_lengths or pc.any(data["segmented"]).as_py():
             payload = storage.read_data_file(self.location, path, ["payload"])["payload"]
             columns["payload_length"] = pc.binary_length(payload).cast(pa.int64())

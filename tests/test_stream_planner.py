@@ -111,6 +111,20 @@ def test_available_now_stops_at_what_was_there_at_start(qm, new_reader):
     assert reader.latestOffset(end, ReadAllAvailable()) == end
 
 
+def test_a_message_put_before_another_while_the_query_runs_is_delivered_just_before_it(qm, new_reader):
+    # The index reads msg_ids only from the first before_msg_id on: here, after it was built.
+    qm.define_queue("Q", delivery_sequence="fifo")
+    qm.put("Q", [{"payload": "a"}, {"payload": "b", "msg_id": "B"}, {"payload": "c", "msg_id": "C"}])
+    reader = new_reader()
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, ReadMaxRows(1))
+    assert read_batch(reader, start, first) == [(0, "a")]
+    qm.put("Q", [{"payload": "x", "before_msg_id": "C"}])
+    qm.put("Q", [{"payload": "y", "before_msg_id": "B"}])
+    second = reader.latestOffset(first, ReadAllAvailable())
+    assert read_batch(reader, first, second) == [(1, "y"), (2, "b"), (3, "x"), (4, "c")]
+
+
 def test_a_second_reader_of_the_group_is_refused_while_the_lease_lives(qm, new_reader):
     qm.define_queue("Q")
     first = new_reader()

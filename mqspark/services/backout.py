@@ -548,7 +548,7 @@ def _headers(pending: PendingMessages, waiting: pa.Table) -> pa.Table:
             pending.files[number],
             int(rows.min()),
             int(rows.max()) + 1,
-            ["correl_id", "dlq_reason", "dlq_original_queue"],
+            ["msg_id", "correl_id", "dlq_reason", "dlq_original_queue"],
         ).take(pa.array(rows - rows.min()))
         pieces.append(
             pa.table(
@@ -557,7 +557,7 @@ def _headers(pending: PendingMessages, waiting: pa.Table) -> pa.Table:
                     "row": mine["row"],
                     "commit_version": mine["commit_version"],
                     "put_seq": mine["put_seq"],
-                    "msg_id": mine["msg_id"],
+                    "msg_id": data["msg_id"],
                     "correl_id": data["correl_id"],
                     "dlq_reason": data["dlq_reason"],
                     "dlq_original_queue": data["dlq_original_queue"],

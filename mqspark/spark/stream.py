@@ -580,10 +580,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cut = unit_start[:stop].copy()
         cut[1:] &= file[1:] != file[:-1]
         wanted = np.where(cut, (size[:stop] - length) * parts // max(total, 1), 0)
-        partition = np.unique(np.maximum.accumulate(wanted), return_inverse=True)[1].astype(np.int32)
+        # Non-decreasing, so codes in order of first appearance number the partitions in order.
+        partition = pc.dictionary_encode(pa.array(np.maximum.accumulate(wanted))).indices
         delivery_seq = first_seq + messages[:stop] - 1
         taken = taken.append_column("delivery_seq", pa.array(delivery_seq, pa.int64()))
-        taken = taken.append_column("partition", pa.array(partition, pa.int32()))
+        taken = taken.append_column("partition", partition)
         return taken, int(first_seq + messages[stop - 1])
 
     def _record(self, group: _Group, end: dict, plan: pa.Table) -> None:
