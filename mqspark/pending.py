@@ -242,9 +242,7 @@ class PendingMessages:
         """Mark messages consumed, and forget those no group in flight still needs."""
         if len(keys) == 0:
             return
-        consumed = self.rows["consumed"].to_numpy(zero_copy_only=False) | pc.is_in(
-            pa.array(self.keys()), value_set=pa.array(keys)
-        ).to_numpy(zero_copy_only=False)
+        consumed = self.rows["consumed"].to_numpy(zero_copy_only=False) | is_in_runs(self.keys(), keys)
         self.rows = self.rows.set_column(
             INDEX_SCHEMA.get_field_index("consumed"), INDEX_SCHEMA.field("consumed"), pa.array(consumed)
         )
@@ -274,10 +272,23 @@ def _first_position(piece: pa.Table) -> tuple[int, int]:
     return (piece["commit_version"][0].as_py(), piece["put_seq"][0].as_py())
 
 
+def is_in_runs(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of ``keys``, found among the runs of consecutive keys: a
+    batch's keys are a few long runs, so this costs far less than hashing every key."""
+    if not (keys[:-1] <= keys[1:]).all():
+        keys = np.sort(keys)
+    starts = np.flatnonzero(np.append(True, keys[1:] > keys[:-1] + 1))
+    first, last = keys[starts], keys[np.append(starts[1:] - 1, len(keys) - 1)]
+    run = np.searchsorted(first, values, side="right") - 1
+    return (run >= 0) & (values <= last[np.maximum(run, 0)])
+
+
 def lookup(haystack: np.ndarray, needles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each of ``needles``: whether it is in ``haystack``, and its index there (0 when not)."""
     if len(haystack) == 0:
         return np.zeros(len(needles), dtype=bool), np.zeros(len(needles), dtype=np.int64)
-    order = np.argsort(haystack, kind="stable")
-    at = np.minimum(np.searchsorted(haystack[order], needles), len(order) - 1)
-    return haystack[order][at] == needles, order[at]
+    # The index's keys are mostly in order already: checking costs one pass, sorting several.
+    order = None if (haystack[:-1] <= haystack[1:]).all() else np.argsort(haystack, kind="stable")
+    ordered = haystack if order is None else haystack[order]
+    at = np.minimum(np.searchsorted(ordered, needles), len(ordered) - 1)
+    return ordered[at] == needles, at if order is None else order[at]

@@ -10,6 +10,7 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -17,6 +18,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from mqspark import MQError, Reason, storage
 from mqspark.cli import main
 from mqspark.consumers import COMPACT_EVERY, ConsumerState
+from mqspark.pending import is_in_runs
 from mqspark.spark.stream import OFFSET_KEYS
 
 from .planner import read_batch
@@ -243,3 +245,11 @@ def test_the_state_table_stays_small_as_batches_go_by(qm, new_reader):
     assert len(table.file_uris()) <= COMPACT_EVERY
     assert table.to_pyarrow_table().num_rows <= 2 * COMPACT_EVERY
     assert qm.depth("Q", consumer="default") == 1
+
+
+def test_membership_by_runs_of_keys_agrees_with_numpy_isin():
+    generator = np.random.default_rng(7)
+    for _ in range(500):
+        keys = generator.integers(0, 60, generator.integers(1, 30))
+        values = generator.integers(-5, 70, generator.integers(0, 40))
+        assert is_in_runs(values, keys).tolist() == np.isin(values, keys).tolist()
