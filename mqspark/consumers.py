@@ -264,7 +264,7 @@ class ConsumerState:
                     f"queue {self.queue}: consumer group {consumer!r} is being read by a running query; stop it first",
                     Reason.MQRC_OBJECT_IN_USE,
                 )
-            rows = table.to_pyarrow_table()
+            rows = self.rows()
             if self._overwrite(table, rows.filter(pc.not_equal(rows["consumer"], consumer))):
                 return
         raise MQError(f"queue {self.queue}: deleting consumer group {consumer!r} gave up", Reason.MQRC_BACKED_OUT)
@@ -359,7 +359,7 @@ class ConsumerState:
                 gone = pc.invert(pc.is_in(ranges["origin"], value_set=live))
                 return pc.and_(gone, pc.less_equal(origin_versions(ranges["origin"]), seen_version))
 
-        compacted = compact_rows(table.to_pyarrow_table(), datetime.now(UTC), forget)
+        compacted = compact_rows(self.rows(), datetime.now(UTC), forget)
         if not self._overwrite(table, compacted):
             return False
         table = self.table()

@@ -274,11 +274,12 @@ def _first_position(piece: pa.Table) -> tuple[int, int]:
 
 def is_in_runs(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Whether each of ``values`` is one of ``keys``, found among the runs of consecutive keys: a
-    batch's keys are a few long runs, so this costs far less than hashing every key."""
-    if not (keys[:-1] <= keys[1:]).all():
-        keys = np.sort(keys)
-    starts = np.flatnonzero(np.append(True, keys[1:] > keys[:-1] + 1))
+    batch's keys are a few long runs, so this costs far less than hashing or sorting every key."""
+    starts = np.flatnonzero(np.append(True, keys[1:] != keys[:-1] + 1))
     first, last = keys[starts], keys[np.append(starts[1:] - 1, len(keys) - 1)]
+    order = np.argsort(first, kind="stable")
+    # Runs may overlap: a value is in one when the furthest end of the runs starting at or below it reaches it.
+    first, last = first[order], np.maximum.accumulate(last[order])
     run = np.searchsorted(first, values, side="right") - 1
     return (run >= 0) & (values <= last[np.maximum(run, 0)])
 

@@ -370,9 +370,14 @@ def log_entry(location: str, version: int) -> LogEntry:
 
 
 def read_data_file(location: str, path: str, columns: list[str] | None = None) -> pa.Table:
-    """One data file of the table at ``location`` (``path`` relative to it), as written."""
+    """One data file of the table at ``location`` (``path`` relative to it), as written.
+
+    Read with ``ParquetFile``: ``pq.read_table`` builds a dataset for every file. ``pre_buffer``
+    fetches the wanted column chunks in few requests, as ``pq.read_table`` does (object stores).
+    """
     filesystem, base = _filesystem(location)
-    return pq.read_table(f"{base}/{path}", columns=columns, filesystem=filesystem, use_threads=False)
+    with filesystem.open_input_file(f"{base}/{path}") as handle:
+        return pq.ParquetFile(handle, pre_buffer=True).read(columns=columns, use_threads=False)
 
 
 def read_data_rows(location: str, path: str, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:

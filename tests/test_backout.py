@@ -196,7 +196,14 @@ def test_nothing_configured_moves_the_message_to_the_dead_letter_queue(spark, qm
     def handle(rows: list[dict], df) -> None:
         mqspark.backout([row for row in rows if row["payload"] == "bad"], "no retry", root=qm.root)
 
-    batches = _run(spark, qm, tmp_path / "ck", handle, lambda b: qm.depth(qm.dead_letter_queue) == 1)
+    # The move lands before the planner's next state commit records the batch consumed: wait for both.
+    batches = _run(
+        spark,
+        qm,
+        tmp_path / "ck",
+        handle,
+        lambda b: qm.depth(qm.dead_letter_queue) == 1 and qm.depth("Q", consumer="default") == 0,
+    )
     assert _payloads(batches) == [[("bad", 0), ("good", 0)]]
     moved = qm.browse(qm.dead_letter_queue).to_pylist()
     assert [(m["payload"], m["backout_count"], m["dlq_reason"], m["dlq_original_queue"]) for m in moved] == [
