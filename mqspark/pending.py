@@ -86,6 +86,8 @@ class PendingMessages:
         self.rows = INDEX_SCHEMA.empty_table()
         # Whether ``msg_id`` is read (else null): from the first ``before_msg_id`` on.
         self.msg_ids = False
+        # How many maintenance or purge commits have moved messages of the index to other files.
+        self.moves = 0
 
     def load(self, consumed: pa.Table, up_to: int | None = None) -> None:
         """Read the live messages of the table at version ``up_to`` (default: its latest) and leave out
@@ -181,6 +183,7 @@ class PendingMessages:
         ).to_numpy(zero_copy_only=False)
         if not removed.any():
             return
+        self.moves += 1
         moved = [self._read(path, size, None) for path, size in zip(entry.added, entry.sizes, strict=True)]
         moved_rows = pa.concat_tables(moved) if moved else INDEX_SCHEMA.empty_table()
         found, source = lookup(self.keys(moved_rows), self.keys())

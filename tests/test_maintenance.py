@@ -106,6 +106,25 @@ def test_depth_drops_as_the_only_group_consumes_each_batch(qm, new_reader):
     assert qm.depth("Q", consumer="other") == 5
 
 
+def test_a_batch_planned_before_maintenance_moved_its_messages_reads_them_where_they_lie_now(qm, new_reader):
+    qm.define_queue("Q")
+    _put_each(qm, [f"m{i}" for i in range(4)])
+    reader = new_reader()
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, ReadMaxRows(1))
+    assert read_batch(reader, start, first) == [(0, "m0")]
+    end = reader.latestOffset(first, ReadMaxRows(2))
+    before = storage.live_paths(storage.open_table(storage.queue_location(qm.root, "Q"), None))
+    maintain(qm, "Q", timedelta(0))
+    time.sleep(0.01)
+    maintain(qm, "Q", timedelta(0))  # deletes the files the first run removed
+    location = storage.queue_location(qm.root, "Q")
+    after = storage.live_paths(storage.open_table(location, None))
+    assert len(before) == 4 and len(after) == 1 and after[0] not in before
+    assert not any(Path(location, path).exists() for path in before)
+    assert read_batch(reader, first, end) == [(1, "m1"), (2, "m2")]
+
+
 def test_depth_follows_the_slower_of_two_groups(qm, new_reader):
     qm.define_queue("Q")
     _put_each(qm, [f"m{i}" for i in range(5)])

@@ -163,6 +163,9 @@ class _Group:
         self.plans: dict[str, pa.Table] = {}
         # The planned messages of each plan in ``plans`` as pending-index keys.
         self.plan_keys: dict[str, np.ndarray] = {}
+        # Where the delivered messages of each plan in ``plans`` lay when it was made (see
+        # :func:`file_runs`), with the index and its count of moves then.
+        self.plan_files: dict[str, tuple[PendingMessages, int, dict[str, np.ndarray]]] = {}
         self.consumed_plans: set[str] = set()
         # Consumption records waiting to go with the next plan's commit: one state commit per batch.
         self.unrecorded: list[pa.Table] = []
@@ -232,6 +235,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # A plan returned earlier that Spark did not start from was never run: its messages wait again.
             group.plans.clear()
             group.plan_keys.clear()
+            group.plan_files.clear()
             group.exhausted = False
         if group.heartbeat.lost is not None:
             raise group.heartbeat.lost
@@ -278,7 +282,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         delivered = plan.filter(pc.is_valid(plan["delivery_seq"]))
         delivered = delivered.take(pc.sort_indices(delivered, [("delivery_seq", "ascending")]))
         backout_seq, backout_count = self._backout_counts(group, delivered)
-        where = locate_plan(delivered, group.pending)
+        made = group.plan_files.pop(end["plan"], None)
+        if made is not None and made[0] is group.pending and made[1] == group.pending.moves:
+            where = made[2]
+        else:
+            # Made by another run, or maintenance has moved messages since.
+            where = locate_plan(delivered, group.pending)
         used, file = np.unique(where["file"], return_inverse=True)
         files = [group.pending.files[number] for number in used]
         result = []
@@ -346,6 +355,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._load(group)
             group.plans.pop(plan_id, None)
             keys = group.plan_keys.pop(plan_id, None)
+            group.plan_files.pop(plan_id, None)
             if keys is None:
                 keys = group.pending.range_keys(group.state.plan(self.options.consumer, plan_id))
             kept = self._backed_out(group, plan_id, keys)
@@ -440,6 +450,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ordered = deliver(rows, group.delivery_sequence, options.delivery, now, join=False).messages
         candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
         taken, delivered = self._admit(candidates, limit, start["delivered"], self._isolation(group, candidates))
+        where = file_runs(*(taken[name].to_numpy() for name in ("file", "file_row", "delivery_seq", "partition")))
         group.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
             return None
@@ -450,6 +461,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         plan = plan_ranges(taken, group.pending.origins)
         plan_id = uuid.uuid4().hex
         group.plan_keys[plan_id] = group.pending.keys(taken)
+        group.plan_files[plan_id] = (group.pending, group.pending.moves, where)
         return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
 
     def _failed_messages(self, group: _Group, now: datetime) -> pa.Table:
@@ -655,7 +667,14 @@ def locate_plan(delivered: pa.Table, pending: PendingMessages) -> dict[str, np.n
     delivery_seq = expand_ranges(delivered["delivery_seq"].to_numpy(), count)
     partition = np.repeat(delivered["partition"].to_numpy(), count)
     found = file >= 0
-    file, file_row, delivery_seq, partition = file[found], file_row[found], delivery_seq[found], partition[found]
+    return file_runs(file[found], file_row[found], delivery_seq[found], partition[found])
+
+
+def file_runs(
+    file: np.ndarray, file_row: np.ndarray, delivery_seq: np.ndarray, partition: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Messages in delivery order (data file numbers, rows in them, delivery_seq, partition) as runs
+    of consecutive rows of one data file in one partition, with consecutive delivery_seq."""
     starts = np.ones(len(file), dtype=bool)
     starts[1:] = (
         (file[1:] != file[:-1])
