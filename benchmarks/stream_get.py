@@ -239,6 +239,8 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
             )
             return spark.readStream.format("arrowfiles").option("files", files).option("columns", columns).load()
 
+        # The fill leaves gigabytes to write back: flushed here, so no reader's run pays for it.
+        os.sync()
         # Warm-up: JVM code paths, Python workers and the planners of every source, on a small queue.
         warmup = storage.queue_location(qm.root, "WARMUP")
         _drain_stream(spark, _mq(spark, qm.root, "WARMUP", "warmup"), root / "ckpt-warmup-mq")
