@@ -450,10 +450,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ordered = deliver(rows, group.delivery_sequence, options.delivery, now, join=False).messages
         candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
         taken, delivered = self._admit(candidates, limit, start["delivered"], self._isolation(group, candidates))
-        where = file_runs(*(taken[name].to_numpy() for name in ("file", "file_row", "delivery_seq", "partition")))
         group.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
             return None
+        where = file_runs(*(taken[name].to_numpy() for name in ("file", "file_row", "delivery_seq", "partition")))
         if expired.num_rows:
             expired = expired.append_column("delivery_seq", pa.nulls(expired.num_rows, pa.int64()))
             expired = expired.append_column("partition", pa.nulls(expired.num_rows, pa.int32()))
