@@ -162,18 +162,26 @@ class PendingMessages:
     def _read_msg_ids(self) -> None:
         """Read ``msg_id`` of every message of the index, and of every message read from now on."""
         self.msg_ids = True
-        file = self.rows["file"].to_numpy()
-        file_row = self.rows["file_row"].to_numpy()
-        order = np.argsort(file, kind="stable")
-        starts = np.flatnonzero(np.diff(file[order])) + 1
-        chunks = [
-            storage.read_data_file(self.location, self.files[file[rows[0]]], ["msg_id"])["msg_id"]
-            .take(pa.array(file_row[rows]))
-            .cast(pa.string())
-            for rows in np.split(order, starts)
-        ]
-        msg_id = pa.chunked_array(chunks, pa.string()).take(pa.array(np.argsort(order)))
+        msg_id = self.read_columns(self.rows, ["msg_id"])["msg_id"]
         self.rows = self.rows.set_column(INDEX_SCHEMA.get_field_index("msg_id"), INDEX_SCHEMA.field("msg_id"), msg_id)
+
+    def read_columns(self, rows: pa.Table, columns: list[str]) -> pa.Table:
+        """``columns`` of the messages at the index ``rows`` (by their ``file`` and ``file_row``), read
+        from their data files (only the row groups holding them), in the order of ``rows``."""
+        schema = pa.schema([MESSAGE_SCHEMA.field(name) for name in columns])
+        file = rows["file"].to_numpy()
+        file_row = rows["file_row"].to_numpy()
+        order = np.argsort(file, kind="stable")
+        pieces = [schema.empty_table()]
+        for chosen in np.split(order, np.flatnonzero(np.diff(file[order])) + 1):
+            if len(chosen):
+                wanted = file_row[chosen]
+                low = int(wanted.min())
+                data = storage.read_data_rows(
+                    self.location, self.files[file[chosen[0]]], low, int(wanted.max()) + 1, columns
+                )
+                pieces.append(data.take(pa.array(wanted - low)).cast(schema))
+        return pa.concat_tables(pieces).take(pa.array(np.argsort(order)))
 
     def _move(self, entry: storage.LogEntry) -> None:
         """Follow a maintenance or purge commit: messages of the files it removed now lie in the files

@@ -538,44 +538,14 @@ def redrive(
 
 def _headers(pending: PendingMessages, waiting: pa.Table) -> pa.Table:
     """Identity, physical order, selectors and original queue of the ``waiting`` index rows."""
-    location = pending.location
-    pieces = []
-    for number in pc.unique(waiting["file"]).to_pylist():
-        mine = waiting.filter(pc.equal(waiting["file"], number))
-        rows = mine["file_row"].to_numpy()
-        data = storage.read_data_rows(
-            location,
-            pending.files[number],
-            int(rows.min()),
-            int(rows.max()) + 1,
-            ["msg_id", "correl_id", "dlq_reason", "dlq_original_queue"],
-        ).take(pa.array(rows - rows.min()))
-        pieces.append(
-            pa.table(
-                {
-                    "origin": pa.array(pending.origins, pa.string()).take(mine["origin"]),
-                    "row": mine["row"],
-                    "commit_version": mine["commit_version"],
-                    "put_seq": mine["put_seq"],
-                    "msg_id": data["msg_id"],
-                    "correl_id": data["correl_id"],
-                    "dlq_reason": data["dlq_reason"],
-                    "dlq_original_queue": data["dlq_original_queue"],
-                }
-            )
-        )
-    if pieces:
-        return pa.concat_tables(pieces)
+    data = pending.read_columns(waiting, ["msg_id", "correl_id", "dlq_reason", "dlq_original_queue"])
     return pa.table(
         {
-            "origin": pa.array([], pa.string()),
-            "row": pa.array([], pa.int64()),
-            "commit_version": pa.array([], pa.int64()),
-            "put_seq": pa.array([], pa.int64()),
-            "msg_id": pa.array([], pa.string()),
-            "correl_id": pa.array([], pa.string()),
-            "dlq_reason": pa.array([], pa.int32()),
-            "dlq_original_queue": pa.array([], pa.string()),
+            "origin": pa.array(pending.origins, pa.string()).take(waiting["origin"]),
+            "row": waiting["row"],
+            "commit_version": waiting["commit_version"],
+            "put_seq": waiting["put_seq"],
+            **{name: data[name] for name in data.column_names},
         }
     )
 
