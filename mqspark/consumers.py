@@ -33,6 +33,7 @@ a concurrent commit is tried again at the committer's next commit.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,6 +83,15 @@ DEFAULT_LEASE_TIMEOUT = timedelta(seconds=30)
 # The lease maintenance runs under is kept like a consumer group's, under this name, in a table of its
 # own (``storage.maintenance_location``). It is not a valid group name, so it never passes for one.
 MAINTENANCE = "*maintenance"
+# Owners of the Python get (:mod:`mqspark.get`) are named with this prefix: they hold the lease briefly.
+GET_OWNER = "get:"
+# How often a reader waiting for a Python get's lease looks again.
+_LEASE_POLL = 0.05
+
+
+class _HeldByGet(Exception):
+    def __init__(self, holder: Lease) -> None:
+        self.holder = holder
 
 
 @dataclass(frozen=True)
@@ -281,13 +291,17 @@ class ConsumerState:
 
     def last_position(self, consumer: str) -> tuple[int, int]:
         """The group's last plan sequence number and the next ``delivery_seq`` (0, 0 for a new group)."""
-        rows = self.events(consumer, ("plan", "checkpoint"), ["event", "seq", "count", "delivery_seq"])
-        plans = pc.equal(rows["event"], "plan")
-        # A plan range delivers delivery_seq .. delivery_seq + count - 1; a checkpoint holds the next one.
-        following = pc.if_else(plans, pc.add(rows["delivery_seq"], rows["count"]), rows["delivery_seq"])
-        seq = pc.max(rows["seq"]).as_py()
-        delivered = pc.max(following).as_py()
-        return (seq or 0, delivered or 0)
+        return _position(self.events(consumer, ("plan", "checkpoint"), ["event", "seq", "count", "delivery_seq"]))
+
+    def consumed_position(self, consumer: str) -> tuple[int, int]:
+        """Like :meth:`last_position`, counting only the plans that were consumed."""
+        rows = self.events(
+            consumer, ("plan", "checkpoint", "consumed"), ["event", "plan_id", "seq", "count", "delivery_seq"]
+        )
+        event = rows["event"]
+        done = rows.filter(pc.equal(event, "consumed"))["plan_id"]
+        consumed_plans = pc.and_(pc.equal(event, "plan"), pc.is_in(rows["plan_id"], value_set=done))
+        return _position(rows.filter(pc.or_(consumed_plans, pc.equal(event, "checkpoint"))))
 
     def current_plan(self, consumer: str) -> tuple[str | None, str, pa.Table | None]:
         """The group's last recorded plan when it is not consumed yet (the batch being processed):
@@ -398,16 +412,21 @@ class ConsumerState:
             return None
         return Lease(owner, seen)
 
-    def acquire(self, consumer: str, owner: str, timeout: timedelta) -> None:
-        """Take the group's lease for ``owner``, refused (2042) while another live query holds it.
+    def acquire(self, consumer: str, owner: str, timeout: timedelta, patience: timedelta = timedelta(0)) -> None:
+        """Take the group's lease for ``owner``, refused (2042) while another live reader holds it.
+        A Python get (owner :data:`GET_OWNER` ...) holds it only for a moment: its end is awaited for
+        up to ``patience``.
 
-        The check and the lease record commit at exactly the next version, so of two queries
+        The check and the lease record commit at exactly the next version, so of two readers
         starting at once only one gets the lease.
         """
+        deadline = time.monotonic() + patience.total_seconds()
 
         def check() -> None:
             holder = self.lease(consumer, timeout)
             if holder is not None and holder.owner != owner:
+                if holder.owner.startswith(GET_OWNER):
+                    raise _HeldByGet(holder)
                 age = (datetime.now(UTC) - holder.seen).total_seconds()
                 raise MQError(
                     f"queue {self.queue}: consumer group {consumer!r} is already being read by a running query "
@@ -416,12 +435,31 @@ class ConsumerState:
                     Reason.MQRC_OBJECT_IN_USE,
                 )
 
-        self._commit(event_rows(consumer, owner, "lease"), check)
+        while True:
+            try:
+                self._commit(event_rows(consumer, owner, "lease"), check)
+                return
+            except _HeldByGet as held:
+                if time.monotonic() >= deadline:
+                    raise MQError(
+                        f"queue {self.queue}: consumer group {consumer!r} is being read by a Python get "
+                        f"(owner {held.holder.owner}) for longer than {patience.total_seconds():g} s",
+                        Reason.MQRC_OBJECT_IN_USE,
+                    ) from None
+                time.sleep(_LEASE_POLL)
 
     def release(self, consumer: str, owner: str) -> None:
         holder = self.lease(consumer, timedelta(days=3650))
         if holder is not None and holder.owner == owner:
             self.append(event_rows(consumer, owner, "release"))
+
+
+def _position(rows: pa.Table) -> tuple[int, int]:
+    """The highest plan number and the next ``delivery_seq`` among ``plan`` and ``checkpoint`` rows."""
+    plans = pc.equal(rows["event"], "plan")
+    # A plan range delivers delivery_seq .. delivery_seq + count - 1; a checkpoint holds the next one.
+    following = pc.if_else(plans, pc.add(rows["delivery_seq"], rows["count"]), rows["delivery_seq"])
+    return (pc.max(rows["seq"]).as_py() or 0, pc.max(following).as_py() or 0)
 
 
 def _consumed(rows: pa.Table) -> pa.Table:

@@ -1,0 +1,579 @@
+"""Planning a consumer group's deliveries: which messages go next, in which order, recorded before
+they are delivered. The streaming get (:mod:`mqspark.spark.stream`) and the Python get
+(:mod:`mqspark.get`) both plan with a :class:`Planner`.
+
+A planner holds the group's lease while it lives (renewed by a :class:`~mqspark.consumers.Heartbeat`)
+and its pending messages (:mod:`mqspark.pending`). A planning step:
+
+1. records the plan that ended as consumed (:meth:`Planner.consume`), without the messages backed
+   out of it;
+2. reads new commits into the pending index (:meth:`Planner.catch_up`);
+3. deals with failed messages (moves those that failed too often, holds the others back until
+   their retry delay has passed, see :mod:`mqspark.services.backout`);
+4. orders the waiting messages (:mod:`mqspark.ordering`) and admits a prefix (:func:`admit`): higher
+   priorities first, never ending inside a logical message, or inside a group under
+   ``allMessagesAvailable``;
+5. records the plan in the state table (:meth:`Planner.record`) before anything is delivered, so a
+   replay after a crash delivers the same messages.
+
+The planned messages are then read from their data files (:class:`PlannedRows`).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import storage
+from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges, single_ranges
+from .messages import MESSAGE_SCHEMA, TIMESTAMP
+from .ordering import DeliveryOptions, deliver, join_segments, keep_rows
+from .pending import PendingMessages, lookup
+from .qmgr import BROWSE_SCHEMA, QueueManager
+from .services.backout import (
+    GIVEN_UP,
+    HELD_BEHIND,
+    ISOLATE_FACTOR,
+    ROLLED_BACK,
+    BackoutPolicy,
+    Mover,
+    failure_rows,
+    failures,
+    plan_messages,
+)
+
+# Planned messages are split into partitions of about this many payload bytes.
+PARTITION_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class PlannedRows:
+    """Planned messages for one reader (a Spark task, or the Python get), as ranges of rows of data
+    files, in delivery order."""
+
+    location: str
+    queue: str
+    qmgr: str
+    files: list[str]
+    file: np.ndarray
+    row: np.ndarray
+    count: np.ndarray
+    delivery_seq: np.ndarray
+    complete_message: bool
+    # The backout_count of the planned messages that have failed before, by delivery_seq.
+    backout_seq: np.ndarray
+    backout_count: np.ndarray
+
+    def messages(self) -> pa.Table:
+        # Each file is read once, only the row groups holding its planned rows.
+        spans = {}
+        for number in np.unique(self.file):
+            mine = self.file == number
+            first, stop = int(self.row[mine].min()), int((self.row[mine] + self.count[mine]).max())
+            data = storage.read_data_rows(self.location, self.files[number], first, stop, MESSAGE_SCHEMA.names)
+            spans[number] = (first, data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA))
+        pieces = []
+        for number, row, count in zip(self.file, self.row, self.count, strict=True):
+            first, data = spans[number]
+            pieces.append(data.slice(int(row) - first, int(count)))
+        table = pa.concat_tables(pieces)
+        delivery_seq = np.repeat(self.delivery_seq - np.cumsum(self.count) + self.count, self.count)
+        delivery_seq = delivery_seq + np.arange(len(delivery_seq))
+        table = table.append_column("delivery_seq", pa.array(delivery_seq, pa.int64()))
+        if len(self.backout_seq):
+            found, at = lookup(self.backout_seq, delivery_seq)
+            counts = np.where(found, self.backout_count[at], table["backout_count"].to_numpy())
+            index = MESSAGE_SCHEMA.get_field_index("backout_count")
+            table = table.set_column(index, MESSAGE_SCHEMA.field(index), pa.array(counts.astype(np.int32)))
+        if self.complete_message:
+            # The segments of one message share their delivery_seq; joined in offset order.
+            table = join_segments(table.sort_by([("delivery_seq", "ascending"), ("offset", "ascending")]))
+        rows = table.num_rows
+        table = table.append_column("queue", pa.repeat(self.queue, rows)).append_column(
+            "qmgr", pa.repeat(self.qmgr, rows)
+        )
+        return table.select(BROWSE_SCHEMA.names).cast(BROWSE_SCHEMA)
+
+
+class Planner:
+    """What one reader of a consumer group knows of the group while it reads: its lease, its pending
+    messages, and the plans it made."""
+
+    def __init__(
+        self,
+        qm: QueueManager,
+        queue: str,
+        consumer: str,
+        owner: str,
+        delivery: DeliveryOptions,
+        lease_timeout: timedelta,
+        *,
+        exact_lengths: bool = False,
+        patience: timedelta = timedelta(0),
+    ) -> None:
+        definition = qm.resolve_for_get(queue)
+        self.qm = qm
+        self.queue = definition.name
+        self.consumer = consumer
+        self.delivery = delivery
+        self.delivery_sequence = definition.delivery_sequence
+        self.exact_lengths = exact_lengths
+        self.location = storage.queue_location(qm.root, self.queue)
+        self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self.owner = owner
+        self.state.acquire(consumer, owner, lease_timeout, patience)
+        self.heartbeat = Heartbeat(self.state, consumer, owner, lease_timeout)
+        # The table version reads stop at (a run of ``trigger(availableNow=True)``); None: the latest.
+        self.up_to: int | None = None
+        self.pending: PendingMessages | None = None
+        self.plans: dict[str, pa.Table] = {}
+        # The planned messages of each plan in ``plans`` as pending-index keys.
+        self.plan_keys: dict[str, np.ndarray] = {}
+        # Where the delivered messages of each plan in ``plans`` lay when it was made (see
+        # :func:`file_runs`), with the index and its count of moves then.
+        self.plan_files: dict[str, tuple[PendingMessages, int, dict[str, np.ndarray]]] = {}
+        self.consumed_plans: set[str] = set()
+        # Consumption records waiting to go with the next plan's commit: one state commit per batch.
+        self.unrecorded: list[pa.Table] = []
+        self.exhausted = False
+        self.next_due: datetime | None = None
+        self.mover = Mover(qm, BackoutPolicy.of(qm, definition), self.state, consumer, owner)
+        # Plans of earlier runs this run has replayed (each counted as one rolled-back delivery), and
+        # whether each was given up.
+        self.replayed: dict[str, bool] = {}
+
+    def close(self) -> None:
+        """Stop renewing the lease and release it."""
+        self.heartbeat.stop()
+        self.state.release(self.consumer, self.owner)
+
+    def drop_unstarted_plans(self) -> None:
+        """Forget the plans made but never started: their messages wait again."""
+        if self.plans or self.plan_keys:
+            self.plans.clear()
+            self.plan_keys.clear()
+            self.plan_files.clear()
+            self.exhausted = False
+
+    def consume(self, plan_id: str, seq: int) -> None:
+        """Note plan ``plan_id`` (number ``seq``) as consumed (once; recorded with the next state
+        commit), without the messages backed out of it, and load the pending messages on first use,
+        without everything the group consumed."""
+        if plan_id and plan_id not in self.consumed_plans:
+            self.consumed_plans.add(plan_id)
+            if self.pending is None:
+                # Loaded before this consumption is recorded, so the plan's messages are in the index.
+                self.load()
+            self.plans.pop(plan_id, None)
+            keys = self.plan_keys.pop(plan_id, None)
+            self.plan_files.pop(plan_id, None)
+            if keys is None:
+                keys = self.pending.range_keys(self.state.plan(self.consumer, plan_id))
+            kept = self._backed_out(plan_id, keys)
+            self.unrecorded.append(consumed_rows(self.consumer, self.owner, plan_id, seq))
+            self.pending.mark_consumed(keys[~np.isin(keys, kept)])
+        if self.pending is None:
+            self.load()
+
+    def _backed_out(self, plan_id: str, keys: np.ndarray) -> np.ndarray:
+        """The keys of the plan's messages that stay waiting: those backed out of it, and the later
+        items of their message groups in the plan, which wait behind them (recorded as ``return``)."""
+        given_back = self.state.events(self.consumer, ("backout", "return"), ["event", "origin", "row"], plan_id)
+        if given_back.num_rows == 0:
+            return np.zeros(0, dtype=np.int64)
+        self.exhausted = False
+        pending = self.pending
+        given_up = keys_of(pending, given_back.filter(pc.equal(given_back["event"], "return")))
+        failed = keys_of(pending, given_back.filter(pc.equal(given_back["event"], "backout")))
+        found, at = lookup(pending.keys(), keys)
+        planned = pending.rows.take(pa.array(at[found]))
+        planned_keys = keys[found]
+        is_failed = np.isin(planned_keys, failed)
+        held = np.zeros(len(planned_keys), dtype=bool)
+        grouped = np.flatnonzero(pc.is_valid(planned["group_id"]).to_numpy(zero_copy_only=False))
+        if len(grouped):
+            items = planned.take(pa.array(grouped))
+            group_id = items["group_id"].to_pylist()
+            position = list(zip(items["msg_seq_number"].to_pylist(), items["offset"].to_pylist(), strict=True))
+            first_failed: dict[str, tuple] = {}
+            for index, gid, where in zip(grouped, group_id, position, strict=True):
+                if is_failed[index]:
+                    first_failed[gid] = min(first_failed.get(gid, where), where)
+            for index, gid, where in zip(grouped, group_id, position, strict=True):
+                held[index] = not is_failed[index] and gid in first_failed and where > first_failed[gid]
+        if held.any():
+            returned = planned.filter(pa.array(held))
+            identities = pa.table(
+                {
+                    "origin": pa.array(pending.origins, pa.string()).take(returned["origin"]),
+                    "row": returned["row"],
+                }
+            )
+            self.unrecorded.append(failure_rows(self.consumer, self.owner, "return", plan_id, identities, HELD_BEHIND))
+        return np.concatenate([failed, given_up, planned_keys[held]])
+
+    def load(self) -> None:
+        """Build the pending index from the table's snapshot, without what the group consumed."""
+        self.flush()
+        self.pending = PendingMessages(self.location, self.qm.storage_options, exact_lengths=self.exact_lengths)
+        self.pending.load(self.state.consumed_ranges(self.consumer), self.up_to)
+
+    def catch_up(self) -> bool:
+        """Bring the pending index up to date (to ``up_to``); True when it gained messages. When
+        maintenance has cleaned up the log entries after the index's version, it is built again."""
+        if self.pending.behind_clean_up():
+            self.load()
+            # The new index numbers origins afresh: the keys of plans not yet consumed follow.
+            self.plan_keys = {plan_id: self.pending.range_keys(plan) for plan_id, plan in self.plans.items()}
+            self.exhausted = False
+            return True
+        news = self.pending.refresh(self.up_to) if self.pending.has_news() else False
+        self.exhausted &= not news
+        return news
+
+    def flush(self, plan_rows: pa.Table | None = None) -> None:
+        """Commit the consumption records not yet recorded, with ``plan_rows`` when given."""
+        rows = [*self.unrecorded, *([plan_rows] if plan_rows is not None else [])]
+        if rows:
+            self.state.append(pa.concat_tables(rows))
+            self.unrecorded.clear()
+
+    def plan(
+        self,
+        first_seq: int,
+        now: datetime,
+        max_messages: int | None,
+        max_bytes: int | None,
+        match: DeliveryOptions | None = None,
+    ) -> pa.Table | None:
+        """The next plan: delivered messages (with delivery_seq and partition, from ``first_seq`` on)
+        and expired ones, as ranges, with ``plan_id`` and the next ``delivered`` in its metadata; None
+        when there is nothing to deliver or discard. ``match`` selects messages by msg_id, correl_id
+        or group_id (and msg_seq_number)."""
+        self.qm.resolve_for_get(self.queue)
+        rows = self._failed_messages(now)
+        moment = pa.scalar(now, TIMESTAMP)
+        waiting = pc.invert(rows["consumed"])
+        expired = rows.filter(pc.and_(waiting, pc.fill_null(pc.less_equal(rows["expiry"], moment), False)))
+        later = pc.filter(
+            rows["available_at"], pc.and_(waiting, pc.fill_null(pc.greater(rows["available_at"], moment), False))
+        )
+        self.next_due = pc.min(later).as_py() if len(later) else None
+        ordered = deliver(rows, self.delivery_sequence, self.delivery, now, join=False).messages
+        candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
+        if match is not None:
+            candidates = self._matching(candidates, match)
+        taken, delivered = admit(
+            candidates,
+            max_messages,
+            max_bytes,
+            first_seq,
+            self.delivery,
+            self._isolation(candidates),
+        )
+        self.exhausted = taken.num_rows == candidates.num_rows
+        if taken.num_rows == 0 and expired.num_rows == 0:
+            return None
+        where = file_runs(*(taken[name].to_numpy() for name in ("file", "file_row", "delivery_seq", "partition")))
+        if expired.num_rows:
+            expired = expired.append_column("delivery_seq", pa.nulls(expired.num_rows, pa.int64()))
+            expired = expired.append_column("partition", pa.nulls(expired.num_rows, pa.int32()))
+            taken = pa.concat_tables([taken, expired.select(taken.column_names)])
+        plan = plan_ranges(taken, self.pending.origins)
+        plan_id = uuid.uuid4().hex
+        self.plan_keys[plan_id] = self.pending.keys(taken)
+        self.plan_files[plan_id] = (self.pending, self.pending.moves, where)
+        return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
+
+    def _matching(self, candidates: pa.Table, match: DeliveryOptions) -> pa.Table:
+        """The candidates selected by ``match``. In logical order an item of a group is selected by
+        msg_id or correl_id only when it is the group's next item: a match never skips a group item."""
+        by_identity = {name: getattr(match, name) for name in ("msg_id", "correl_id") if getattr(match, name)}
+        if by_identity:
+            read = self.pending.read_columns(candidates, list(by_identity))
+            selected = np.ones(candidates.num_rows, dtype=bool)
+            for name, value in by_identity.items():
+                selected &= pc.fill_null(pc.equal(read[name], value), False).to_numpy(zero_copy_only=False)
+            if self.delivery.order == "logical":
+                group_id = candidates["group_id"].to_numpy(zero_copy_only=False)
+                grouped = pc.is_valid(candidates["group_id"]).to_numpy(zero_copy_only=False)
+                _, first = np.unique(group_id[grouped].astype(str), return_index=True)
+                next_item = np.ones(candidates.num_rows, dtype=bool)
+                next_item[np.flatnonzero(grouped)] = False
+                next_item[np.flatnonzero(grouped)[first]] = True
+                selected &= next_item
+            candidates = candidates.filter(pa.array(selected))
+        if match.group_id is not None:
+            candidates = candidates.filter(pc.fill_null(pc.equal(candidates["group_id"], match.group_id), False))
+            if match.msg_seq_number is not None:
+                candidates = candidates.filter(pc.equal(candidates["msg_seq_number"], match.msg_seq_number))
+        return candidates
+
+    def _failed_messages(self, now: datetime) -> pa.Table:
+        """The pending index to plan on, after the group's failed messages were dealt with: those
+        that failed too often are moved (moves a crash interrupted are finished first), the others
+        wait until their retry delay has passed."""
+        pending = self.pending
+        finished = self.mover.finish_pending(pending)
+        if finished.num_rows:
+            pending.mark_consumed(keys_of(pending, finished))
+        failed = failures(self.state, self.consumer)
+        if failed.num_rows == 0:
+            return pending.rows
+        keys = keys_of(pending, failed)
+        waiting = pending.keys()[~pending.rows["consumed"].to_numpy(zero_copy_only=False)]
+        failed = failed.filter(pa.array(np.isin(keys, waiting)))
+        moved = self.mover.move(failed, pending)
+        if moved.num_rows:
+            pending.mark_consumed(keys_of(pending, moved))
+        rows = pending.rows
+        if self.mover.policy.retry_delay <= timedelta(0):
+            return rows
+        found, at = lookup(keys_of(pending, failed), pending.keys())
+        if not found.any():
+            return rows
+        retry_at = pc.add(failed["failed_at"], pa.scalar(self.mover.policy.retry_delay, pa.duration("us")))
+        retry = retry_at.take(pa.array(at))
+        available_at = rows["available_at"]
+        later = pc.fill_null(pc.greater(retry, available_at), True)
+        held = pc.if_else(pc.and_(pa.array(found), later), retry, available_at)
+        index = rows.schema.get_field_index("available_at")
+        return rows.set_column(index, rows.schema.field(index), held.cast(rows.schema.field(index).type))
+
+    def count_replay(self, plan_id: str, plan: pa.Table) -> bool:
+        """A plan this reader did not make is being replayed: its batch failed, once for each message.
+        True when the plan is given up: an earlier replay of it failed too (see
+        :mod:`mqspark.services.backout`)."""
+        if plan_id in self.replayed:
+            return self.replayed[plan_id]
+        messages = plan_messages(plan).select(["origin", "row"])
+        if messages.num_rows == 0:
+            self.replayed[plan_id] = False
+            return False
+        consumer = self.consumer
+        replays = pc.max(self.state.events(consumer, ("rollback",), ["seq"], plan_id)["seq"]).as_py() or 0
+        rows = [failure_rows(consumer, self.owner, "rollback", plan_id, messages, ROLLED_BACK, seq=replays + 1)]
+        given_up = replays >= 1
+        if given_up:
+            limit = -(-messages.num_rows // ISOLATE_FACTOR)
+            rows.append(failure_rows(consumer, self.owner, "return", plan_id, messages, GIVEN_UP, batch_limit=limit))
+        self.state.append(pa.concat_tables(rows))
+        self.replayed[plan_id] = given_up
+        return given_up
+
+    def planned_rows(self, plan_id: str, plan: pa.Table) -> list[PlannedRows]:
+        """Where the messages plan ``plan_id`` delivers lie now, one :class:`PlannedRows` per partition,
+        in order."""
+        delivered = plan.filter(pc.is_valid(plan["delivery_seq"]))
+        delivered = delivered.take(pc.sort_indices(delivered, [("delivery_seq", "ascending")]))
+        backout_seq, backout_count = self._backout_counts(delivered)
+        made = self.plan_files.pop(plan_id, None)
+        if made is not None and made[0] is self.pending and made[1] == self.pending.moves:
+            where = made[2]
+        else:
+            # Made by another run, or maintenance has moved messages since.
+            where = locate_plan(delivered, self.pending)
+        used, file = np.unique(where["file"], return_inverse=True)
+        files = [self.pending.files[number] for number in used]
+        result = []
+        for number in np.unique(where["partition"]):
+            chosen = where["partition"] == number
+            result.append(
+                PlannedRows(
+                    location=self.location,
+                    queue=self.queue,
+                    qmgr=self.qm.name,
+                    files=files,
+                    file=file[chosen].astype(np.int32),
+                    row=where["file_row"][chosen],
+                    count=where["count"][chosen],
+                    delivery_seq=where["delivery_seq"][chosen],
+                    complete_message=self.delivery.complete_message,
+                    backout_seq=backout_seq,
+                    backout_count=backout_count,
+                )
+            )
+        return result
+
+    def _backout_counts(self, delivered: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """The delivery_seq (sorted) and backout_count of the plan's messages that have failed before."""
+        failed = failures(self.state, self.consumer)
+        empty = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        if failed.num_rows == 0:
+            return empty
+        messages = plan_messages(delivered)
+        found, at = lookup(keys_of(self.pending, failed), keys_of(self.pending, messages))
+        seqs = messages["delivery_seq"].to_numpy()[found]
+        counts = failed["backout_count"].to_numpy()[at[found]]
+        by_seq = np.argsort(seqs)
+        return seqs[by_seq], counts[by_seq].astype(np.int32)
+
+    def _isolation(self, candidates: pa.Table) -> int | None:
+        """The most units the next batch may hold: the ``batch_limit`` of the message at the head of
+        the logical order when it was returned from a plan given up (None: no such limit)."""
+        if candidates.num_rows == 0:
+            return None
+        returned = self.state.events(self.consumer, ("return",), ["origin", "row", "batch_limit"])
+        returned = returned.filter(pc.is_valid(returned["batch_limit"]))
+        if returned.num_rows == 0:
+            return None
+        keys = keys_of(self.pending, returned)
+        head = self.pending.keys(candidates.slice(0, 1))
+        mine = returned["batch_limit"].filter(pa.array(keys == head[0]))
+        return int(pc.min(mine).as_py()) if len(mine) else None
+
+    def record(self, plan_id: str, seq: int, plan: pa.Table) -> None:
+        """Record plan ``plan_id`` as the group's plan number ``seq``, with the consumption records
+        not yet recorded, in one state commit."""
+        rows = plan.num_rows
+        given = {
+            "consumer": pa.repeat(self.consumer, rows),
+            "owner": pa.repeat(self.owner, rows),
+            "event": pa.repeat("plan", rows),
+            "plan_id": pa.repeat(plan_id, rows),
+            "seq": pa.repeat(pa.scalar(seq, pa.int64()), rows),
+            "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), rows),
+            **{name: plan[name] for name in plan.column_names},
+        }
+        self.flush(
+            pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
+        )
+        self.plans[plan_id] = plan
+
+
+def admit(
+    candidates: pa.Table,
+    max_messages: int | None,
+    max_bytes: int | None,
+    first_seq: int,
+    delivery: DeliveryOptions,
+    max_units: int | None = None,
+) -> tuple[pa.Table, int]:
+    """The prefix of ``candidates`` a plan delivers, with delivery_seq and partition, and the next
+    delivery_seq. Limits count delivered messages and payload bytes; at least one unit goes."""
+    count = candidates.num_rows
+    if count == 0:
+        return candidates.append_column("delivery_seq", pa.array([], pa.int64())).append_column(
+            "partition", pa.array([], pa.int32())
+        ), first_seq
+    grouped = pc.is_valid(candidates["group_id"]).to_numpy(zero_copy_only=False)
+    group = pc.dictionary_encode(pc.fill_null(candidates["group_id"], "")).combine_chunks().indices.to_numpy()
+    seq = candidates["msg_seq_number"].to_numpy()
+    segmented = candidates["segmented"].to_numpy(zero_copy_only=False)
+    same_group = np.zeros(count, dtype=bool)
+    same_group[1:] = grouped[1:] & grouped[:-1] & (group[1:] == group[:-1])
+    same_message = np.zeros(count, dtype=bool)
+    same_message[1:] = same_group[1:] & (seq[1:] == seq[:-1]) & segmented[1:] & segmented[:-1]
+    unit_start = ~(same_group if delivery.all_messages_available else same_message)
+    message_start = ~same_message if delivery.complete_message else np.ones(count, dtype=bool)
+    messages = np.cumsum(message_start)
+    size = np.cumsum(candidates["payload_length"].to_numpy())
+    unit_end = np.append(unit_start[1:], True)
+    ends = np.flatnonzero(unit_end)
+    fits = np.ones(len(ends), dtype=bool)
+    if max_messages is not None:
+        fits &= messages[ends] <= max_messages
+    if max_bytes is not None:
+        fits &= size[ends] <= max_bytes
+    # Whole units are taken while they fit; the first always goes, so a big message cannot stall.
+    units = len(ends) if fits.all() else max(1, int(np.argmin(fits)))
+    if max_units is not None:
+        units = min(units, max_units)
+    stop = int(ends[units - 1]) + 1
+    taken = candidates.slice(0, stop)
+    total = int(size[stop - 1])
+    parts = max(1, min(units, math.ceil(total / PARTITION_BYTES)))
+    length = candidates["payload_length"].to_numpy()[:stop]
+    file = candidates["file"].to_numpy()[:stop]
+    # Partitions of about total / parts bytes, cut only where a unit starts in another data file
+    # than the row before, so that a file is read by one task where the order allows it.
+    cut = unit_start[:stop].copy()
+    cut[1:] &= file[1:] != file[:-1]
+    wanted = np.where(cut, (size[:stop] - length) * parts // max(total, 1), 0)
+    # Non-decreasing, so codes in order of first appearance number the partitions in order.
+    partition = pc.dictionary_encode(pa.array(np.maximum.accumulate(wanted))).indices
+    delivery_seq = first_seq + messages[:stop] - 1
+    taken = taken.append_column("delivery_seq", pa.array(delivery_seq, pa.int64()))
+    taken = taken.append_column("partition", partition)
+    return taken, int(first_seq + messages[stop - 1])
+
+
+def keys_of(pending: PendingMessages, messages: pa.Table) -> np.ndarray:
+    """The pending-index keys of ``origin``/``row`` identities."""
+    if messages.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pending.range_keys(single_ranges(messages))
+
+
+def plan_ranges(taken: pa.Table, origins: list[str]) -> pa.Table:
+    """A plan as ranges of message identities: one range per run of consecutive rows of one origin, in
+    one partition, with consecutive delivery_seq (or all discarded, delivery_seq null)."""
+    origin = taken["origin"].to_numpy()
+    row = taken["row"].to_numpy()
+    partition = pc.fill_null(taken["partition"], -1).to_numpy()
+    delivered = pc.is_valid(taken["delivery_seq"]).to_numpy(zero_copy_only=False)
+    delivery_seq = pc.fill_null(taken["delivery_seq"], -1).to_numpy()
+    starts = np.ones(len(row), dtype=bool)
+    starts[1:] = (
+        (origin[1:] != origin[:-1])
+        | (row[1:] != row[:-1] + 1)
+        | (partition[1:] != partition[:-1])
+        | (delivered[1:] != delivered[:-1])
+        | (delivered[1:] & (delivery_seq[1:] != delivery_seq[:-1] + 1))
+    )
+    first = np.flatnonzero(starts)
+    first_taken = pa.array(first)
+    return pa.table(
+        {
+            "origin": pa.DictionaryArray.from_arrays(pa.array(origin[first]), pa.array(origins, pa.string())).cast(
+                pa.string()
+            ),
+            "row": pa.array(row[first]),
+            "count": pa.array(np.diff(np.append(first, len(row)))),
+            "delivery_seq": taken["delivery_seq"].take(first_taken),
+            "partition": taken["partition"].take(first_taken),
+        }
+    )
+
+
+def locate_plan(delivered: pa.Table, pending: PendingMessages) -> dict[str, np.ndarray]:
+    """Where the messages of a plan's delivered ranges (in delivery order) lie now, as runs of
+    consecutive rows of one data file: ``file`` (numbers into ``pending.files``), ``file_row``,
+    ``count``, ``delivery_seq`` and ``partition`` of each run.
+
+    Maintenance may have moved them to other files since the plan was made; only a purge removes
+    planned messages, and those are left out."""
+    count = delivered["count"].to_numpy()
+    file, file_row = pending.locate(pending.range_keys(delivered))
+    delivery_seq = expand_ranges(delivered["delivery_seq"].to_numpy(), count)
+    partition = np.repeat(delivered["partition"].to_numpy(), count)
+    found = file >= 0
+    return file_runs(file[found], file_row[found], delivery_seq[found], partition[found])
+
+
+def file_runs(
+    file: np.ndarray, file_row: np.ndarray, delivery_seq: np.ndarray, partition: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Messages in delivery order (data file numbers, rows in them, delivery_seq, partition) as runs
+    of consecutive rows of one data file in one partition, with consecutive delivery_seq."""
+    starts = np.ones(len(file), dtype=bool)
+    starts[1:] = (
+        (file[1:] != file[:-1])
+        | (file_row[1:] != file_row[:-1] + 1)
+        | (partition[1:] != partition[:-1])
+        | (delivery_seq[1:] != delivery_seq[:-1] + 1)
+    )
+    first = np.flatnonzero(starts)
+    return {
+        "file": file[first],
+        "file_row": file_row[first],
+        "count": np.diff(np.append(first, len(file))),
+        "delivery_seq": delivery_seq[first],
+        "partition": partition[first],
+    }
