@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from .cluster.repository import ROUTE_STATES, Cluster
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
-from .errors import MQError
+from .errors import MQError, Reason
 from .messages import DEAD_LETTER_FIELDS
 from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
@@ -141,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     browse.add_argument("--group-id")
     browse.add_argument("--msg-seq-number", type=int)
     browse.add_argument("--limit", type=int)
+
+    get = commands.add_parser(
+        "get", parents=[output], help="get messages destructively for a consumer group, in logical order (amqsget)"
+    )
+    get.add_argument("queue")
+    get.add_argument("--consumer", default="default", help="consumer group (default: default)")
+    get.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a first message (default 0)")
+    get.add_argument("--max", type=int, default=1, dest="max_messages", help="most messages to get (default 1)")
+    get.add_argument("--correl-id")
+    get.add_argument("--msg-id")
 
     depth = commands.add_parser(
         "depth",
@@ -430,6 +440,23 @@ def run(args: argparse.Namespace) -> Any:
         elif args.action == "delete":
             qm.delete_consumer(args.queue, args.group)
         return [{"queue": args.queue, "consumer": name} for name in qm.consumers(args.queue)]
+    if args.command == "get":
+        table = qm.get(
+            args.queue,
+            args.consumer,
+            max_messages=args.max_messages,
+            wait=args.wait,
+            msg_id=args.msg_id,
+            correl_id=args.correl_id,
+        )
+        if table.num_rows == 0:
+            raise MQError(f"queue {args.queue}: no message available", Reason.MQRC_NO_MSG_AVAILABLE)
+        if args.json:
+            return table
+        columns = list(_BROWSE_COLUMNS)
+        if _holds_failed_messages(qm, args.queue, table):
+            columns[-1:-1] = _HEADER_COLUMNS
+        return table.select(columns)
     if args.command == "browse":
         options = DeliveryOptions(
             args.order,

@@ -7,6 +7,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -434,6 +435,41 @@ class QueueManager:
         :func:`mqspark.services.backout.redrive`."""
         validate_name(queue)
         return redrive(self, queue, msg_ids=msg_ids, correl_ids=correl_ids, reasons=reasons)
+
+    def get(
+        self,
+        queue: str,
+        consumer: str = "default",
+        max_messages: int = 1,
+        wait: float = 0.0,
+        msg_id: str | None = None,
+        correl_id: str | None = None,
+        group_id: str | None = None,
+    ) -> pa.Table:
+        """MQGET: up to ``max_messages`` messages of ``queue`` in logical order, consumed for consumer
+        group ``consumer`` as they are returned, waiting up to ``wait`` seconds for the first. Matches
+        msg_id, correl_id and group_id. Empty when nothing matched in time. Columns as :meth:`browse`.
+        See :mod:`mqspark.get` for how it shares a group with a streaming query."""
+        from .get import get
+
+        return get(self, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+
+    def syncpoint_get(
+        self,
+        queue: str,
+        consumer: str = "default",
+        max_messages: int = 1,
+        wait: float = 0.0,
+        msg_id: str | None = None,
+        correl_id: str | None = None,
+        group_id: str | None = None,
+    ) -> AbstractContextManager[pa.Table]:
+        """MQGET under syncpoint, as a context manager: ``with qm.syncpoint_get(Q) as messages:``. The
+        messages are consumed when the block succeeds, and backed out (one failed delivery each) when
+        it raises."""
+        from .get import syncpoint_get
+
+        return syncpoint_get(self, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
 
     def browse(
         self,

@@ -445,3 +445,27 @@ def test_browse_shows_the_dead_letter_header_and_depth_shows_failed_messages_bes
     table = lines(ok(root, "depth", "Q"))
     assert table[0].split() == ["queue", "consumer", "depth", "oldest_age_s", *failure_keys]
     assert re.fullmatch(r"Q\s+1\s+\d+\.\d\s+BOQ\s+2\s+ERRQ\s+1\s+1", table[1]) and len(table) == 2
+
+
+def test_get_takes_messages_for_a_consumer_group_and_reports_2033_when_none_is_left(qm):
+    root = qm.root
+    qm.define_queue("ORDERS")
+    qm.put(
+        "ORDERS", [{"payload": "one", "correl_id": "C1"}, {"payload": "two"}, {"payload": "three", "correl_id": "C1"}]
+    )
+    columns, rows = parse_table(ok(root, "get", "ORDERS"))
+    assert columns == ["msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload"]
+    assert [row["payload"] for row in rows] == ["one"]
+    got = ok_json(root, "get", "ORDERS", "--correl-id", "C1", "--max", "5")
+    assert [(m["payload"], m["delivery_seq"], m["queue"]) for m in got] == [("three", 1, "ORDERS")]
+    # Another consumer group gets every message.
+    audit = ok_json(root, "get", "ORDERS", "--consumer", "audit", "--max", "5")
+    assert [m["payload"] for m in audit] == ["one", "two", "three"]
+    assert qm.depth("ORDERS", consumer="default") == 1
+    assert [m["payload"] for m in ok_json(root, "get", "ORDERS", "--wait", "0.2")] == ["two"]
+    assert fails(root, "get", "ORDERS", "--wait", "0.2") == (
+        "mqspark: error: MQRC_NO_MSG_AVAILABLE (2033): queue ORDERS: no message available"
+    )
+    assert fails(root, "get", "ORDERS", "--max", "0") == (
+        "mqspark: error: get: queue ORDERS: max_messages must be an integer >= 1, got 0"
+    )

@@ -1,0 +1,197 @@
+"""The Python get (MQGET), without Spark: destructive for a consumer group, in logical order, with
+match, wait and syncpoint. ``QueueManager.get`` and ``QueueManager.syncpoint_get`` call it.
+
+A get plans like the streaming get (:class:`~mqspark.planner.Planner`): the same ordering, failed
+messages, retry delays and backout moves. It records its plan in the queue's state table before it
+reads the messages, and their consumption after, so a get that dies in between gives its messages
+back (counted as a rolled-back delivery by the next get of the group).
+
+**Sharing a consumer group with a streaming query.** Gets and queries of one group take turns on
+the group's lease (:meth:`~mqspark.consumers.ConsumerState.acquire`). A get holds it only while
+it plans, reads and records (owner ``get:<id>``); while it waits for messages, it holds nothing.
+
+- A get refuses with 2042 ``MQRC_OBJECT_IN_USE`` while a streaming query reads the group, and while
+  a batch of a query that stopped is recorded but not consumed: restarting the query replays that
+  batch, so its messages are not the get's to take.
+- A query starting while a get holds the lease waits for it (up to the query's ``leaseTimeout``).
+- Gets of one group wait for each other, up to their ``wait`` and at least :data:`GET_PATIENCE`.
+
+Plans of gets and of queries are numbered in one sequence: a query goes on after the gets' plans.
+
+**Syncpoint** (:func:`syncpoint_get`): the messages are consumed only when the caller's block ends
+without an exception. When it raises, each message counts one failed delivery, with the exception's
+text as its error (see :mod:`mqspark.services.backout`): it comes back after the queue's retry delay,
+or moves to the backout, error or dead-letter queue once it has failed too often. The lease is held
+and renewed for the whole block, so a streaming query of the group waits for it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+
+from .consumers import DEFAULT_LEASE_TIMEOUT, GET_OWNER, consumed_rows, event_rows
+from .definitions import validate_name
+from .errors import MQError, MQValidationError, Reason
+from .ordering import DeliveryOptions
+from .planner import Planner
+from .qmgr import BROWSE_SCHEMA, QueueManager
+from .services.backout import failure_rows, plan_messages
+
+# How long a get waits for another get of its group at least, whatever its own ``wait``.
+GET_PATIENCE = timedelta(seconds=10)
+# How often a waiting get looks for new messages (it plans only when the queue table changed).
+_POLL = 0.05
+
+
+class _Planned:
+    """A get's recorded plan and its messages, with the planner that holds the group's lease."""
+
+    def __init__(self, planner: Planner, plan_id: str, seq: int, plan: pa.Table, messages: pa.Table) -> None:
+        self.planner, self.plan_id, self.seq, self.plan, self.messages = planner, plan_id, seq, plan, messages
+
+    def finish(self, error: str | None = None) -> None:
+        """Record the plan consumed (its messages backed out first, with ``error``, when given) and
+        release the lease, in one state commit."""
+        planner = self.planner
+        planner.heartbeat.stop()
+        consumer, owner = planner.consumer, planner.owner
+        rows = [
+            consumed_rows(consumer, owner, self.plan_id, self.seq),
+            event_rows(consumer, owner, "release"),
+        ]
+        if error is not None:
+            identities = plan_messages(self.plan).select(["origin", "row"])
+            rows.insert(0, failure_rows(consumer, owner, "backout", self.plan_id, identities, error))
+        planner.state.append(pa.concat_tables(rows))
+
+
+def get(
+    qm: QueueManager,
+    queue: str,
+    consumer: str = "default",
+    max_messages: int = 1,
+    wait: float = 0.0,
+    msg_id: str | None = None,
+    correl_id: str | None = None,
+    group_id: str | None = None,
+) -> pa.Table:
+    """Get up to ``max_messages`` messages of ``queue`` for ``consumer``, in logical order, waiting up
+    to ``wait`` seconds for the first; consumed as they are returned. Empty when nothing matched."""
+    planned = _get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+    if planned is None:
+        return BROWSE_SCHEMA.empty_table()
+    planned.finish()
+    return planned.messages
+
+
+@contextmanager
+def syncpoint_get(
+    qm: QueueManager,
+    queue: str,
+    consumer: str = "default",
+    max_messages: int = 1,
+    wait: float = 0.0,
+    msg_id: str | None = None,
+    correl_id: str | None = None,
+    group_id: str | None = None,
+) -> Iterator[pa.Table]:
+    """Like :func:`get`, but the messages are consumed only when the ``with`` block succeeds; when it
+    raises, they are backed out (one failed delivery each) and the exception goes on."""
+    planned = _get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+    if planned is None:
+        yield BROWSE_SCHEMA.empty_table()
+        return
+    try:
+        yield planned.messages
+    except BaseException as error:
+        planned.finish(f"{type(error).__name__}: {error}")
+        raise
+    planned.finish()
+
+
+def _get(
+    qm: QueueManager,
+    queue: str,
+    consumer: str,
+    max_messages: int,
+    wait: float,
+    msg_id: str | None,
+    correl_id: str | None,
+    group_id: str | None,
+) -> _Planned | None:
+    validate_name(consumer, "consumer group")
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+        raise MQValidationError(f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+        raise MQValidationError(f"get: queue {queue}: wait must be a number of seconds >= 0, got {wait!r}")
+    for name, value in (("msg_id", msg_id), ("correl_id", correl_id), ("group_id", group_id)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise MQValidationError(f"get: queue {queue}: {name} must be a non-empty text, got {value!r}")
+    match = DeliveryOptions(msg_id=msg_id, correl_id=correl_id, group_id=group_id)
+    match = match if (msg_id or correl_id or group_id) else None
+    deadline = time.monotonic() + wait
+    patience = max(timedelta(seconds=wait), GET_PATIENCE)
+    seen = None
+    due: datetime | None = None
+    while True:
+        version = qm.queue_version(queue)
+        if version != seen or (due is not None and datetime.now(UTC) >= due):
+            seen = version
+            planner = Planner(
+                qm,
+                queue,
+                consumer,
+                f"{GET_OWNER}{uuid.uuid4().hex}",
+                DeliveryOptions(),
+                DEFAULT_LEASE_TIMEOUT,
+                patience=patience,
+            )
+            try:
+                planned = _plan(planner, max_messages, match)
+            except BaseException:
+                planner.close()
+                raise
+            if planned is not None:
+                return planned
+            due = planner.next_due
+            planner.close()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+
+
+def _plan(planner: Planner, max_messages: int, match: DeliveryOptions | None) -> _Planned | None:
+    """Plan, record and read the get's messages under the lease; None when none matched."""
+    state, consumer = planner.state, planner.consumer
+    plan_id, owner, plan = state.current_plan(consumer)
+    if plan_id is not None:
+        if not owner.startswith(GET_OWNER):
+            raise MQError(
+                f"get: queue {planner.queue}: consumer group {consumer!r} has a batch of a streaming query "
+                f"recorded but not consumed (plan {plan_id}); restart the query to finish it, or get with "
+                "another consumer group",
+                Reason.MQRC_OBJECT_IN_USE,
+            )
+        if state.events(consumer, ("rollback",), ["row"], plan_id).num_rows == 0:
+            # A get that died inside its syncpoint: a rolled-back delivery of each of its messages.
+            planner.count_replay(plan_id, plan)
+    planner.consume("", 0)
+    while True:
+        seq, delivered = state.last_position(consumer)
+        plan = planner.plan(delivered, datetime.now(UTC), max_messages, None, match)
+        if plan is None:
+            planner.flush()
+            return None
+        plan_id = plan.schema.metadata[b"plan_id"].decode()
+        planner.record(plan_id, seq + 1, plan)
+        pieces = [rows.messages() for rows in planner.planned_rows(plan_id, plan)]
+        if pieces:
+            return _Planned(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
+        # Only expired messages, discarded: they are consumed, and the get looks again.
+        planner.consume(plan_id, seq + 1)

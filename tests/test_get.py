@@ -1,0 +1,190 @@
+"""The Python get (MQGET): logical order, consumer groups, match, wait, syncpoint, sharing a group with
+a streaming query, and bad input. Real Delta tables; real streaming queries where a query is involved."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mqspark import MQError, MQValidationError, Reason
+from mqspark.qmgr import BROWSE_SCHEMA
+
+from .samples import spec_example
+
+
+def _payloads(table) -> list[str]:
+    return [p.decode() for p in table["payload"].to_pylist()]
+
+
+def test_get_returns_messages_in_logical_order_and_consumes_them_for_its_group_only(qm):
+    spec_example(qm)
+    first = qm.get("Q", max_messages=3)
+    assert first.schema == BROWSE_SCHEMA
+    assert _payloads(first) == ["A", "Y1", "Y2"]
+    assert first["delivery_seq"].to_pylist() == [0, 1, 2]
+    rest = qm.get("Q", max_messages=100)
+    assert _payloads(rest) == ["Y3-1:", "Y3-2", "Z1", "Z2", "B"]
+    assert rest["delivery_seq"].to_pylist() == [3, 4, 5, 6, 7]
+    assert qm.get("Q").num_rows == 0
+    assert qm.depth("Q", consumer="default") == 0
+    # Another group gets every message again.
+    assert _payloads(qm.get("Q", consumer="audit", max_messages=2)) == ["A", "Y1"]
+    assert qm.depth("Q", consumer="audit") == 6
+
+
+def test_get_matches_correl_id_msg_id_and_group_id(qm):
+    qm.define_queue("Q")
+    ids = qm.put(
+        "Q",
+        [
+            {"payload": "a", "correl_id": "c1"},
+            {"payload": "b", "correl_id": "c2"},
+            {"payload": "c", "correl_id": "c1"},
+            {"payload": "g1", "group_id": "G", "msg_seq_number": 1, "correl_id": "c3"},
+            {"payload": "g2", "group_id": "G", "msg_seq_number": 2, "last_in_group": True, "correl_id": "c3"},
+        ],
+    )
+    assert _payloads(qm.get("Q", correl_id="c1", max_messages=5)) == ["a", "c"]
+    assert _payloads(qm.get("Q", msg_id=ids[1])) == ["b"]
+    # A match never takes a group's later item before its next one.
+    assert _payloads(qm.get("Q", msg_id=ids[4])) == []
+    assert _payloads(qm.get("Q", group_id="G", max_messages=5)) == ["g1", "g2"]
+    assert qm.get("Q", correl_id="c1").num_rows == 0
+
+
+def test_get_waits_for_a_message_put_meanwhile_and_returns_empty_when_none_comes(qm):
+    qm.define_queue("Q")
+    began = time.monotonic()
+    assert qm.get("Q", wait=0.5).num_rows == 0
+    assert time.monotonic() - began >= 0.5
+
+    putter = threading.Timer(0.5, lambda: qm.put("Q", [{"payload": "late", "correl_id": "r1"}]))
+    putter.start()
+    began = time.monotonic()
+    got = qm.get("Q", wait=20, correl_id="r1")
+    putter.join()
+    assert _payloads(got) == ["late"]
+    assert time.monotonic() - began < 10
+
+
+def test_syncpoint_get_consumes_on_success_and_backs_out_when_the_block_raises(qm):
+    qm.define_queue("Q", retry_count=1, retry_delay=0)
+    qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
+    with qm.syncpoint_get("Q") as messages:
+        assert _payloads(messages) == ["one"]
+    assert qm.depth("Q") == 1
+    with pytest.raises(RuntimeError, match="service down"):
+        with qm.syncpoint_get("Q") as messages:
+            assert _payloads(messages) == ["two"]
+            raise RuntimeError("service down")
+    again = qm.get("Q")
+    assert _payloads(again) == ["two"]
+    assert again["backout_count"].to_pylist() == [1]
+
+
+def test_a_message_that_fails_beyond_the_retry_count_goes_to_the_error_queue_with_the_error(qm):
+    qm.define_queue("Q.ERR")
+    qm.define_queue("Q", retry_count=1, retry_delay=0, error_queue="Q.ERR")
+    qm.put("Q", [{"payload": "poison"}])
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            with qm.syncpoint_get("Q"):
+                raise ValueError("cannot parse")
+    assert qm.get("Q").num_rows == 0
+    moved = qm.get("Q.ERR")
+    assert _payloads(moved) == ["poison"]
+    assert moved["backout_count"].to_pylist() == [2]
+    assert moved["dlq_original_queue"].to_pylist() == ["Q"]
+    assert "ValueError: cannot parse" in moved["dlq_reason_text"][0].as_py()
+
+
+def test_get_refuses_while_a_streaming_query_reads_the_group_and_a_query_continues_after_gets(spark, qm, tmp_path):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": f"m{i}"} for i in range(6)])
+    assert _payloads(qm.get("Q", max_messages=2)) == ["m0", "m1"]
+    seen: list[tuple[int, str]] = []
+
+    def process(df, batch_id: int) -> None:
+        seen.extend((r.delivery_seq, r.payload.decode()) for r in df.orderBy("delivery_seq").collect())
+
+    query = (
+        spark.readStream.format("mq")
+        .option("queue", "Q")
+        .option("maxMessagesPerTrigger", "2")
+        .load(qm.root)
+        .writeStream.foreachBatch(process)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(MQError) as refused:
+            qm.get("Q")
+        assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
+        assert "consumer group 'default' is already being read by a running query" in str(refused.value)
+    finally:
+        query.stop()
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(30_000)
+    assert seen == [(2, "m2"), (3, "m3"), (4, "m4"), (5, "m5")]
+    qm.put("Q", [{"payload": "m6"}])
+    got = qm.get("Q")
+    assert _payloads(got) == ["m6"]
+    assert got["delivery_seq"].to_pylist() == [6]
+
+
+def test_bad_get_arguments_are_refused_naming_the_argument_and_value(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "kept"}])
+    cases = [
+        (dict(max_messages=0), "get: queue Q: max_messages must be an integer >= 1, got 0"),
+        (dict(wait=-1), "get: queue Q: wait must be a number of seconds >= 0, got -1"),
+        (dict(correl_id=""), "get: queue Q: correl_id must be a non-empty text, got ''"),
+    ]
+    for arguments, text in cases:
+        with pytest.raises(MQValidationError) as error:
+            qm.get("Q", **arguments)
+        assert str(error.value) == text
+    with pytest.raises(MQError) as unknown:
+        qm.get("NOPE")
+    assert unknown.value.reason == Reason.MQRC_UNKNOWN_OBJECT_NAME
+    assert qm.depth("Q") == 1
+
+
+@pytest.mark.slow
+def test_a_get_killed_inside_its_syncpoint_gives_its_message_back_counted_as_a_failed_delivery(qm, tmp_path):
+    qm.define_queue("Q", retry_count=3, retry_delay=0)
+    qm.put("Q", [{"payload": "first"}, {"payload": "second"}])
+    script = textwrap.dedent(
+        f"""
+        import time
+        from mqspark import QueueManager
+        qm = QueueManager.open({str(qm.root)!r})
+        with qm.syncpoint_get("Q") as messages:
+            print(messages["payload"][0].as_py().decode(), flush=True)
+            time.sleep(600)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        assert child.stdout.readline().decode().strip() == "first"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    # The dead get's lease lapses after 30 s; this get waits for it.
+    got = qm.get("Q", wait=60)
+    assert _payloads(got) == ["first"]
+    assert got["backout_count"].to_pylist() == [1]
+    assert _payloads(qm.get("Q")) == ["second"]
