@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("--priority", type=int)
     put.add_argument("--correl-id")
     put.add_argument("--reply-to-queue")
+    put.add_argument("--reply-to-qmgr")
+    put.add_argument("--failure-queue", help="where a forwarding service puts the request when it finally fails")
     put.add_argument("--group-id", help="put the messages as one complete group, numbered 1..N")
     put.add_argument("--property", action="append", type=_property, default=[], metavar="KEY=VALUE")
     put.add_argument("--segmentation", action="store_true", help="split payloads longer than max_message_length")
@@ -288,6 +290,8 @@ def _put(qm: QueueManager, args: argparse.Namespace) -> dict[str, Any]:
         "priority": args.priority,
         "correl_id": args.correl_id,
         "reply_to_queue": args.reply_to_queue,
+        "reply_to_qmgr": args.reply_to_qmgr,
+        "failure_queue": args.failure_queue,
         "properties": dict(args.property) or None,
         "top_of_queue": args.top_of_queue or None,
         "before_msg_id": args.before_msg_id,

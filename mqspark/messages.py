@@ -38,6 +38,8 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("properties", PROPERTIES),
         pa.field("reply_to_queue", pa.string()),
         pa.field("reply_to_qmgr", pa.string()),
+        # Tuxedo: where a forwarding service puts the request when processing it finally fails.
+        pa.field("failure_queue", pa.string()),
         pa.field("put_time", TIMESTAMP, nullable=False),
         pa.field("expiry", TIMESTAMP),
         pa.field("available_at", TIMESTAMP),
@@ -89,7 +91,15 @@ def origin_versions(names: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.list_element(pc.split_pattern(names, ":"), 0).cast(pa.int64())
 
 
-_STRING_FIELDS = ("msg_id", "correl_id", "group_id", "reply_to_queue", "reply_to_qmgr", "before_msg_id")
+_STRING_FIELDS = (
+    "msg_id",
+    "correl_id",
+    "group_id",
+    "reply_to_queue",
+    "reply_to_qmgr",
+    "failure_queue",
+    "before_msg_id",
+)
 _BOOLEAN_FIELDS = ("last_in_group", "segmented", "last_segment", "top_of_queue")
 _TIME_FIELDS = ("expiry", "available_at")
 _INTEGER_FIELDS = ("priority", "msg_seq_number", "offset", "backout_count")

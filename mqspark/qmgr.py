@@ -308,6 +308,9 @@ class QueueManager:
             table = self._message_table(local)
             if storage.is_closed(table):
                 raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
+            if storage.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
+                # A queue table of an earlier mqspark: migrated before its first put of this one.
+                table = self._message_table(local)
             committed = table.transaction_version(producer) if producer is not None else None
             if committed is not None and committed >= batch_id:
                 return None

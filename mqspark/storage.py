@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Field, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -210,14 +210,9 @@ def read_messages(location: str, path: str, version: int | None, columns: list[s
     """``columns`` of one data file with ``commit_version``, filled in from the file's add ``version``
     where the rows carry none (rows a put wrote)."""
     names = [name for name in columns if name != "commit_version"]
-    try:
-        data = read_data_file(location, path, [*names, "commit_version"])
-        stamps = data["commit_version"].cast(pa.int64())
-        data = data.drop_columns(["commit_version"])
-    except pa.ArrowInvalid:
-        # A file written before queue tables had the column.
-        data = read_data_file(location, path, names)
-        stamps = pa.nulls(data.num_rows, pa.int64())
+    data = read_data_file(location, path, [*names, "commit_version"])
+    stamps = data["commit_version"].cast(pa.int64())
+    data = data.drop_columns(["commit_version"])
     if version is not None:
         stamps = pc.fill_null(stamps, pa.scalar(version, pa.int64()))
     elif stamps.null_count:
@@ -370,27 +365,60 @@ def log_entry(location: str, version: int) -> LogEntry:
 
 
 def read_data_file(location: str, path: str, columns: list[str] | None = None) -> pa.Table:
-    """One data file of the table at ``location`` (``path`` relative to it), as written.
+    """One data file of the table at ``location`` (``path`` relative to it), as written; ``columns``
+    the file lacks (written before the table had them) come back as nulls, as Delta reads them.
 
     Read with ``ParquetFile``: ``pq.read_table`` builds a dataset for every file. ``pre_buffer``
     fetches the wanted column chunks in few requests, as ``pq.read_table`` does (object stores).
     """
     filesystem, base = _filesystem(location)
     with filesystem.open_input_file(f"{base}/{path}") as handle:
-        return pq.ParquetFile(handle, pre_buffer=True).read(columns=columns, use_threads=False)
+        parquet = pq.ParquetFile(handle, pre_buffer=True)
+        present = _present(parquet, columns)
+        return _with_nulls(parquet.read(columns=present, use_threads=False), columns)
 
 
 def read_data_rows(location: str, path: str, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
-    """Rows ``start`` to ``stop`` (exclusive) of one data file, reading only the row groups holding them."""
+    """Rows ``start`` to ``stop`` (exclusive) of one data file, reading only the row groups holding
+    them; missing ``columns`` as in :func:`read_data_file`."""
     filesystem, base = _filesystem(location)
     with filesystem.open_input_file(f"{base}/{path}") as handle:
         parquet = pq.ParquetFile(handle)
         ends = np.cumsum([parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)])
         first = int(np.searchsorted(ends, start, side="right"))
         last = int(np.searchsorted(ends, stop - 1, side="right"))
-        data = parquet.read_row_groups(list(range(first, last + 1)), columns=columns, use_threads=False)
+        present = _present(parquet, columns)
+        data = parquet.read_row_groups(list(range(first, last + 1)), columns=present, use_threads=False)
     skipped = int(ends[first - 1]) if first else 0
-    return data.slice(start - skipped, stop - start)
+    return _with_nulls(data.slice(start - skipped, stop - start), columns)
+
+
+def _present(parquet: pq.ParquetFile, columns: list[str] | None) -> list[str] | None:
+    if columns is None:
+        return None
+    names = set(parquet.schema_arrow.names)
+    return [name for name in columns if name in names]
+
+
+def _with_nulls(data: pa.Table, columns: list[str] | None) -> pa.Table:
+    """``data`` with the ``columns`` it lacks added as nulls, in the order of ``columns``."""
+    if columns is None or len(columns) == data.num_columns:
+        return data
+    return pa.table({name: data[name] if name in data.column_names else pa.nulls(data.num_rows) for name in columns})
+
+
+def add_missing_columns(table: DeltaTable, schema: pa.Schema) -> bool:
+    """Add the nullable columns of ``schema`` that ``table``'s schema lacks, in one metadata commit
+    (a table created by an earlier mqspark); True when it did. Old files read those as nulls."""
+    names = set(table.schema().to_arrow().names)
+    missing = [field for field in schema if field.name not in names]
+    if not missing:
+        return False
+    table.alter.add_columns(
+        [Field.from_arrow(field) for field in missing],
+        commit_properties=CommitProperties(custom_metadata={"mqspark.operation": "add columns"}),
+    )
+    return True
 
 
 @dataclass(frozen=True)

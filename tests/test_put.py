@@ -17,7 +17,7 @@ from .state import refused, unchanged
 
 FIELDS = (
     "msg_id, correl_id, priority, group_id, msg_seq_number, offset, last_in_group, segmented, last_segment, "
-    "payload, properties, reply_to_queue, reply_to_qmgr, expiry, available_at, backout_count, "
+    "payload, properties, reply_to_queue, reply_to_qmgr, failure_queue, expiry, available_at, backout_count, "
     "top_of_queue, before_msg_id"
 )
 
@@ -132,6 +132,7 @@ def test_defaults_are_filled(qm: QueueManager) -> None:
         "properties": None,
         "reply_to_queue": None,
         "reply_to_qmgr": None,
+        "failure_queue": None,
         "expiry": None,
         "available_at": None,
         "backout_count": 0,
@@ -163,6 +164,7 @@ FULL_ROWS = [
         "properties": {"k1": "v1", "k2": "", "k3": "ü"},
         "reply_to_queue": "REPLY.Q",
         "reply_to_qmgr": "QM2",
+        "failure_queue": "FAILED.Q",
         "expiry": datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC),
         "available_at": datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
         "backout_count": 3,
@@ -183,6 +185,7 @@ FULL_ROWS = [
         "properties": {},
         "reply_to_queue": "R/2",
         "reply_to_qmgr": "QM3",
+        "failure_queue": None,
         "expiry": datetime(1999, 12, 31, 23, 59, 59, tzinfo=UTC),
         "available_at": datetime(1970, 1, 1, tzinfo=UTC),
         "backout_count": 0,

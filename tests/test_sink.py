@@ -361,3 +361,17 @@ def test_streaming_bad_row_stops_the_query_and_writes_nothing(spark, qm, tmp_pat
         1,
         [os.path.basename(p) for p in DeltaTable(storage.queue_location(qm.root, "Q")).file_uris()],
     )
+
+
+def test_reply_and_failure_queues_are_put_from_spark(spark, qm):
+    qm.define_queue("Q")
+    spark.createDataFrame(
+        [("request", "REPLIES", "QM2", "REQUESTS.FAILED"), ("note", None, None, None)],
+        "payload string, reply_to_queue string, reply_to_qmgr string, failure_queue string",
+    ).write.format("mq").option("queue", "Q").mode("append").save(qm.root)
+    actual = _queue_table(spark, qm, "Q").select("payload", "reply_to_queue", "reply_to_qmgr", "failure_queue")
+    expected = spark.createDataFrame(
+        [(b"note", None, None, None), (b"request", "REPLIES", "QM2", "REQUESTS.FAILED")],
+        "payload binary, reply_to_queue string, reply_to_qmgr string, failure_queue string",
+    )
+    assert_df_equality(actual.orderBy("payload"), expected, ignore_nullable=True)
