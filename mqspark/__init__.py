@@ -13,8 +13,11 @@ __all__ = [
     "QueueManager",
     "QueueManagerDefinition",
     "Reason",
+    "ServiceError",
     "backout",
+    "forward",
     "register",
+    "request",
     "route",
     "session",
 ]
@@ -32,6 +35,10 @@ def __getattr__(name: str):
         from .services.backout import backout
 
         return backout
+    if name in ("forward", "request", "ServiceError"):
+        from .services import forward
+
+        return getattr(forward, name)
     if name == "route":
         from .spark.workload import route
 

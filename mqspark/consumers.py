@@ -17,6 +17,9 @@
 - ``return``: a later item of a backed-out message's group in the same plan, which goes back with
   it (not a failure of its own); or, with ``batch_limit``, a message of a plan given up after its
   replay failed too, delivered from then on in batches of at most ``batch_limit`` units.
+- ``reply`` / ``unreplied``: the forwarding service's record of the reply it puts for a request
+  (``target`` queue, ``txn`` version in ``seq``), and its cancellation when that put did not land;
+  see :mod:`mqspark.services.forward`.
 - ``move``: messages that failed too often, on their way to queue ``target`` (the put's ``txn``
   version in ``seq``, each message's backout count in ``delivery_seq``, the dead-letter ``reason``
   and ``error`` text). A ``consumed`` record with the move's ``plan_id`` finishes it; an
@@ -509,9 +512,10 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
         folded = mine.filter(pc.or_(pc.equal(event, "checkpoint"), pc.and_(plans, pc.is_in(mine["plan_id"], consumed))))
         moves = pc.equal(event, "move")
         finished_moves = mine.filter(pc.and_(moves, pc.is_in(mine["plan_id"], consumed)))
-        # Failures, and the batch limits of messages returned from a plan given up.
+        # Failures, the batch limits of messages returned from a plan given up, and the forwarding
+        # service's reply records (see :mod:`mqspark.services.forward`).
         failed = pc.or_(
-            pc.is_in(event, pa.array(["backout", "rollback"])),
+            pc.is_in(event, pa.array(["backout", "rollback", "reply", "unreplied"])),
             pc.and_(pc.equal(event, "return"), pc.is_valid(mine["batch_limit"])),
         )
         position = pc.max(folded["seq"]).as_py()

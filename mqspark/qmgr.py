@@ -232,6 +232,10 @@ class QueueManager:
                 f"queue manager {self.name} is not a member of cluster {cluster}", Reason.MQRC_UNKNOWN_OBJECT_NAME
             ) from None
 
+    def cluster_roots(self) -> list[str]:
+        """The repository roots of the clusters this queue manager has joined."""
+        return sorted(self._catalog.read().clusters.values())
+
     def _advertised_queue(self, state: CatalogState, name: str) -> AdvertisedQueue | None:
         """The replica :meth:`inquire_queue` shows for a queue not defined here; None when there is none."""
         replicas = [
@@ -250,12 +254,15 @@ class QueueManager:
         rows: Iterable[Mapping[str, Any]] | pa.Table,
         *,
         segmentation: bool = False,
+        producer: str | None = None,
+        batch_id: int | None = None,
     ) -> list[str]:
         """Put messages on ``queue`` in one transaction and return their msg_ids.
 
         ``rows`` is a list of dicts or a pyarrow Table of message fields; only ``payload`` is required.
         Nothing is written when any message is bad, the queue is put-inhibited or the put would
-        exceed the queue's max depth.
+        exceed the queue's max depth. With ``producer`` and ``batch_id`` the put is exactly once: a
+        transaction of the producer at or below ``batch_id`` already committed puts nothing again.
         """
         validate_name(queue)
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
@@ -263,8 +270,20 @@ class QueueManager:
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
         file = storage.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
         if file is not None:
-            self.commit_put(queue, [file], group_items(messages), before_targets(messages), definition=definition)
+            self.commit_put(
+                queue,
+                [file],
+                group_items(messages),
+                before_targets(messages),
+                producer=producer,
+                batch_id=batch_id,
+                definition=definition,
+            )
         return msg_ids
+
+    def committed_transaction(self, queue: str, producer: str) -> int | None:
+        """The last ``batch_id`` producer ``producer`` committed to ``queue`` (None: none)."""
+        return self._message_table(self._resolve(queue).name).transaction_version(producer)
 
     def commit_put(
         self,

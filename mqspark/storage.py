@@ -37,6 +37,7 @@ from .errors import MQError, Reason
 CATALOG_DIR = "_qmgr"
 STATE_DIR = "state"
 MAINTENANCE_DIR = "maintenance"
+FORWARD_DIR = "forward"
 # A table property set on a message table that is being deleted; puts refuse to commit on top of it.
 CLOSED_PROPERTY = "mqspark.closed"
 QUEUES_DIR = "queues"
@@ -75,6 +76,11 @@ def maintenance_location(root: str, queue: str) -> str:
     """The table holding the queue's maintenance lease: apart from the state table, whose commits
     several times a second would make taking the lease wait."""
     return f"{root}/{MAINTENANCE_DIR}/{queue_dir_name(queue)}"
+
+
+def forward_location(root: str, queue: str, consumer: str) -> str:
+    """The checkpoint of the forwarding service of ``queue`` in consumer group ``consumer``."""
+    return f"{root}/{FORWARD_DIR}/{queue_dir_name(queue)}/{consumer}"
 
 
 def table_exists(location: str, storage_options: StorageOptions) -> bool:

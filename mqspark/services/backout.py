@@ -71,6 +71,7 @@ from ..consumers import STATE_SCHEMA, ConsumerState, event_rows, expand_ranges, 
 from ..definitions import QueueDefinition, validate_name
 from ..errors import MQError, MQValidationError, Reason
 from ..messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items
+from ..pending import lookup
 
 if TYPE_CHECKING:
     from ..pending import PendingMessages
@@ -424,16 +425,18 @@ class Mover:
     def move(self, failed: pa.Table, pending: PendingMessages) -> pa.Table:
         """Move the messages of ``failed`` (:data:`FAILURE_SCHEMA` rows) that reached the limit with a
         pinpointed failure; their identities."""
-        targets: dict[Destination, list[int]] = {}
-        for index, (count, error, pinpointed) in enumerate(
-            zip(
+        destinations = [
+            self.policy.destination(count, error) if pinpointed else None
+            for count, error, pinpointed in zip(
                 failed["backout_count"].to_pylist(),
                 failed["error"].to_pylist(),
                 failed["pinpointed"].to_pylist(),
                 strict=True,
             )
-        ):
-            destination = self.policy.destination(count, error) if pinpointed else None
+        ]
+        self._to_failure_queues(failed, destinations, pending)
+        targets: dict[Destination, list[int]] = {}
+        for index, destination in enumerate(destinations):
             if destination is not None:
                 targets.setdefault(destination, []).append(index)
         moved = [IDENTITY_SCHEMA.empty_table()]
@@ -450,6 +453,21 @@ class Mover:
                 self._transfer(chosen, fallback, pending)
             moved.append(chosen.select(IDENTITY_SCHEMA.names))
         return pa.concat_tables(moved)
+
+    def _to_failure_queues(
+        self, failed: pa.Table, destinations: list[Destination | None], pending: PendingMessages
+    ) -> None:
+        """Tuxedo's rule sends a message that names its ``failure_queue`` there, not to the error queue."""
+        retried = [i for i, d in enumerate(destinations) if d is not None and d.reason == Reason.MQFB_RETRIES_EXHAUSTED]
+        if not retried:
+            return
+        found, at = lookup(pending.keys(), pending.range_keys(single_ranges(failed.take(pa.array(retried)))))
+        rows = pending.rows.take(pa.array(at[found]))
+        named = pending.read_columns(rows, ["failure_queue"])["failure_queue"].to_pylist()
+        for index, queue in zip(np.array(retried)[found], named, strict=True):
+            if queue:
+                destination = destinations[index]
+                destinations[index] = Destination(queue, destination.reason, destination.text)
 
     def _transfer(self, chosen: pa.Table, destination: Destination, pending: PendingMessages) -> None:
         count = chosen.num_rows

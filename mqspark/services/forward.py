@@ -1,0 +1,571 @@
+"""The forwarding service (Tuxedo's TMQFORWARD, spec section 5): get each request of a queue, call a
+service with it, put the reply on the request's reply queue, and send a request whose calls keep
+failing to its failure queue.
+
+:func:`forward` runs a streaming get of the queue in its own consumer group (default ``forward``)
+with a ``foreachBatch`` that calls the service on the executors (``mapInArrow``) and puts the replies
+from the driver. A request and its reply are never in one transaction: the reply is put while the
+request's batch runs, and the request is consumed when the batch ends.
+
+- **Success**: the reply goes to ``reply_to_queue`` on ``reply_to_qmgr`` (this queue manager when
+  empty; another queue manager by name when this one shares a cluster with it: its root is the
+  member's root in the cluster repository). The reply's ``correl_id`` is the request's, or its
+  ``msg_id`` when it has none; it keeps the request's priority and carries the user return code in
+  property :data:`RETURN_CODE`. A request without a reply queue gets no reply; the streaming query
+  counts those in its observed metrics (``forward``: ``requests``, ``without_reply_queue``).
+- **Unknown reply queue** (or queue manager), or a reply queue that refuses the put: the reply goes
+  to the dead-letter queue with the dead-letter header (2085 ``MQRC_UNKNOWN_OBJECT_NAME``, or the
+  put's reason).
+- **Failure**: the service raised (a :class:`ServiceError` carries a return code), ran over the
+  per-call time limit, or returned neither bytes nor str. The request is backed out
+  (:func:`mqspark.services.backout.backout`): the queue's ``retry_count`` and ``retry_delay``
+  apply; when they are used up it moves to its ``failure_queue``, else to the error queue or the
+  dead-letter queue, with the error text in its dead-letter header.
+
+**Exactly one reply per request, across crashes.** Before the replies of a batch are put, a
+``reply`` record per request (target queue and the Delta ``txn`` version the put will carry) goes to
+the queue's state table. Every batch starts by checking the records of requests still waiting:
+a record whose put did not land (the target's ``txn`` for the forwarder is below its version) is
+cancelled (an ``unreplied`` record), before anything else is put. A request with a landed record is
+not called again, whatever batch delivers it next (a replay, or the smaller batches after a replay
+was given up); it is consumed without a second reply.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as CallTimeout
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import storage
+from ..cluster.repository import Cluster
+from ..consumers import STATE_SCHEMA, ConsumerState
+from ..definitions import validate_name
+from ..errors import MQError, MQValidationError, Reason
+from ..messages import QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items, prepare_put, rows_to_table
+from .backout import backout, plan_messages
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from ..qmgr import QueueManager
+
+# The consumer group a forwarder reads in, unless told otherwise.
+FORWARDER = "forward"
+# The property of a reply that carries the service's user return code (Tuxedo's tpurcode).
+RETURN_CODE = "mqspark.return_code"
+# Options of the streaming get a forwarder passes on.
+GET_OPTIONS = ("maxMessagesPerTrigger", "maxBytesPerTrigger", "leaseTimeout", "maintenanceInterval")
+
+# The request fields a reply is made from, and the call's outcome.
+REQUEST_FIELDS = ("delivery_seq", "msg_id", "correl_id", "priority", "reply_to_queue", "reply_to_qmgr", "queue")
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("delivery_seq", pa.int64()),
+        pa.field("msg_id", pa.string()),
+        pa.field("correl_id", pa.string()),
+        pa.field("priority", pa.int32()),
+        pa.field("reply_to_queue", pa.string()),
+        pa.field("reply_to_qmgr", pa.string()),
+        pa.field("queue", pa.string()),
+        pa.field("reply", pa.binary()),
+        pa.field("return_code", pa.int32()),
+        pa.field("error", pa.string()),
+    ]
+)
+
+_log = logging.getLogger("mqspark.forward")
+
+
+class ServiceError(Exception):
+    """Raised by a service to fail a request with a user return code (Tuxedo's ``tpreturn(TPFAIL, rcode)``)."""
+
+    def __init__(self, text: str, return_code: int = 0) -> None:
+        super().__init__(text)
+        self.return_code = return_code
+
+
+def load_service(service: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The service: a callable, or ``"module:function"`` imported now. Refused with a clear error
+    when it cannot be imported or is not callable."""
+    if isinstance(service, str):
+        module_name, _, name = service.partition(":")
+        if not module_name or not name:
+            raise MQValidationError(f"forward: service {service!r} must be given as module:function")
+        try:
+            found = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError) as error:
+            raise MQValidationError(f"forward: service {service!r} cannot be imported: {error}") from None
+        service_name, service = service, found
+    else:
+        service_name = getattr(service, "__qualname__", repr(service))
+    if not callable(service):
+        raise MQValidationError(f"forward: service {service_name!r} is not callable")
+    return service
+
+
+def forward(
+    spark: SparkSession,
+    root: str,
+    queue: str,
+    service: str | Callable[..., Any],
+    *,
+    consumer: str = FORWARDER,
+    exit_when_empty: bool = False,
+    idle_interval: float = 1.0,
+    call_timeout: float | None = None,
+    vectorized: bool = False,
+    checkpoint_location: str | None = None,
+    **options: Any,
+) -> StreamingQuery:
+    """Start the forwarding service of ``queue`` and return its running query.
+
+    ``service(message)`` takes a dict of the request's fields and returns the reply payload (bytes
+    or str); with ``vectorized``, ``service(requests)`` takes a pyarrow Table of requests and returns
+    one payload per request. ``exit_when_empty`` stops once the queue is drained (TMQFORWARD ``-e``;
+    ``trigger(availableNow=True)``); otherwise the queue is polled every ``idle_interval`` seconds
+    (``-i``). A call running longer than ``call_timeout`` seconds fails (``-t``). ``options`` are
+    the streaming get's per-trigger limits and lease options (:data:`GET_OPTIONS`). The checkpoint
+    is ``checkpoint_location``, by default under the queue manager root.
+    """
+    from ..qmgr import QueueManager
+
+    qm = QueueManager.open(root)
+    validate_name(consumer, "consumer group")
+    local = qm.resolve_for_get(queue).name
+    unknown = sorted(set(options) - set(GET_OPTIONS))
+    if unknown:
+        raise MQValidationError(
+            f"forward: queue {local}: unknown option(s) {', '.join(unknown)}; options are {', '.join(GET_OPTIONS)}"
+        )
+    if isinstance(idle_interval, bool) or not isinstance(idle_interval, int | float) or not idle_interval > 0:
+        raise MQValidationError(f"forward: idle_interval must be a number of seconds > 0, got {idle_interval!r}")
+    if call_timeout is not None and (
+        isinstance(call_timeout, bool) or not isinstance(call_timeout, int | float) or not call_timeout > 0
+    ):
+        raise MQValidationError(f"forward: call_timeout must be a number of seconds > 0, got {call_timeout!r}")
+    load_service(service)
+    checkpoint = checkpoint_location or str(Path(storage.forward_location(qm.root, local, consumer)))
+    batch = _Batch(qm.root, local, consumer, service, vectorized, call_timeout, checkpoint)
+
+    from pyspark.sql import functions as F
+
+    requests = (
+        spark.readStream.format("mq")
+        .option("queue", local)
+        .option("consumer", consumer)
+        .options(**{key: str(value) for key, value in options.items()})
+        .load(qm.root)
+        .observe(
+            "forward",
+            F.count(F.lit(1)).alias("requests"),
+            F.count(F.when(F.col("reply_to_queue").isNull(), 1)).alias("without_reply_queue"),
+        )
+    )
+    writer = requests.writeStream.foreachBatch(batch.process).option("checkpointLocation", checkpoint)
+    writer = (
+        writer.trigger(availableNow=True)
+        if exit_when_empty
+        else writer.trigger(processingTime=f"{idle_interval} seconds")
+    )
+    return writer.queryName(f"mqspark-forward-{local}-{consumer}").start()
+
+
+class _Caller:
+    """Calls the service on the requests of one partition (in an executor's Python worker)."""
+
+    def __init__(self, service: str | Callable[..., Any], vectorized: bool, call_timeout: float | None) -> None:
+        self.service, self.vectorized, self.call_timeout = service, vectorized, call_timeout
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        service = load_service(self.service)
+        pool = ThreadPoolExecutor(1) if self.call_timeout is not None else None
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    yield self._results(service, pa.Table.from_batches([batch]), pool)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def _call(self, pool: ThreadPoolExecutor | None, call: Callable[[], Any]) -> Any:
+        if pool is None:
+            return call()
+        try:
+            return pool.submit(call).result(timeout=self.call_timeout)
+        except CallTimeout:
+            raise ServiceError(f"the call ran over its time limit of {self.call_timeout:g} s") from None
+
+    def _results(
+        self, service: Callable[..., Any], requests: pa.Table, pool: ThreadPoolExecutor | None
+    ) -> pa.RecordBatch:
+        count = requests.num_rows
+        outcomes: list[tuple[bytes | None, int, str | None]]
+        if self.vectorized:
+            try:
+                replies = list(self._call(pool, lambda: service(requests)))
+                if len(replies) != count:
+                    raise ServiceError(f"the service returned {len(replies)} replies for {count} requests")
+                outcomes = [_outcome(reply) for reply in replies]
+            except Exception as error:  # noqa: BLE001 - every failure of the service fails its requests
+                outcomes = [_failed(error)] * count
+        else:
+            outcomes = []
+            for message in requests.to_pylist():
+                try:
+                    outcomes.append(_outcome(self._call(pool, lambda message=message: service(message))))
+                except Exception as error:  # noqa: BLE001 - a failed call fails its request
+                    outcomes.append(_failed(error))
+        reply, code, error = zip(*outcomes, strict=True)
+        columns = [requests[name].combine_chunks() for name in REQUEST_FIELDS]
+        columns += [pa.array(reply, pa.binary()), pa.array(code, pa.int32()), pa.array(error, pa.string())]
+        return pa.RecordBatch.from_arrays(columns, schema=RESULT_SCHEMA)
+
+
+def _outcome(reply: Any) -> tuple[bytes | None, int, str | None]:
+    """A service's answer as (payload, return code, error): bytes or str, optionally with a return code."""
+    code = 0
+    if isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[1], int):
+        reply, code = reply
+    if isinstance(reply, str):
+        return reply.encode(), code, None
+    if isinstance(reply, bytes | bytearray):
+        return bytes(reply), code, None
+    return None, 0, f"the service returned {type(reply).__name__}, not bytes or str"
+
+
+def _failed(error: Exception) -> tuple[None, int, str]:
+    code = getattr(error, "return_code", 0)
+    code = code if isinstance(code, int) else 0
+    return None, code, f"{type(error).__name__}: {error} (return code {code})"
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where replies go: a queue of a queue manager (by root)."""
+
+    qmgr: str
+    root: str
+    queue: str
+
+    def key(self) -> str:
+        return json.dumps([self.qmgr, self.queue])
+
+
+class _Batch:
+    """The forwarder's ``foreachBatch``: runs on the driver, once per micro-batch (again on a replay)."""
+
+    def __init__(
+        self,
+        root: str,
+        queue: str,
+        consumer: str,
+        service: str | Callable[..., Any],
+        vectorized: bool,
+        call_timeout: float | None,
+        checkpoint: str,
+    ) -> None:
+        self.root, self.queue, self.consumer = root, queue, consumer
+        self.caller = _Caller(service, vectorized, call_timeout)
+        self.checkpoint = checkpoint
+        self._landed: set[tuple[str, int, str]] = set()
+
+    def process(self, df: DataFrame, batch_id: int) -> None:
+        from ..qmgr import QueueManager
+
+        qm = QueueManager.open(self.root)
+        state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        producer = self._producer(qm)
+        replied = self._settle(qm, state, producer)
+        plan_id, _, plan = state.current_plan(self.consumer)
+        if plan_id is None:
+            return
+        identities = plan_messages(plan)
+        done = state.events(self.consumer, ("backout",), ["origin", "row"], plan_id)
+        # Requests replied to already, and those backed out in an earlier attempt of this batch.
+        skip = replied | set(zip(done["origin"].to_pylist(), done["row"].to_pylist(), strict=True))
+        pairs = zip(identities["origin"].to_pylist(), identities["row"].to_pylist(), strict=True)
+        skipped = [seq for pair, seq in zip(pairs, identities["delivery_seq"].to_pylist(), strict=True) if pair in skip]
+        requests = df.filter(~df["delivery_seq"].isin(skipped)) if skipped else df
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        results = requests.mapInArrow(self.caller, from_arrow_schema(RESULT_SCHEMA)).toArrow()
+        if results.num_rows == 0:
+            return
+        failures: dict[str, list[dict]] = {}
+        replies: dict[_Target, list[dict]] = {}
+        dead: list[dict] = []
+        for request in results.to_pylist():
+            reply, code, error = request.pop("reply"), request.pop("return_code"), request.pop("error")
+            if error is not None:
+                failures.setdefault(error, []).append(request)
+                continue
+            if not request["reply_to_queue"]:
+                continue
+            row = {
+                "payload": reply,
+                "correl_id": request["correl_id"] or request["msg_id"],
+                "priority": request["priority"],
+                "properties": {RETURN_CODE: str(code)},
+                "_request": request,
+            }
+            target, refused = _resolve(qm, request["reply_to_qmgr"], request["reply_to_queue"])
+            if refused is None:
+                replies.setdefault(target, []).append(row)
+            else:
+                dead.append({**row, "_reason": refused})
+        if dead:
+            replies.setdefault(_Target(qm.name, qm.root, qm.dead_letter_queue), []).extend(dead)
+        self._put_replies(qm, state, plan_id, identities, replies, producer, batch_id)
+        for error, failed in failures.items():
+            backout(
+                pa.Table.from_pylist([{"queue": r["queue"], "delivery_seq": r["delivery_seq"]} for r in failed]),
+                error,
+                root=qm.root,
+                consumer=self.consumer,
+            )
+        _log.info(
+            "forward %s: batch %d: %d replies, %d to the dead-letter queue, %d failed",
+            self.queue,
+            batch_id,
+            sum(len(r) for r in replies.values()) - len(dead),
+            len(dead),
+            sum(len(f) for f in failures.values()),
+        )
+
+    def _producer(self, qm: QueueManager) -> str:
+        """The forwarder's producer id: queue manager, queue, group, and the query's id (kept in its
+        checkpoint), so a new checkpoint starts new transactions."""
+        metadata = Path(self.checkpoint.removeprefix("file:")) / "metadata"
+        query_id = json.loads(metadata.read_text())["id"] if metadata.exists() else uuid.uuid4().hex
+        return f"mqspark.forward/{qm.name}/{self.queue}/{self.consumer}/{query_id}"
+
+    def _settle(self, qm: QueueManager, state: ConsumerState, producer: str) -> set[tuple[str, int]]:
+        """Check the reply records not checked yet, before anything is put: cancel those whose put did
+        not land. The identities of requests whose reply landed."""
+        rows = state.events(
+            self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", "origin", "row"]
+        )
+        if rows.num_rows == 0:
+            return set()
+        cancelled = {
+            (p, s, t)
+            for e, p, s, t in zip(*(rows[n].to_pylist() for n in ("event", "plan_id", "seq", "target")), strict=True)
+            if e == "unreplied"
+        }
+        records = rows.filter(pc.equal(rows["event"], "reply"))
+        replied: set[tuple[str, int]] = set()
+        cancel = []
+        for entry in sorted(
+            {tuple(e) for e in zip(*(records[n].to_pylist() for n in ("plan_id", "seq", "target")), strict=True)}
+        ):
+            if entry in cancelled:
+                continue
+            mine = records.filter(
+                pc.and_(
+                    pc.and_(pc.equal(records["plan_id"], entry[0]), pc.equal(records["seq"], entry[1])),
+                    pc.equal(records["target"], entry[2]),
+                )
+            )
+            if entry not in self._landed:
+                qmgr, queue = json.loads(entry[2])
+                if _landed(qm, qmgr, queue, producer, entry[1]):
+                    self._landed.add(entry)
+                else:
+                    cancel.append(
+                        _state_rows(self.consumer, producer, "unreplied", entry, mine.select(["origin", "row"]))
+                    )
+                    continue
+            replied.update(zip(mine["origin"].to_pylist(), mine["row"].to_pylist(), strict=True))
+        if cancel:
+            state.append(pa.concat_tables(cancel))
+        return replied
+
+    def _put_replies(
+        self,
+        qm: QueueManager,
+        state: ConsumerState,
+        plan_id: str,
+        identities: pa.Table,
+        replies: dict[_Target, list[dict]],
+        producer: str,
+        batch_id: int,
+    ) -> None:
+        if not replies:
+            return
+        by_seq = dict(
+            zip(
+                identities["delivery_seq"].to_pylist(),
+                zip(identities["origin"].to_pylist(), identities["row"].to_pylist(), strict=True),
+                strict=True,
+            )
+        )
+        records = []
+        for target, rows in replies.items():
+            requests = pa.Table.from_pylist(
+                [dict(zip(("origin", "row"), by_seq[r["_request"]["delivery_seq"]], strict=True)) for r in rows]
+            )
+            records.append(_state_rows(self.consumer, producer, "reply", (plan_id, batch_id, target.key()), requests))
+        state.append(pa.concat_tables(records))
+        for target, rows in replies.items():
+            messages = [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
+            if target.root == qm.root and target.queue == qm.dead_letter_queue:
+                _put_dead_letters(qm, messages, [row.get("_reason") for row in rows], producer, batch_id)
+            else:
+                target_qm = qm if target.root == qm.root else _open(target.root)
+                target_qm.put(target.queue, messages, producer=producer, batch_id=batch_id)
+
+
+def _put_dead_letters(
+    qm: QueueManager, messages: list[dict], reasons: list[tuple | None], producer: str, batch_id: int
+) -> None:
+    """Put replies to the dead-letter queue, each with the header of why it could not go where it
+    was meant to (replies that went there for their own reply queue have a ``None`` reason)."""
+    definition = qm.resolve_for_put(qm.dead_letter_queue)
+    prepared, _ = prepare_put(definition, rows_to_table(definition.name, messages), segmentation=False)
+
+    def header(position: int, kind: pa.DataType) -> pa.Array:
+        return pa.array([None if r is None else r[position] for r in reasons], kind)
+
+    codes = pa.array([None if r is None else int(r[0]) for r in reasons], pa.int32())
+    prepared = dead_letter(prepared, codes, header(1, pa.string()), "", "", datetime.now(UTC))
+    for name, column in (
+        ("dlq_original_queue", header(2, pa.string())),
+        ("dlq_original_qmgr", header(3, pa.string())),
+        ("dlq_time", pc.if_else(pc.is_valid(codes), prepared["dlq_time"], pa.scalar(None, TIMESTAMP))),
+    ):
+        index = prepared.schema.get_field_index(name)
+        prepared = prepared.set_column(index, prepared.schema.field(index), column)
+    file = storage.write_data_file(
+        storage.queue_location(qm.root, definition.name), prepared.to_batches(), QUEUE_TABLE_SCHEMA
+    )
+    if file is not None:
+        qm.commit_put(
+            definition.name,
+            [file],
+            group_items(prepared),
+            (),
+            producer=producer,
+            batch_id=batch_id,
+            definition=definition,
+        )
+
+
+def _open(root: str) -> QueueManager:
+    from ..qmgr import QueueManager
+
+    return QueueManager.open(root)
+
+
+def _resolve(
+    qm: QueueManager, qmgr: str | None, queue: str
+) -> tuple[_Target | None, tuple[Reason, str, str, str] | None]:
+    """Where a reply to ``queue`` on ``qmgr`` goes, or why it cannot go there: (reason, text,
+    intended queue, intended queue manager)."""
+    name = qmgr or qm.name
+    if name == qm.name:
+        target_qm = qm
+    else:
+        root = _member_root(qm, name)
+        if root is None:
+            text = f"reply queue manager {name} is unknown to queue manager {qm.name} (no shared cluster)"
+            return None, (Reason.MQRC_UNKNOWN_OBJECT_NAME, text, queue, name)
+        target_qm = _open(root)
+    try:
+        resolved = target_qm.resolve_for_put(queue)
+    except MQError as refused:
+        return None, (refused.reason or Reason.MQRC_UNKNOWN_OBJECT_NAME, f"reply not put: {refused}", queue, name)
+    return _Target(target_qm.name, target_qm.root, resolved.name), None
+
+
+def _member_root(qm: QueueManager, name: str) -> str | None:
+    for repository in qm.cluster_roots():
+        for member in Cluster.open(repository).snapshot().members:
+            if member.qmgr == name:
+                return member.root
+    return None
+
+
+def _landed(qm: QueueManager, qmgr: str, queue: str, producer: str, version: int) -> bool:
+    if qmgr == qm.name:
+        target = qm
+    else:
+        root = _member_root(qm, qmgr)
+        if root is None:
+            return False
+        target = _open(root)
+    committed = target.committed_transaction(queue, producer)
+    return committed is not None and committed >= version
+
+
+def _state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, str], identities: pa.Table) -> pa.Table:
+    plan_id, seq, target = entry
+    count = identities.num_rows
+    given = {
+        "consumer": pa.repeat(consumer, count),
+        "owner": pa.repeat(owner, count),
+        "event": pa.repeat(event, count),
+        "plan_id": pa.repeat(plan_id, count),
+        "seq": pa.repeat(pa.scalar(seq, pa.int64()), count),
+        "target": pa.repeat(target, count),
+        "origin": identities["origin"],
+        "row": identities["row"],
+        "count": pa.repeat(pa.scalar(1, pa.int64()), count),
+        "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count),
+    }
+    return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
+
+
+def request(
+    qm: QueueManager,
+    queue: str,
+    payload: bytes | str,
+    *,
+    reply_to: str,
+    timeout: float,
+    failure_queue: str | None = None,
+    consumer: str = "default",
+    priority: int | None = None,
+) -> pa.Table:
+    """The client half of request/reply: put ``payload`` on ``queue`` as a request whose replies go to
+    ``reply_to`` (and, unless ``failure_queue`` says otherwise, its failure record too), then wait up
+    to ``timeout`` seconds for the message correlated to it and return it (a one-row table).
+
+    Raises :class:`MQError` with the failure's dead-letter reason when a failure record comes back,
+    and 2033 (``MQRC_NO_MSG_AVAILABLE``) when nothing came back in time.
+    """
+    correl_id = uuid.uuid4().hex
+    fields = {
+        "payload": payload,
+        "correl_id": correl_id,
+        "reply_to_queue": reply_to,
+        "failure_queue": failure_queue or reply_to,
+        **({"priority": priority} if priority is not None else {}),
+    }
+    (msg_id,) = qm.put(queue, [fields])
+    got = qm.get(reply_to, consumer, wait=timeout, correl_id=correl_id)
+    if got.num_rows == 0:
+        raise MQError(
+            f"request {msg_id} to queue {queue}: no reply on queue {reply_to} within {timeout:g} s",
+            Reason.MQRC_NO_MSG_AVAILABLE,
+        )
+    reason = got["dlq_reason"][0].as_py()
+    if reason is not None:
+        try:
+            code = Reason(reason)
+        except ValueError:
+            code = None
+        raise MQError(f"request {msg_id} to queue {queue} failed: {got['dlq_reason_text'][0].as_py()}", code)
+    return got

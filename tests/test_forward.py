@@ -1,0 +1,208 @@
+"""The forwarding service: replies correlated to their requests, failures to the failure queue,
+retries, undeliverable replies to the dead-letter queue, and bad input. Real streaming queries on the
+shared SparkSession, real Delta tables."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from chispa import assert_df_equality
+
+import mqspark
+from mqspark import MQError, MQValidationError, Reason, ServiceError
+
+DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
+
+
+def upper(message: dict) -> bytes:
+    return message["payload"].upper()
+
+
+def _drain(query) -> list:
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return query.recentProgress
+
+
+def _replies(spark, qm, queue: str = "REPLIES"):
+    return spark.read.format("mq").option("queue", queue).load(qm.root)
+
+
+def test_a_thousand_requests_get_a_thousand_correlated_replies(spark, qm):
+    qm.define_queue("REQUESTS")
+    qm.define_queue("REPLIES")
+    requests = [
+        {
+            "payload": f"request {i}",
+            "reply_to_queue": "REPLIES",
+            "priority": i % 10,
+            **({"correl_id": f"c{i}"} if i % 2 else {}),
+        }
+        for i in range(1000)
+    ]
+    msg_ids = qm.put("REQUESTS", requests)
+    qm.put("REQUESTS", [{"payload": "no reply wanted"}])
+    progress = _drain(mqspark.forward(spark, qm.root, "REQUESTS", upper, exit_when_empty=True))
+
+    expected = spark.createDataFrame(
+        [
+            (request.get("correl_id", msg_id), f"REQUEST {i}".encode(), i % 10, "0")
+            for i, (request, msg_id) in enumerate(zip(requests, msg_ids, strict=True))
+        ],
+        "correl_id string, payload binary, priority int, return_code string",
+    )
+    replies = _replies(spark, qm)
+    actual = replies.select(
+        "correl_id", "payload", "priority", replies.properties["mqspark.return_code"].alias("return_code")
+    )
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+    assert qm.depth("REQUESTS", consumer="forward") == 0
+    observed = [p.observedMetrics["forward"] for p in progress if "forward" in p.observedMetrics]
+    assert sum(row["requests"] for row in observed) == 1001
+    assert sum(row["without_reply_queue"] for row in observed) == 1
+
+
+def fails_on_bad(message: dict) -> str:
+    if message["payload"] == b"bad":
+        raise ServiceError("no stock for item 7", return_code=7)
+    return "ok"
+
+
+def test_a_request_that_always_fails_goes_to_its_failure_queue_with_the_error(spark, qm):
+    qm.define_queue("REQUESTS", retry_count=1, retry_delay=0)
+    qm.define_queue("REQUESTS.FAILED")
+    qm.define_queue("REPLIES")
+    qm.put(
+        "REQUESTS",
+        [
+            {"payload": "bad", "correl_id": "r1", "reply_to_queue": "REPLIES", "failure_queue": "REQUESTS.FAILED"},
+            {"payload": "good", "correl_id": "r2", "reply_to_queue": "REPLIES"},
+        ],
+    )
+    _drain(mqspark.forward(spark, qm.root, "REQUESTS", fails_on_bad, exit_when_empty=True))
+    failed = qm.browse("REQUESTS.FAILED")
+    assert failed["payload"].to_pylist() == [b"bad"]
+    assert failed["correl_id"].to_pylist() == ["r1"]
+    assert failed["backout_count"].to_pylist() == [2]
+    assert failed["dlq_reason"].to_pylist() == [int(Reason.MQFB_RETRIES_EXHAUSTED)]
+    assert failed["dlq_reason_text"][0].as_py() == (
+        "retry count 1 of queue REQUESTS used up after 2 failed deliveries; "
+        "last error: ServiceError: no stock for item 7 (return code 7)"
+    )
+    replies = qm.browse("REPLIES")
+    assert (replies["correl_id"].to_pylist(), replies["payload"].to_pylist()) == (["r2"], [b"ok"])
+    assert qm.depth("REQUESTS", consumer="forward") == 0
+
+
+class FailsOnce:
+    """Fails the first call for each payload, then succeeds; remembers calls in a file, because the
+    service runs in Spark's Python workers."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __call__(self, message: dict) -> bytes:
+        with open(self.path, "a+", encoding="utf-8") as calls:
+            calls.seek(0)
+            seen = calls.read().splitlines()
+            key = message["payload"].decode()
+            calls.write(key + "\n")
+        if key not in seen:
+            raise RuntimeError(f"first call for {key} fails")
+        return message["payload"] + b" done"
+
+
+def test_a_request_that_fails_once_then_succeeds_gets_one_reply(spark, qm, tmp_path):
+    qm.define_queue("REQUESTS", retry_count=2, retry_delay=0)
+    qm.define_queue("REPLIES")
+    qm.put("REQUESTS", [{"payload": "order", "correl_id": "o1", "reply_to_queue": "REPLIES"}])
+    _drain(mqspark.forward(spark, qm.root, "REQUESTS", FailsOnce(tmp_path / "calls"), exit_when_empty=True))
+    replies = qm.browse("REPLIES")
+    assert (replies["correl_id"].to_pylist(), replies["payload"].to_pylist()) == (["o1"], [b"order done"])
+    assert (tmp_path / "calls").read_text().splitlines() == ["order", "order"]
+    assert qm.depth("REQUESTS", consumer="forward") == 0
+    assert qm.depth(DLQ) == 0
+
+
+def test_a_reply_to_an_unknown_queue_goes_to_the_dead_letter_queue_with_its_header(spark, qm):
+    qm.define_queue("REQUESTS")
+    qm.put("REQUESTS", [{"payload": "lost", "correl_id": "x1", "reply_to_queue": "NOWHERE"}])
+    _drain(mqspark.forward(spark, qm.root, "REQUESTS", upper, exit_when_empty=True))
+    dead = qm.browse(DLQ)
+    assert dead["payload"].to_pylist() == [b"LOST"]
+    assert dead["correl_id"].to_pylist() == ["x1"]
+    assert dead["dlq_reason"].to_pylist() == [int(Reason.MQRC_UNKNOWN_OBJECT_NAME)]
+    assert dead["dlq_original_queue"].to_pylist() == ["NOWHERE"]
+    assert dead["dlq_original_qmgr"].to_pylist() == ["QM1"]
+    assert dead["dlq_reason_text"][0].as_py() == (
+        "reply not put: MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOWHERE is not defined in queue manager QM1"
+    )
+
+
+def returns_a_number(message: dict) -> int:
+    return 42
+
+
+def test_a_service_that_returns_neither_bytes_nor_str_fails_the_request_with_a_clear_text(spark, qm):
+    qm.define_queue("REQUESTS")
+    qm.put("REQUESTS", [{"payload": "q", "reply_to_queue": "REQUESTS"}])
+    _drain(mqspark.forward(spark, qm.root, "REQUESTS", returns_a_number, exit_when_empty=True))
+    dead = qm.browse(DLQ)
+    assert dead["payload"].to_pylist() == [b"q"]
+    assert dead["dlq_reason_text"][0].as_py().endswith("last error: the service returned int, not bytes or str")
+
+
+@pytest.mark.parametrize(
+    "service, options, text",
+    [
+        (
+            "no_such_module:handle",
+            {},
+            "forward: service 'no_such_module:handle' cannot be imported: No module named 'no_such_module'",
+        ),
+        ("os:sep", {}, "forward: service 'os:sep' is not callable"),
+        ("upper", {}, "forward: service 'upper' must be given as module:function"),
+        (
+            upper,
+            {"maxMessagesPerTriger": 5},
+            "forward: queue REQUESTS: unknown option(s) maxMessagesPerTriger; options are maxMessagesPerTrigger, "
+            "maxBytesPerTrigger, leaseTimeout, maintenanceInterval",
+        ),
+        (upper, {"idle_interval": 0}, "forward: idle_interval must be a number of seconds > 0, got 0"),
+    ],
+)
+def test_bad_forward_arguments_are_refused_at_start(spark, qm, service, options, text):
+    qm.define_queue("REQUESTS")
+    with pytest.raises(MQValidationError) as refused:
+        mqspark.forward(spark, qm.root, "REQUESTS", service, **options)
+    assert str(refused.value) == text
+    assert spark.streams.active == []
+
+
+def test_request_gets_its_reply_raises_on_a_failure_record_and_times_out(spark, qm):
+    qm.define_queue("REQUESTS")
+    qm.define_queue("REPLIES")
+    query = mqspark.forward(spark, qm.root, "REQUESTS", fails_on_bad, idle_interval=0.2)
+    try:
+        reply = mqspark.request(qm, "REQUESTS", "ping", reply_to="REPLIES", timeout=120)
+        assert reply["payload"].to_pylist() == [b"ok"]
+        assert reply["properties"].to_pylist() == [[("mqspark.return_code", "0")]]
+        with pytest.raises(MQError) as failed:
+            mqspark.request(qm, "REQUESTS", "bad", reply_to="REPLIES", timeout=120)
+        assert failed.value.reason == Reason.MQFB_RETRIES_EXHAUSTED
+        assert re.fullmatch(
+            r"MQFB_RETRIES_EXHAUSTED \(65536\): request [0-9a-f]{32} to queue REQUESTS failed: retry count 0 of "
+            r"queue REQUESTS used up after 1 failed deliveries; last error: ServiceError: no stock for item 7 "
+            r"\(return code 7\)",
+            str(failed.value),
+        )
+    finally:
+        query.stop()
+    with pytest.raises(MQError) as late:
+        mqspark.request(qm, "REQUESTS", "nobody listens", reply_to="REPLIES", timeout=0.5)
+    assert re.fullmatch(
+        r"MQRC_NO_MSG_AVAILABLE \(2033\): request [0-9a-f]{32} to queue REQUESTS: no reply on queue REPLIES "
+        r"within 0.5 s",
+        str(late.value),
+    )
