@@ -10,10 +10,12 @@ import sys
 import tomllib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from . import jobs
 from .cluster.repository import ROUTE_STATES, Cluster
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError, Reason
@@ -23,6 +25,8 @@ from .qmgr import QueueManager
 from .services.maintenance import DEFAULT_RETENTION
 
 DEFAULT_ROOT = "./mq-data"
+# Job files under mqspark/jobs, for spark-submit.
+JOBS = ("forward",)
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
 # Shown by browse for the queues failed messages go to, before the payload: MQ's dead-letter header.
 _HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
@@ -132,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("--segmentation", action="store_true", help="split payloads longer than max_message_length")
     put.add_argument("--top-of-queue", action="store_true", help="put ahead of every message of its priority")
     put.add_argument("--before-msg-id", help="put just before this message")
+
+    job = commands.add_parser("job", help="print the path of a job file to run with spark-submit")
+    job.add_argument("name", choices=JOBS, help="forward: the forwarding service")
 
     browse = commands.add_parser("browse", parents=[output], help="show messages without removing them")
     browse.add_argument("queue")
@@ -403,6 +410,8 @@ def run(args: argparse.Namespace) -> Any:
     """Carry out one parsed command and return what it prints."""
     if args.command == "apply":
         return _apply(args.root, args.file)
+    if args.command == "job":
+        return str(Path(jobs.__file__).with_name(f"{args.name}.py"))
     if args.command == "cluster":
         return _cluster_command(args)
     if args.command == "qmgr" and args.action == "create":
@@ -570,6 +579,8 @@ def _cell(value: Any) -> str:
 
 
 def render(result: Any, as_json: bool) -> str:
+    if isinstance(result, str) and not as_json:
+        return result
     if isinstance(result, pa.Table):
         result = result.to_pylist(maps_as_pydicts="strict")
     if as_json:

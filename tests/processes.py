@@ -49,12 +49,23 @@ def kill_run(process: subprocess.Popen, token: str) -> None:
 
 def start_driver(args: list[str], log: Path, token: str) -> subprocess.Popen:
     """Start a driver script (``python args...``) in a session of its own, marked with ``token``,
-    its stderr in ``log``."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "MQSPARK_TEST_RUN": token}
-    with log.open("w") as stderr:
-        return subprocess.Popen(
-            [sys.executable, *args], stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True
-        )
+    its output in ``log``."""
+    return start_process([sys.executable, *args], log, token)
+
+
+def start_process(command: list[str], log: Path, token: str) -> subprocess.Popen:
+    """Start ``command`` (a driver, or ``spark-submit``) in a session of its own, marked with
+    ``token``, with this interpreter for PySpark and the repository on its path, its output in ``log``
+    (``spark-submit`` passes a Python driver's stderr on to its stdout)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "MQSPARK_TEST_RUN": token,
+    }
+    with log.open("w") as output:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def finish_driver(process: subprocess.Popen, token: str, timeout: float = 240) -> int:

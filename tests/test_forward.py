@@ -10,13 +10,11 @@ import pytest
 from chispa import assert_df_equality
 
 import mqspark
-from mqspark import MQError, MQValidationError, Reason, ServiceError
+from mqspark import MQError, MQValidationError, Reason
+
+from .services import fails_on_bad, returns_a_number, upper
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
-
-
-def upper(message: dict) -> bytes:
-    return message["payload"].upper()
 
 
 def _drain(query) -> list:
@@ -61,12 +59,6 @@ def test_a_thousand_requests_get_a_thousand_correlated_replies(spark, qm):
     observed = [p.observedMetrics["forward"] for p in progress if "forward" in p.observedMetrics]
     assert sum(row["requests"] for row in observed) == 1001
     assert sum(row["without_reply_queue"] for row in observed) == 1
-
-
-def fails_on_bad(message: dict) -> str:
-    if message["payload"] == b"bad":
-        raise ServiceError("no stock for item 7", return_code=7)
-    return "ok"
 
 
 def test_a_request_that_always_fails_goes_to_its_failure_queue_with_the_error(spark, qm):
@@ -138,10 +130,6 @@ def test_a_reply_to_an_unknown_queue_goes_to_the_dead_letter_queue_with_its_head
     assert dead["dlq_reason_text"][0].as_py() == (
         "reply not put: MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOWHERE is not defined in queue manager QM1"
     )
-
-
-def returns_a_number(message: dict) -> int:
-    return 42
 
 
 def test_a_service_that_returns_neither_bytes_nor_str_fails_the_request_with_a_clear_text(spark, qm):

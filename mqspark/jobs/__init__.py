@@ -1,0 +1,1 @@
+"""Jobs to run with ``spark-submit``: ``spark-submit "$(mqspark job forward)" ARGS``."""

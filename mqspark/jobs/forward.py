@@ -1,0 +1,63 @@
+"""The forwarding service as a ``spark-submit`` job:
+
+    spark-submit "$(mqspark job forward)" --root R --queue Q --service module:function [--exit-when-empty]
+
+It runs :func:`mqspark.forward` on the session ``spark-submit`` gives (its ``--master`` and
+``--conf``), until the queue is drained with ``--exit-when-empty``, else until it is stopped. The
+exit code is 0 when the query ended cleanly, 1 when it failed or its arguments were refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="forward", description="the mqspark forwarding service (TMQFORWARD)")
+    parser.add_argument("--root", required=True, help="queue manager root")
+    parser.add_argument("--queue", required=True, help="queue of requests")
+    parser.add_argument("--service", required=True, help="the service, as module:function")
+    parser.add_argument("--consumer", default="forward", help="consumer group (default: forward)")
+    parser.add_argument("--exit-when-empty", action="store_true", help="stop once the queue is drained (-e)")
+    parser.add_argument("--idle-interval", type=float, default=1.0, help="seconds between polls (-i)")
+    parser.add_argument("--call-timeout", type=float, help="seconds a service call may take (-t)")
+    parser.add_argument("--max-messages-per-trigger", type=int, help="most requests per micro-batch")
+    parser.add_argument("--checkpoint", help="checkpoint location (default: under the queue manager root)")
+    args = parser.parse_args(argv)
+
+    from pyspark.sql import SparkSession
+
+    import mqspark
+    from mqspark.errors import MQError
+
+    spark = mqspark.register(SparkSession.builder.appName(f"mqspark-forward-{args.queue}").getOrCreate())
+    options = {}
+    if args.max_messages_per_trigger is not None:
+        options["maxMessagesPerTrigger"] = args.max_messages_per_trigger
+    try:
+        query = mqspark.forward(
+            spark,
+            args.root,
+            args.queue,
+            args.service,
+            consumer=args.consumer,
+            exit_when_empty=args.exit_when_empty,
+            idle_interval=args.idle_interval,
+            call_timeout=args.call_timeout,
+            checkpoint_location=args.checkpoint,
+            **options,
+        )
+    except MQError as error:
+        print(f"forward: error: {error}", file=sys.stderr)
+        return 1
+    query.awaitTermination()
+    if query.exception() is not None:
+        print(f"forward: error: {query.exception()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

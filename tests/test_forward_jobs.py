@@ -1,0 +1,169 @@
+"""The forwarding service as a spark-submit job: a drained run, a refused service, and a forwarder
+killed with SIGKILL at random points, which must leave every request with exactly one reply.
+
+Real ``spark-submit`` (the one pyspark ships), real processes and real Delta tables."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from mqspark import storage
+from mqspark.consumers import ConsumerState
+
+from .processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process
+
+pytestmark = pytest.mark.slow
+
+SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+
+
+def _job() -> str:
+    found = subprocess.run(
+        [sys.executable, "-m", "mqspark.cli", "job", "forward"], capture_output=True, text=True, check=True
+    )
+    return found.stdout.strip()
+
+
+def _submit(root: str, *args: str) -> list[str]:
+    return [
+        SPARK_SUBMIT,
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+        _job(),
+        "--root",
+        root,
+        "--queue",
+        "REQUESTS",
+        *args,
+    ]
+
+
+def _requests(qm, count: int) -> list[str]:
+    qm.define_queue("REQUESTS")
+    qm.define_queue("REPLIES")
+    qm.put("REQUESTS", [{"payload": f"r{i}", "correl_id": f"c{i}", "reply_to_queue": "REPLIES"} for i in range(count)])
+    return [f"c{i}" for i in range(count)]
+
+
+def test_the_forward_job_drains_the_queue_under_spark_submit(qm, tmp_path):
+    expected = _requests(qm, 20)
+    token = uuid.uuid4().hex
+    log = tmp_path / "forward.log"
+    process = start_process(_submit(qm.root, "--service", "tests.services:upper", "--exit-when-empty"), log, token)
+    assert finish_driver(process, token) == 0, log.read_text()[-3000:]
+    replies = qm.browse("REPLIES")
+    assert sorted(replies["correl_id"].to_pylist()) == sorted(expected)
+    assert {c: p for c, p in zip(replies["correl_id"].to_pylist(), replies["payload"].to_pylist(), strict=True)} == {
+        f"c{i}": f"R{i}".encode() for i in range(20)
+    }
+    assert qm.depth("REQUESTS", consumer="forward") == 0
+
+
+def test_the_forward_job_refuses_a_service_it_cannot_import(qm, tmp_path):
+    _requests(qm, 1)
+    token = uuid.uuid4().hex
+    log = tmp_path / "forward.log"
+    process = start_process(_submit(qm.root, "--service", "tests.services:no_such_service"), log, token)
+    assert finish_driver(process, token) == 1
+    errors = [line for line in log.read_text().splitlines() if line.startswith("forward: error:")]
+    assert errors == [
+        "forward: error: forward: service 'tests.services:no_such_service' cannot be imported: "
+        "module 'tests.services' has no attribute 'no_such_service'"
+    ]
+    assert qm.depth("REQUESTS", consumer="forward") == 1
+
+
+def _version(location: str) -> int:
+    try:
+        return DeltaTable(location).version()
+    except Exception:  # noqa: BLE001 - not created yet
+        return -1
+
+
+def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm, tmp_path):
+    kills = 5
+    rng = random.Random(20261124)
+    expected = _requests(qm, 150)
+    replies = storage.queue_location(qm.root, "REPLIES")
+    state = storage.state_location(qm.root, "REQUESTS")
+    token = uuid.uuid4().hex
+    command = _submit(
+        qm.root, "--service", "tests.services:upper", "--max-messages-per-trigger", "7", "--idle-interval", "0.1"
+    )
+    moments = []
+    for number in range(kills):
+        log = tmp_path / f"run-{number}.log"
+        process = start_process(command, log, token)
+        try:
+            # Kill after the run's first or later reply put (the JVM start takes seconds), at once,
+            # after a random delay, or at the state table's next commit (a reply record or a plan).
+            target = _version(replies) + rng.randint(1, 3)
+            deadline = time.monotonic() + 180
+            while _version(replies) < target:
+                assert process.poll() is None, f"run {number} ended: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"run {number} made no progress: {log.read_text()[-3000:]}"
+                time.sleep(0.002)
+            moment = ("at-put", "delay", "state-commit")[number % 3]
+            if moment == "delay":
+                time.sleep(rng.uniform(0.05, 0.8))
+            elif moment == "state-commit":
+                state_target = _version(state) + 1
+                while _version(state) < state_target and process.poll() is None:
+                    time.sleep(0.001)
+            moments.append(moment)
+        finally:
+            kill_run(process, token)
+    log = tmp_path / "run-last.log"
+    process = start_process([*command, "--exit-when-empty"], log, token)
+    assert finish_driver(process, token, timeout=300) == 0, log.read_text()[-3000:]
+    kill_marked(token)
+    got = qm.browse("REPLIES")["correl_id"].to_pylist()
+    assert len(got) == len(set(got)), f"duplicated replies after kills at {moments}"
+    assert sorted(got) == sorted(expected), f"lost replies after kills at {moments}"
+    assert qm.depth("REQUESTS", consumer="forward") == 0
+
+
+def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tmp_path):
+    """The batch's replies land, then the batch and its replay are both killed before Spark records
+    it done: the next run gives the batch up and delivers its requests again in new batches, whose
+    transactions are new. The reply records keep them from being answered twice."""
+    expected = _requests(qm, 10)
+    replies = storage.queue_location(qm.root, "REPLIES")
+    checkpoint = Path(storage.forward_location(qm.root, "REQUESTS", "forward"))
+    rows = ConsumerState(qm.root, "REQUESTS")
+    token = uuid.uuid4().hex
+    command = _submit(qm.root, "--service", "tests.services:upper", "--idle-interval", "0.1")
+
+    def run_until(number: int, done) -> None:
+        log = tmp_path / f"run-{number}.log"
+        process = start_process(command, log, token)
+        try:
+            deadline = time.monotonic() + 180
+            while not done():
+                assert process.poll() is None, f"run {number} ended: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"run {number} made no progress: {log.read_text()[-3000:]}"
+                time.sleep(0.001)
+        finally:
+            kill_run(process, token)
+
+    # Run 0 is killed as soon as its replies have landed; run 1 as soon as it counts the replay.
+    run_until(0, lambda: _version(replies) >= 1)
+    assert last_spark_commit(checkpoint) == -1, "the batch was recorded done before the kill"
+    run_until(1, lambda: rows.events("forward", ("rollback",)).num_rows > 0)
+    assert last_spark_commit(checkpoint) == -1, "the replay was recorded done before the kill"
+    log = tmp_path / "run-last.log"
+    process = start_process([*command, "--exit-when-empty"], log, token)
+    assert finish_driver(process, token, timeout=300) == 0, log.read_text()[-3000:]
+    got = qm.browse("REPLIES")["correl_id"].to_pylist()
+    assert sorted(got) == sorted(expected)
+    assert qm.depth("REQUESTS", consumer="forward") == 0
