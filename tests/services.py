@@ -18,3 +18,16 @@ def fails_on_bad(message: dict) -> str:
 
 def returns_a_number(message: dict) -> int:
     return 42
+
+
+def upper_all(requests) -> list[bytes]:
+    """Vectorised: a pyarrow Table of requests in, one reply per request out."""
+    return [payload.upper() for payload in requests["payload"].to_pylist()]
+
+
+def slow_on_slow(message: dict) -> str:
+    if message["payload"] == b"slow":
+        import time
+
+        time.sleep(30)
+    return "fast"

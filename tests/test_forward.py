@@ -12,7 +12,7 @@ from chispa import assert_df_equality
 import mqspark
 from mqspark import MQError, MQValidationError, Reason
 
-from .services import fails_on_bad, returns_a_number, upper
+from .services import fails_on_bad, returns_a_number, slow_on_slow, upper
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 
@@ -193,4 +193,39 @@ def test_request_gets_its_reply_raises_on_a_failure_record_and_times_out(spark, 
         r"MQRC_NO_MSG_AVAILABLE \(2033\): request [0-9a-f]{32} to queue REQUESTS: no reply on queue REPLIES "
         r"within 0.5 s",
         str(late.value),
+    )
+
+
+def test_a_vectorised_service_replies_to_each_request_of_the_batch(spark, qm):
+    qm.define_queue("REQUESTS")
+    qm.define_queue("REPLIES")
+    qm.put("REQUESTS", [{"payload": f"v{i}", "correl_id": f"c{i}", "reply_to_queue": "REPLIES"} for i in range(5)])
+    _drain(
+        mqspark.forward(spark, qm.root, "REQUESTS", "tests.services:upper_all", vectorized=True, exit_when_empty=True)
+    )
+    expected = spark.createDataFrame(
+        [(f"c{i}", f"V{i}".encode()) for i in range(5)], "correl_id string, payload binary"
+    )
+    actual = _replies(spark, qm).select("correl_id", "payload")
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_a_call_over_its_time_limit_fails_its_request(spark, qm):
+    qm.define_queue("REQUESTS")
+    qm.define_queue("REPLIES")
+    qm.put(
+        "REQUESTS",
+        [
+            {"payload": "slow", "reply_to_queue": "REPLIES"},
+            {"payload": "quick", "correl_id": "q", "reply_to_queue": "REPLIES"},
+        ],
+    )
+    _drain(mqspark.forward(spark, qm.root, "REQUESTS", slow_on_slow, call_timeout=1, exit_when_empty=True))
+    assert qm.browse("REPLIES")["correl_id"].to_pylist() == ["q"]
+    dead = qm.browse(DLQ)
+    assert dead["payload"].to_pylist() == [b"slow"]
+    assert (
+        dead["dlq_reason_text"][0]
+        .as_py()
+        .endswith("last error: ServiceError: the call ran over its time limit of 1 s (return code 0)")
     )

@@ -191,31 +191,34 @@ class _Caller:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         service = load_service(self.service)
-        pool = ThreadPoolExecutor(1) if self.call_timeout is not None else None
+        self._pool: ThreadPoolExecutor | None = None
         try:
             for batch in batches:
                 if batch.num_rows:
-                    yield self._results(service, pa.Table.from_batches([batch]), pool)
+                    yield self._results(service, pa.Table.from_batches([batch]))
         finally:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _call(self, pool: ThreadPoolExecutor | None, call: Callable[[], Any]) -> Any:
-        if pool is None:
+    def _call(self, call: Callable[[], Any]) -> Any:
+        if self.call_timeout is None:
             return call()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mqspark-service")
         try:
-            return pool.submit(call).result(timeout=self.call_timeout)
+            return self._pool.submit(call).result(timeout=self.call_timeout)
         except CallTimeout:
+            # The call cannot be stopped: it is left to finish in its thread, and the next call gets a new one.
+            self._pool.shutdown(wait=False)
+            self._pool = None
             raise ServiceError(f"the call ran over its time limit of {self.call_timeout:g} s") from None
 
-    def _results(
-        self, service: Callable[..., Any], requests: pa.Table, pool: ThreadPoolExecutor | None
-    ) -> pa.RecordBatch:
+    def _results(self, service: Callable[..., Any], requests: pa.Table) -> pa.RecordBatch:
         count = requests.num_rows
         outcomes: list[tuple[bytes | None, int, str | None]]
         if self.vectorized:
             try:
-                replies = list(self._call(pool, lambda: service(requests)))
+                replies = list(self._call(lambda: service(requests)))
                 if len(replies) != count:
                     raise ServiceError(f"the service returned {len(replies)} replies for {count} requests")
                 outcomes = [_outcome(reply) for reply in replies]
@@ -225,7 +228,7 @@ class _Caller:
             outcomes = []
             for message in requests.to_pylist():
                 try:
-                    outcomes.append(_outcome(self._call(pool, lambda message=message: service(message))))
+                    outcomes.append(_outcome(self._call(lambda message=message: service(message))))
                 except Exception as error:  # noqa: BLE001 - a failed call fails its request
                     outcomes.append(_failed(error))
         reply, code, error = zip(*outcomes, strict=True)
