@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +52,34 @@ def _write_input(folder: Path) -> None:
         os.utime(path, (base + number, base + number))
 
 
+class _SparkLog:
+    """Spark's own output (the JVM's warnings and the Python workers' lines, all on this process's
+    stderr) goes to a log file; mqspark's lines among it are shown as well. The demo's own messages
+    and errors still reach the terminal."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._terminal = os.fdopen(os.dup(2), "w", buffering=1)
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        os.close(write)
+        sys.stderr = self._terminal
+        self._thread = threading.Thread(target=self._copy, args=(read,), name="mqspark-demo-log", daemon=True)
+        self._thread.start()
+
+    def _copy(self, read: int) -> None:
+        with os.fdopen(read, errors="replace") as lines, self.path.open("w") as log:
+            for line in lines:
+                log.write(line)
+                log.flush()
+                if " mqspark." in line:
+                    self._terminal.write(line)
+
+    def close(self) -> None:
+        os.dup2(self._terminal.fileno(), 2)
+        self._thread.join(timeout=5)
+
+
 def run(root: str) -> None:
     location = storage.normalize_root(root)
     if storage.table_exists(storage.catalog_location(location), None):
@@ -65,8 +94,10 @@ def run(root: str) -> None:
     work = Path(location) / "demo"
     _write_input(work / "input")
 
-    from .spark.session import session
+    from .spark.session import delta_jars, session
 
+    delta_jars()
+    spark_log = _SparkLog(work / "spark.log")
     spark = session(app_name="mqspark-demo", **{"spark.ui.showConsoleProgress": "false"})
 
     def show(batch, batch_id: int) -> None:
@@ -118,6 +149,8 @@ def run(root: str) -> None:
     print("\nthe fulfilled orders, a Delta table, in delivery_seq order:")
     spark.read.format("delta").load(str(work / "fulfilled")).orderBy("delivery_seq").show(truncate=False)
     spark.stop()
+    spark_log.close()
+    print(f"Spark's own log of this run: {spark_log.path}")
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import atexit
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,11 +52,32 @@ def delta_jars() -> list[str]:
 
 
 def _resolve(packages: str, folder: Path) -> list[str]:
-    ivy = folder / "ivy"
-    if SparkSession.getActiveSession() is not None:
-        raise RuntimeError(
-            "resolve the Delta jars before any SparkSession starts (run: python -m mqspark.spark.session)"
+    """Resolve ``packages`` with Spark's Ivy in a process of its own, whose output (Ivy's warnings
+    about unreachable hosts and proxies included) goes to a log file, not to the user's screen."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "resolve.log"
+    print(f"mqspark: resolving {packages} from Maven Central (once; Ivy's output: {log})", file=sys.stderr)
+    with log.open("w") as output:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from mqspark.spark.session import _resolve_here; _resolve_here({packages!r}, {str(folder)!r})",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
         )
+    manifest = folder / "manifest.json"
+    if done.returncode != 0 or not manifest.exists():
+        raise RuntimeError(f"resolving {packages} failed (exit code {done.returncode}); see {log}")
+    jars = json.loads(manifest.read_text())
+    print(f"mqspark: {len(jars)} jars in {folder / 'ivy' / 'jars'}", file=sys.stderr)
+    return jars
+
+
+def _resolve_here(packages: str, folder: str) -> None:
+    """The resolution itself, in the process :func:`_resolve` starts."""
+    ivy = Path(folder) / "ivy"
     spark = (
         SparkSession.builder.master("local[1]")
         .appName("mqspark-resolve-jars")
@@ -65,13 +87,11 @@ def _resolve(packages: str, folder: Path) -> list[str]:
         .getOrCreate()
     )
     spark.stop()
-    SparkSession._instantiatedSession = None
     jars = sorted(str(jar) for jar in (ivy / "jars").glob("*.jar"))
     if not any("delta-spark" in Path(jar).name for jar in jars):
         raise RuntimeError(f"resolving {packages} gave no delta-spark jar in {ivy / 'jars'}")
     shutil.rmtree(ivy / "cache", ignore_errors=True)
-    (folder / "manifest.json").write_text(json.dumps(jars))
-    return jars
+    (Path(folder) / "manifest.json").write_text(json.dumps(jars))
 
 
 def _spark_defaults() -> dict[str, str]:
