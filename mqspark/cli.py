@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("--top-of-queue", action="store_true", help="put ahead of every message of its priority")
     put.add_argument("--before-msg-id", help="put just before this message")
 
+    commands.add_parser("jars", help="print Delta's jars (resolved once) for spark-submit --jars, comma-separated")
     job = commands.add_parser("job", help="print the path of a job file to run with spark-submit")
     job.add_argument("name", choices=JOBS, help="forward: the forwarding service")
 
@@ -410,6 +411,10 @@ def run(args: argparse.Namespace) -> Any:
     """Carry out one parsed command and return what it prints."""
     if args.command == "apply":
         return _apply(args.root, args.file)
+    if args.command == "jars":
+        from .spark.session import delta_jars
+
+        return ",".join(delta_jars())
     if args.command == "job":
         return str(Path(jobs.__file__).with_name(f"{args.name}.py"))
     if args.command == "cluster":
