@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import backout, browse, cluster_put, maintenance, python_put, stream_get, stream_put
+from . import backout, browse, cluster_put, forward, maintenance, python_put, stream_get, stream_put
 
 
 def _spark():
@@ -31,6 +31,7 @@ BENCHMARKS = {
     "maintenance": lambda: maintenance.run(),
     "maintenance_quick": lambda: maintenance.run(history=1_000, bulk_messages=20_000, bulk_puts=20),
     "backout": lambda: backout.run(_spark()),
+    "forward": lambda: forward.run(_spark()),
 }
 
 

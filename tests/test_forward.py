@@ -157,7 +157,7 @@ def test_a_service_that_returns_neither_bytes_nor_str_fails_the_request_with_a_c
             "forward: queue REQUESTS: unknown option(s) maxMessagesPerTriger; options are maxMessagesPerTrigger, "
             "maxBytesPerTrigger, leaseTimeout, maintenanceInterval",
         ),
-        (upper, {"idle_interval": 0}, "forward: idle_interval must be a number of seconds > 0, got 0"),
+        (upper, {"idle_interval": -1}, "forward: idle_interval must be a number of seconds >= 0, got -1"),
     ],
 )
 def test_bad_forward_arguments_are_refused_at_start(spark, qm, service, options, text):

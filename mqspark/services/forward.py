@@ -133,12 +133,14 @@ def forward(
     """Start the forwarding service of ``queue`` and return its running query.
 
     ``service(message)`` takes a dict of the request's fields and returns the reply payload (bytes
-    or str); with ``vectorized``, ``service(requests)`` takes a pyarrow Table of requests and returns
-    one payload per request. ``exit_when_empty`` stops once the queue is drained (TMQFORWARD ``-e``;
-    ``trigger(availableNow=True)``); otherwise the queue is polled every ``idle_interval`` seconds
-    (``-i``). A call running longer than ``call_timeout`` seconds fails (``-t``). ``options`` are
-    the streaming get's per-trigger limits and lease options (:data:`GET_OPTIONS`). The checkpoint
-    is ``checkpoint_location``, by default under the queue manager root.
+    or str), or a pair (payload, user return code); with ``vectorized``, ``service(requests)`` takes
+    a pyarrow Table of requests and returns one reply per request: a list of such payloads, or an
+    Arrow array of binary or string (return code 0). ``exit_when_empty`` stops once the queue is
+    drained (TMQFORWARD ``-e``; ``trigger(availableNow=True)``); otherwise the queue is polled every
+    ``idle_interval`` seconds (``-i``; 0: as soon as the last batch is done). A call running longer
+    than ``call_timeout`` seconds fails (``-t``). ``options`` are the streaming get's per-trigger
+    limits and lease options (:data:`GET_OPTIONS`). The checkpoint is ``checkpoint_location``, by
+    default under the queue manager root.
     """
     from ..qmgr import QueueManager
 
@@ -150,8 +152,8 @@ def forward(
         raise MQValidationError(
             f"forward: queue {local}: unknown option(s) {', '.join(unknown)}; options are {', '.join(GET_OPTIONS)}"
         )
-    if isinstance(idle_interval, bool) or not isinstance(idle_interval, int | float) or not idle_interval > 0:
-        raise MQValidationError(f"forward: idle_interval must be a number of seconds > 0, got {idle_interval!r}")
+    if isinstance(idle_interval, bool) or not isinstance(idle_interval, int | float) or not idle_interval >= 0:
+        raise MQValidationError(f"forward: idle_interval must be a number of seconds >= 0, got {idle_interval!r}")
     if call_timeout is not None and (
         isinstance(call_timeout, bool) or not isinstance(call_timeout, int | float) or not call_timeout > 0
     ):
@@ -215,12 +217,19 @@ class _Caller:
 
     def _results(self, service: Callable[..., Any], requests: pa.Table) -> pa.RecordBatch:
         count = requests.num_rows
+        columns = [requests[name].combine_chunks() for name in REQUEST_FIELDS]
         outcomes: list[tuple[bytes | None, int, str | None]]
         if self.vectorized:
             try:
-                replies = list(self._call(lambda: service(requests)))
+                replies = self._call(lambda: service(requests))
                 if len(replies) != count:
                     raise ServiceError(f"the service returned {len(replies)} replies for {count} requests")
+                if isinstance(replies, pa.Array | pa.ChunkedArray) and _is_payload(replies.type):
+                    # Arrow in, Arrow out: every request succeeded, with return code 0.
+                    replies = pc.cast(replies, pa.binary())
+                    replies = replies.combine_chunks() if isinstance(replies, pa.ChunkedArray) else replies
+                    columns += [replies, pa.nulls(count, pa.int32()).fill_null(0), pa.nulls(count, pa.string())]
+                    return pa.RecordBatch.from_arrays(columns, schema=RESULT_SCHEMA)
                 outcomes = [_outcome(reply) for reply in replies]
             except Exception as error:  # noqa: BLE001 - every failure of the service fails its requests
                 outcomes = [_failed(error)] * count
@@ -232,9 +241,17 @@ class _Caller:
                 except Exception as error:  # noqa: BLE001 - a failed call fails its request
                     outcomes.append(_failed(error))
         reply, code, error = zip(*outcomes, strict=True)
-        columns = [requests[name].combine_chunks() for name in REQUEST_FIELDS]
         columns += [pa.array(reply, pa.binary()), pa.array(code, pa.int32()), pa.array(error, pa.string())]
         return pa.RecordBatch.from_arrays(columns, schema=RESULT_SCHEMA)
+
+
+def _is_payload(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_binary(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_large_string(kind)
+    )
 
 
 def _outcome(reply: Any) -> tuple[bytes | None, int, str | None]:
