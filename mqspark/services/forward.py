@@ -17,8 +17,8 @@ request's batch runs, and the request is consumed when the batch ends.
   to the dead-letter queue with the dead-letter header (2085 ``MQRC_UNKNOWN_OBJECT_NAME``, or the
   put's reason).
 - **Failure**: the service raised (a :class:`ServiceError` carries a return code), ran over the
-  per-call time limit, or returned neither bytes nor str. The request is backed out
-  (:func:`mqspark.services.backout.backout`): the queue's ``retry_count`` and ``retry_delay``
+  per-call time limit, or returned neither bytes nor str. The request is backed out, as
+  :func:`mqspark.services.backout.backout` records it: the queue's ``retry_count`` and ``retry_delay``
   apply; when they are used up it moves to its ``failure_queue``, else to the error queue or the
   dead-letter queue, with the error text in its dead-letter header.
 
@@ -53,8 +53,8 @@ from ..cluster.repository import Cluster
 from ..consumers import STATE_SCHEMA, ConsumerState
 from ..definitions import validate_name
 from ..errors import MQError, MQValidationError, Reason
-from ..messages import QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items, prepare_put, rows_to_table
-from .backout import backout, plan_messages
+from ..messages import QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items, prepare_put
+from .backout import failure_rows, plan_messages
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,6 +69,8 @@ RETURN_CODE = "mqspark.return_code"
 # Options of the streaming get a forwarder passes on.
 GET_OPTIONS = ("maxMessagesPerTrigger", "maxBytesPerTrigger", "leaseTimeout", "maintenanceInterval")
 
+# The fields of a reply the forwarder puts.
+REPLY_FIELDS = ["payload", "correl_id", "priority", "properties"]
 # The request fields a reply is made from, and the call's outcome.
 REQUEST_FIELDS = ("delivery_seq", "msg_id", "correl_id", "priority", "reply_to_queue", "reply_to_qmgr", "queue")
 RESULT_SCHEMA = pa.schema(
@@ -309,7 +311,7 @@ class _Batch:
         state = ConsumerState(qm.root, self.queue, qm.storage_options)
         producer = self._producer(qm)
         replied = self._settle(qm, state, producer)
-        plan_id, _, plan = state.current_plan(self.consumer)
+        plan_id, owner, plan = state.current_plan(self.consumer)
         if plan_id is None:
             return
         identities = plan_messages(plan)
@@ -324,46 +326,48 @@ class _Batch:
         results = requests.mapInArrow(self.caller, from_arrow_schema(RESULT_SCHEMA)).toArrow()
         if results.num_rows == 0:
             return
-        failures: dict[str, list[dict]] = {}
-        replies: dict[_Target, list[dict]] = {}
-        dead: list[dict] = []
-        for request in results.to_pylist():
-            reply, code, error = request.pop("reply"), request.pop("return_code"), request.pop("error")
-            if error is not None:
-                failures.setdefault(error, []).append(request)
-                continue
-            if not request["reply_to_queue"]:
-                continue
-            row = {
-                "payload": reply,
-                "correl_id": request["correl_id"] or request["msg_id"],
-                "priority": request["priority"],
-                "properties": {RETURN_CODE: str(code)},
-                "_request": request,
-            }
-            target, refused = _resolve(qm, request["reply_to_qmgr"], request["reply_to_queue"])
-            if refused is None:
-                replies.setdefault(target, []).append(row)
-            else:
-                dead.append({**row, "_reason": refused})
-        if dead:
-            replies.setdefault(_Target(qm.name, qm.root, qm.dead_letter_queue), []).extend(dead)
-        self._put_replies(qm, state, plan_id, identities, replies, producer, batch_id)
-        for error, failed in failures.items():
-            backout(
-                pa.Table.from_pylist([{"queue": r["queue"], "delivery_seq": r["delivery_seq"]} for r in failed]),
-                error,
-                root=qm.root,
-                consumer=self.consumer,
+        # Where each result's request lies in the plan: its identity.
+        where = pc.index_in(results["delivery_seq"], value_set=identities["delivery_seq"])
+        results = results.append_column("origin", identities["origin"].take(where))
+        results = results.append_column("row", identities["row"].take(where))
+        failed = results.filter(pc.is_valid(results["error"]))
+        answered = pc.and_(
+            pc.is_null(results["error"]), pc.fill_null(pc.not_equal(results["reply_to_queue"], ""), False)
+        )
+        replies = self._targets(qm, results.filter(answered))
+        self._put_replies(qm, state, plan_id, replies, producer, batch_id)
+        if failed.num_rows:
+            # Failed calls are failed deliveries (see mqspark.services.backout), recorded in one commit.
+            state.append(
+                pa.concat_tables(
+                    failure_rows(self.consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error)
+                    for error, chosen in _by_value(failed, "error")
+                )
             )
+        dead = sum(t.num_rows for target, t in replies.items() if target.queue == qm.dead_letter_queue)
         _log.info(
             "forward %s: batch %d: %d replies, %d to the dead-letter queue, %d failed",
             self.queue,
             batch_id,
-            sum(len(r) for r in replies.values()) - len(dead),
-            len(dead),
-            sum(len(f) for f in failures.values()),
+            sum(t.num_rows for t in replies.values()) - dead,
+            dead,
+            failed.num_rows,
         )
+
+    def _targets(self, qm: QueueManager, answered: pa.Table) -> dict[_Target, pa.Table]:
+        """The replies to put, by target queue: reply rows with the request's identity, and (for the
+        dead-letter queue) why each could not go where it was meant to."""
+        replies: dict[_Target, list[pa.Table]] = {}
+        dead_letter_queue = _Target(qm.name, qm.root, qm.dead_letter_queue)
+        for (qmgr, queue), part in _by_value(answered, "reply_to_qmgr", "reply_to_queue"):
+            rows = _reply_rows(part)
+            target, refused = _resolve(qm, qmgr, queue)
+            if refused is None:
+                reasons = [None] * rows.num_rows if target == dead_letter_queue else None
+                replies.setdefault(target, []).append(_with_reasons(rows, reasons))
+            else:
+                replies.setdefault(dead_letter_queue, []).append(_with_reasons(rows, [refused] * rows.num_rows))
+        return {target: pa.concat_tables(parts) for target, parts in replies.items()}
 
     def _producer(self, qm: QueueManager) -> str:
         """The forwarder's producer id: queue manager, queue, group, and the query's id (kept in its
@@ -418,59 +422,95 @@ class _Batch:
         qm: QueueManager,
         state: ConsumerState,
         plan_id: str,
-        identities: pa.Table,
-        replies: dict[_Target, list[dict]],
+        replies: dict[_Target, pa.Table],
         producer: str,
         batch_id: int,
     ) -> None:
+        """Record the replies (one ``reply`` record per request), then put them, one put per target."""
         if not replies:
             return
-        by_seq = dict(
-            zip(
-                identities["delivery_seq"].to_pylist(),
-                zip(identities["origin"].to_pylist(), identities["row"].to_pylist(), strict=True),
-                strict=True,
+        state.append(
+            pa.concat_tables(
+                _state_rows(
+                    self.consumer, producer, "reply", (plan_id, batch_id, target.key()), rows.select(["origin", "row"])
+                )
+                for target, rows in replies.items()
             )
         )
-        records = []
         for target, rows in replies.items():
-            requests = pa.Table.from_pylist(
-                [dict(zip(("origin", "row"), by_seq[r["_request"]["delivery_seq"]], strict=True)) for r in rows]
-            )
-            records.append(_state_rows(self.consumer, producer, "reply", (plan_id, batch_id, target.key()), requests))
-        state.append(pa.concat_tables(records))
-        for target, rows in replies.items():
-            messages = [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
+            messages = rows.select(REPLY_FIELDS)
             if target.root == qm.root and target.queue == qm.dead_letter_queue:
-                _put_dead_letters(qm, messages, [row.get("_reason") for row in rows], producer, batch_id)
+                _put_dead_letters(qm, messages, rows, producer, batch_id)
             else:
                 target_qm = qm if target.root == qm.root else _open(target.root)
                 target_qm.put(target.queue, messages, producer=producer, batch_id=batch_id)
 
 
-def _put_dead_letters(
-    qm: QueueManager, messages: list[dict], reasons: list[tuple | None], producer: str, batch_id: int
-) -> None:
-    """Put replies to the dead-letter queue, each with the header of why it could not go where it
-    was meant to (replies that went there for their own reply queue have a ``None`` reason)."""
-    definition = qm.resolve_for_put(qm.dead_letter_queue)
-    prepared, _ = prepare_put(definition, rows_to_table(definition.name, messages), segmentation=False)
+def _by_value(table: pa.Table, *columns: str) -> Iterator[tuple[Any, pa.Table]]:
+    """The rows of ``table`` by the distinct values of ``columns`` (nulls included)."""
+    keys = table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
+    for key in keys.to_pylist():
+        mask = None
+        for name in columns:
+            value = key[name]
+            equal = pc.is_null(table[name]) if value is None else pc.fill_null(pc.equal(table[name], value), False)
+            mask = equal if mask is None else pc.and_(mask, equal)
+        values = tuple(key[name] for name in columns)
+        yield (values if len(columns) > 1 else values[0]), table.filter(mask)
+
+
+def _reply_rows(answered: pa.Table) -> pa.Table:
+    """The replies to ``answered`` requests: the service's payload, the request's correl_id (or its
+    msg_id), its priority, the return code as a property, and the request's identity."""
+    count = answered.num_rows
+    properties = pa.MapArray.from_arrays(
+        pa.array(range(count + 1), pa.int32()),
+        pa.array([RETURN_CODE] * count, pa.string()),
+        pc.cast(answered["return_code"], pa.string()).combine_chunks(),
+    )
+    return pa.table(
+        {
+            "payload": answered["reply"],
+            "correl_id": pc.coalesce(answered["correl_id"], answered["msg_id"]),
+            "priority": answered["priority"],
+            "properties": properties,
+            "origin": answered["origin"],
+            "row": answered["row"],
+        }
+    )
+
+
+def _with_reasons(rows: pa.Table, reasons: list[tuple | None] | None) -> pa.Table:
+    """``rows`` with the dead-letter reason of each (code, text, intended queue and queue manager)."""
+    reasons = reasons or [None] * rows.num_rows
 
     def header(position: int, kind: pa.DataType) -> pa.Array:
-        return pa.array([None if r is None else r[position] for r in reasons], kind)
+        return pa.array([None if r is None else (int(r[0]) if position == 0 else r[position]) for r in reasons], kind)
 
-    codes = pa.array([None if r is None else int(r[0]) for r in reasons], pa.int32())
-    prepared = dead_letter(prepared, codes, header(1, pa.string()), "", "", datetime.now(UTC))
+    return (
+        rows.append_column("dlq_reason", header(0, pa.int32()))
+        .append_column("dlq_reason_text", header(1, pa.string()))
+        .append_column("dlq_original_queue", header(2, pa.string()))
+        .append_column("dlq_original_qmgr", header(3, pa.string()))
+    )
+
+
+def _put_dead_letters(qm: QueueManager, messages: pa.Table, rows: pa.Table, producer: str, batch_id: int) -> None:
+    """Put replies to the dead-letter queue, each with the header of why it could not go where it
+    was meant to (replies whose own reply queue is the dead-letter queue have none)."""
+    definition = qm.resolve_for_put(qm.dead_letter_queue)
+    prepared, _ = prepare_put(definition, messages, segmentation=False)
+    codes = rows["dlq_reason"]
+    prepared = dead_letter(prepared, codes, rows["dlq_reason_text"], "", "", datetime.now(UTC))
     for name, column in (
-        ("dlq_original_queue", header(2, pa.string())),
-        ("dlq_original_qmgr", header(3, pa.string())),
+        ("dlq_original_queue", rows["dlq_original_queue"]),
+        ("dlq_original_qmgr", rows["dlq_original_qmgr"]),
         ("dlq_time", pc.if_else(pc.is_valid(codes), prepared["dlq_time"], pa.scalar(None, TIMESTAMP))),
     ):
         index = prepared.schema.get_field_index(name)
         prepared = prepared.set_column(index, prepared.schema.field(index), column)
-    file = storage.write_data_file(
-        storage.queue_location(qm.root, definition.name), prepared.to_batches(), QUEUE_TABLE_SCHEMA
-    )
+    location = storage.queue_location(qm.root, definition.name)
+    file = storage.write_data_file(location, prepared.to_batches(), QUEUE_TABLE_SCHEMA)
     if file is not None:
         qm.commit_put(
             definition.name,
