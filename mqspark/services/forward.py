@@ -303,12 +303,16 @@ class _Batch:
         self.caller = _Caller(service, vectorized, call_timeout)
         self.checkpoint = checkpoint
         self._landed: set[tuple[str, int, str]] = set()
+        # Kept from batch to batch: the queue manager keeps its tables open, the state its rows.
+        self._qm: QueueManager | None = None
+        self._state: ConsumerState | None = None
+        self._producer_id: str | None = None
 
     def process(self, df: DataFrame, batch_id: int) -> None:
-        from ..qmgr import QueueManager
-
-        qm = QueueManager.open(self.root)
-        state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        if self._qm is None:
+            self._qm = _open(self.root)
+            self._state = ConsumerState(self._qm.root, self.queue, self._qm.storage_options)
+        qm, state = self._qm, self._state
         producer = self._producer(qm)
         replied = self._settle(qm, state, producer)
         plan_id, owner, plan = state.current_plan(self.consumer)
@@ -372,9 +376,11 @@ class _Batch:
     def _producer(self, qm: QueueManager) -> str:
         """The forwarder's producer id: queue manager, queue, group, and the query's id (kept in its
         checkpoint), so a new checkpoint starts new transactions."""
-        metadata = Path(self.checkpoint.removeprefix("file:")) / "metadata"
-        query_id = json.loads(metadata.read_text())["id"] if metadata.exists() else uuid.uuid4().hex
-        return f"mqspark.forward/{qm.name}/{self.queue}/{self.consumer}/{query_id}"
+        if self._producer_id is None:
+            metadata = Path(self.checkpoint.removeprefix("file:")) / "metadata"
+            query_id = json.loads(metadata.read_text())["id"]
+            self._producer_id = f"mqspark.forward/{qm.name}/{self.queue}/{self.consumer}/{query_id}"
+        return self._producer_id
 
     def _settle(self, qm: QueueManager, state: ConsumerState, producer: str) -> set[tuple[str, int]]:
         """Check the reply records not checked yet, before anything is put: cancel those whose put did
