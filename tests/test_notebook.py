@@ -104,3 +104,9 @@ def test_quickstart_notebook_runs(tmp_path, kernel_name):
         "[b'a messag', b'e in sev', b'eral pie', b'ces']",
         "[b'a message in several pieces']",
     ]
+    assert stdout_text(tagged(nb, "forward")).splitlines() == [
+        "['Q1'] [b'0.40']",
+        "[b'plum'] retry count 1 of queue QUOTES used up after 2 failed deliveries; "
+        "last error: ServiceError: no price for plum (return code 404)",
+    ]
+    assert stdout_text(tagged(nb, "request")).splitlines() == ["[b'0.55']"]
