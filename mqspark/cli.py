@@ -469,12 +469,7 @@ def run(args: argparse.Namespace) -> Any:
         )
         if table.num_rows == 0:
             raise MQError(f"queue {args.queue}: no message available", Reason.MQRC_NO_MSG_AVAILABLE)
-        if args.json:
-            return table
-        columns = list(_BROWSE_COLUMNS)
-        if _holds_failed_messages(qm, args.queue, table):
-            columns[-1:-1] = _HEADER_COLUMNS
-        return table.select(columns)
+        return _messages(qm, args, table)
     if args.command == "browse":
         options = DeliveryOptions(
             args.order,
@@ -485,17 +480,22 @@ def run(args: argparse.Namespace) -> Any:
             args.group_id,
             args.msg_seq_number,
         )
-        table = qm.browse_with(args.queue, options, limit=args.limit)
-        if args.json:
-            return table
-        columns = list(_BROWSE_COLUMNS)
-        if _holds_failed_messages(qm, args.queue, table):
-            columns[-1:-1] = _HEADER_COLUMNS
-        return table.select(columns)
+        return _messages(qm, args, qm.browse_with(args.queue, options, limit=args.limit))
     rows = _depths(qm, args.queue)
     if args.json or any(row["backout_queue"] or row["error_queue"] or row["dead_letters"] for row in rows):
         return rows
     return [{key: value for key, value in row.items() if key not in _FAILURE_KEYS} for row in rows]
+
+
+def _messages(qm: QueueManager, args: argparse.Namespace, table: pa.Table) -> pa.Table:
+    """Messages as ``browse`` and ``get`` print them: every column with ``--json``, else the usual
+    ones, with the dead-letter header where it applies."""
+    if args.json:
+        return table
+    columns = list(_BROWSE_COLUMNS)
+    if _holds_failed_messages(qm, args.queue, table):
+        columns[-1:-1] = _HEADER_COLUMNS
+    return table.select(columns)
 
 
 def _holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> bool:
