@@ -17,10 +17,13 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
 from mqspark import QueueManager, storage
+from mqspark.messages import MESSAGE_SCHEMA
 
 from .processes import finish_driver, kill_run, last_spark_commit, start_driver
 
@@ -148,11 +151,23 @@ def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, reco
     messages = qm.browse("Q")
     assert Counter(_payloads(messages)) == Counter(expected)
     assert qm.depth("Q") == len(expected)
-    assert _payloads(messages) == expected
+    # A kill between Spark's file-source log and its offset log can make the restarted source fold
+    # two input files into one micro-batch, whose tasks Spark orders (by file size). So: commits
+    # follow the input files' order, and inside a commit each file's rows are together and in order.
+    columns = pa.schema([MESSAGE_SCHEMA.field("payload"), MESSAGE_SCHEMA.field("put_seq")])
+    committed = storage.read_committed(DeltaTable(location), columns.names, columns)
+    committed = committed.sort_by([("commit_version", "ascending"), ("put_seq", "ascending")])
+    assert _payloads(committed) == _payloads(messages)
+    files_in_order = []
+    for version in sorted(set(committed["commit_version"].to_pylist())):
+        payloads = _payloads(committed.filter(pc.equal(committed["commit_version"], version)))
+        files_of_commit = list(dict.fromkeys(payload.split("-")[0] for payload in payloads))
+        assert payloads == [f"{f}-r{r}" for f in files_of_commit for r in range(rows)]
+        files_in_order += sorted(files_of_commit, key=lambda name: int(name[1:]))
+    assert files_in_order == [f"f{f}" for f in range(files)]
 
     # One commit per micro-batch, all by the one producer the restarts kept: batches 0..n-1, once each.
-    # A kill between Spark's file-source log and its offset log can make the restarted source fold
-    # two input files into one micro-batch, so n may be below the number of files.
+    # n may be below the number of files (see above).
     query_id = json.loads((checkpoint / "metadata").read_text())["id"]
     puts = [commit for commit in DeltaTable(location).history() if commit.get("mqspark.operation") == "put"]
     assert {commit["mqspark.producer"] for commit in puts} == {query_id}
