@@ -3,9 +3,10 @@ service with it, put the reply on the request's reply queue, and send a request 
 failing to its failure queue.
 
 :func:`forward` runs a streaming get of the queue in its own consumer group (default ``forward``)
-with a ``foreachBatch`` that calls the service on the executors (``mapInArrow``) and puts the replies
-from the driver. A request and its reply are never in one transaction: the reply is put while the
-request's batch runs, and the request is consumed when the batch ends.
+with a ``foreachBatch``: the tasks (``mapInArrow``) call the service and write the replies into
+their target queues' folders, as the ``mq`` sink's tasks do; the driver records them and commits
+each target's files in one put. A request and its reply are never in one transaction: the reply is
+put while the request's batch runs, and the request is consumed when the batch ends.
 
 - **Success**: the reply goes to ``reply_to_queue`` on ``reply_to_qmgr`` (this queue manager when
   empty; another queue manager by name when this one shares a cluster with it: its root is the
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
+import pickle
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,7 @@ from ..cluster.repository import Cluster
 from ..consumers import STATE_SCHEMA, ConsumerState
 from ..definitions import validate_name
 from ..errors import MQError, MQValidationError, Reason
-from ..messages import QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items, prepare_put
+from ..messages import TIMESTAMP, dead_letter
 from .backout import failure_rows, plan_messages
 
 if TYPE_CHECKING:
@@ -88,7 +89,16 @@ RESULT_SCHEMA = pa.schema(
     ]
 )
 
-_log = logging.getLogger("mqspark.forward")
+# What a task returns per request: its outcome, the key of its reply's target queue (null: no
+# reply), and on the task's first row the files it wrote (a pickled PutCommitMessage).
+OUTCOME_SCHEMA = pa.schema(
+    [
+        pa.field("delivery_seq", pa.int64()),
+        pa.field("error", pa.string()),
+        pa.field("target", pa.string()),
+        pa.field("written", pa.binary()),
+    ]
+)
 
 
 class ServiceError(Exception):
@@ -190,19 +200,21 @@ def forward(
 class _Caller:
     """Calls the service on the requests of one partition (in an executor's Python worker)."""
 
-    def __init__(self, service: str | Callable[..., Any], vectorized: bool, call_timeout: float | None) -> None:
-        self.service, self.vectorized, self.call_timeout = service, vectorized, call_timeout
+    def __init__(
+        self, root: str, service: str | Callable[..., Any], vectorized: bool, call_timeout: float | None
+    ) -> None:
+        self.root, self.service, self.vectorized, self.call_timeout = root, service, vectorized, call_timeout
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         service = load_service(self.service)
         self._pool: ThreadPoolExecutor | None = None
         try:
-            for batch in batches:
-                if batch.num_rows:
-                    yield self._results(service, pa.Table.from_batches([batch]))
+            results = [self._results(service, pa.Table.from_batches([batch])) for batch in batches if batch.num_rows]
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
+        if results:
+            yield from _write_replies(self.root, pa.Table.from_batches(results)).to_batches()
 
     def _call(self, call: Callable[[], Any]) -> Any:
         if self.call_timeout is None:
@@ -300,7 +312,7 @@ class _Batch:
         checkpoint: str,
     ) -> None:
         self.root, self.queue, self.consumer = root, queue, consumer
-        self.caller = _Caller(service, vectorized, call_timeout)
+        self.caller = _Caller(root, service, vectorized, call_timeout)
         self.checkpoint = checkpoint
         self._landed: set[tuple[str, int, str]] = set()
         # Kept from batch to batch: the queue manager keeps its tables open, the state its rows.
@@ -327,19 +339,25 @@ class _Batch:
         requests = df.filter(~df["delivery_seq"].isin(skipped)) if skipped else df
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        results = requests.mapInArrow(self.caller, from_arrow_schema(RESULT_SCHEMA)).toArrow()
-        if results.num_rows == 0:
+        from ..spark.sink import SinkPlan, abort_batch, commit_batch
+
+        outcomes = requests.mapInArrow(self.caller, from_arrow_schema(OUTCOME_SCHEMA)).toArrow()
+        if outcomes.num_rows == 0:
             return
-        # Where each result's request lies in the plan: its identity.
-        where = pc.index_in(results["delivery_seq"], value_set=identities["delivery_seq"])
-        results = results.append_column("origin", identities["origin"].take(where))
-        results = results.append_column("row", identities["row"].take(where))
-        failed = results.filter(pc.is_valid(results["error"]))
-        answered = pc.and_(
-            pc.is_null(results["error"]), pc.fill_null(pc.not_equal(results["reply_to_queue"], ""), False)
-        )
-        replies = self._targets(qm, results.filter(answered))
-        self._put_replies(qm, state, plan_id, replies, producer, batch_id)
+        # Where each outcome's request lies in the plan: its identity.
+        where = pc.index_in(outcomes["delivery_seq"], value_set=identities["delivery_seq"])
+        outcomes = outcomes.append_column("origin", identities["origin"].take(where))
+        outcomes = outcomes.append_column("row", identities["row"].take(where))
+        written = [pickle.loads(message) for message in outcomes["written"].drop_null().to_pylist()]
+        sink = SinkPlan(qm.root, self.queue, None, False, producer)
+        try:
+            self._record_replies(state, plan_id, outcomes.filter(pc.is_valid(outcomes["target"])), producer, batch_id)
+        except BaseException:
+            # Nothing was committed: the tasks' files never will be.
+            abort_batch(sink, written)
+            raise
+        commit_batch(sink, written, batch_id)
+        failed = outcomes.filter(pc.is_valid(outcomes["error"]))
         if failed.num_rows:
             # Failed calls are failed deliveries (see mqspark.services.backout), recorded in one commit.
             state.append(
@@ -348,30 +366,6 @@ class _Batch:
                     for error, chosen in _by_value(failed, "error")
                 )
             )
-        dead = sum(t.num_rows for target, t in replies.items() if target.queue == qm.dead_letter_queue)
-        _log.info(
-            "forward %s: batch %d: %d replies, %d to the dead-letter queue, %d failed",
-            self.queue,
-            batch_id,
-            sum(t.num_rows for t in replies.values()) - dead,
-            dead,
-            failed.num_rows,
-        )
-
-    def _targets(self, qm: QueueManager, answered: pa.Table) -> dict[_Target, pa.Table]:
-        """The replies to put, by target queue: reply rows with the request's identity, and (for the
-        dead-letter queue) why each could not go where it was meant to."""
-        replies: dict[_Target, list[pa.Table]] = {}
-        dead_letter_queue = _Target(qm.name, qm.root, qm.dead_letter_queue)
-        for (qmgr, queue), part in _by_value(answered, "reply_to_qmgr", "reply_to_queue"):
-            rows = _reply_rows(part)
-            target, refused = _resolve(qm, qmgr, queue)
-            if refused is None:
-                reasons = [None] * rows.num_rows if target == dead_letter_queue else None
-                replies.setdefault(target, []).append(_with_reasons(rows, reasons))
-            else:
-                replies.setdefault(dead_letter_queue, []).append(_with_reasons(rows, [refused] * rows.num_rows))
-        return {target: pa.concat_tables(parts) for target, parts in replies.items()}
 
     def _producer(self, qm: QueueManager) -> str:
         """The forwarder's producer id: queue manager, queue, group, and the query's id (kept in its
@@ -423,33 +417,19 @@ class _Batch:
             state.append(pa.concat_tables(cancel))
         return replied
 
-    def _put_replies(
-        self,
-        qm: QueueManager,
-        state: ConsumerState,
-        plan_id: str,
-        replies: dict[_Target, pa.Table],
-        producer: str,
-        batch_id: int,
+    def _record_replies(
+        self, state: ConsumerState, plan_id: str, replied: pa.Table, producer: str, batch_id: int
     ) -> None:
-        """Record the replies (one ``reply`` record per request), then put them, one put per target."""
-        if not replies:
-            return
-        state.append(
-            pa.concat_tables(
-                _state_rows(
-                    self.consumer, producer, "reply", (plan_id, batch_id, target.key()), rows.select(["origin", "row"])
+        """One ``reply`` record per request answered, with its target, before the replies are committed."""
+        if replied.num_rows:
+            state.append(
+                pa.concat_tables(
+                    _state_rows(
+                        self.consumer, producer, "reply", (plan_id, batch_id, target), rows.select(["origin", "row"])
+                    )
+                    for target, rows in _by_value(replied, "target")
                 )
-                for target, rows in replies.items()
             )
-        )
-        for target, rows in replies.items():
-            messages = rows.select(REPLY_FIELDS)
-            if target.root == qm.root and target.queue == qm.dead_letter_queue:
-                _put_dead_letters(qm, messages, rows, producer, batch_id)
-            else:
-                target_qm = qm if target.root == qm.root else _open(target.root)
-                target_qm.put(target.queue, messages, producer=producer, batch_id=batch_id)
 
 
 def _by_value(table: pa.Table, *columns: str) -> Iterator[tuple[Any, pa.Table]]:
@@ -467,7 +447,7 @@ def _by_value(table: pa.Table, *columns: str) -> Iterator[tuple[Any, pa.Table]]:
 
 def _reply_rows(answered: pa.Table) -> pa.Table:
     """The replies to ``answered`` requests: the service's payload, the request's correl_id (or its
-    msg_id), its priority, the return code as a property, and the request's identity."""
+    msg_id), its priority, the return code as a property, and the request's delivery_seq."""
     count = answered.num_rows
     properties = pa.MapArray.from_arrays(
         pa.array(range(count + 1), pa.int32()),
@@ -480,8 +460,7 @@ def _reply_rows(answered: pa.Table) -> pa.Table:
             "correl_id": pc.coalesce(answered["correl_id"], answered["msg_id"]),
             "priority": answered["priority"],
             "properties": properties,
-            "origin": answered["origin"],
-            "row": answered["row"],
+            "delivery_seq": answered["delivery_seq"],
         }
     )
 
@@ -501,32 +480,71 @@ def _with_reasons(rows: pa.Table, reasons: list[tuple | None] | None) -> pa.Tabl
     )
 
 
-def _put_dead_letters(qm: QueueManager, messages: pa.Table, rows: pa.Table, producer: str, batch_id: int) -> None:
-    """Put replies to the dead-letter queue, each with the header of why it could not go where it
-    was meant to (replies whose own reply queue is the dead-letter queue have none)."""
-    definition = qm.resolve_for_put(qm.dead_letter_queue)
-    prepared, _ = prepare_put(definition, messages, segmentation=False)
-    codes = rows["dlq_reason"]
-    prepared = dead_letter(prepared, codes, rows["dlq_reason_text"], "", "", datetime.now(UTC))
-    for name, column in (
-        ("dlq_original_queue", rows["dlq_original_queue"]),
-        ("dlq_original_qmgr", rows["dlq_original_qmgr"]),
-        ("dlq_time", pc.if_else(pc.is_valid(codes), prepared["dlq_time"], pa.scalar(None, TIMESTAMP))),
-    ):
-        index = prepared.schema.get_field_index(name)
-        prepared = prepared.set_column(index, prepared.schema.field(index), column)
-    location = storage.queue_location(qm.root, definition.name)
-    file = storage.write_data_file(location, prepared.to_batches(), QUEUE_TABLE_SCHEMA)
-    if file is not None:
-        qm.commit_put(
-            definition.name,
-            [file],
-            group_items(prepared),
-            (),
-            producer=producer,
-            batch_id=batch_id,
-            definition=definition,
-        )
+def _write_replies(root: str, results: pa.Table) -> pa.Table:
+    """Write the replies of one task's results into their target queues' folders (one file per
+    target, not committed: the driver commits them), and return each request's outcome, with the
+    task's written files in ``written`` on its first row (executor side)."""
+    from pyspark import TaskContext
+
+    from ..spark.sink import PARTITION_SHIFT, PutCommitMessage, QueueShare
+
+    qm = _open(root)
+    answered = pc.and_(pc.is_null(results["error"]), pc.fill_null(pc.not_equal(results["reply_to_queue"], ""), False))
+    written = PutCommitMessage(None)
+    first_seq = TaskContext.get().partitionId() << PARTITION_SHIFT
+    targets = {}
+    for target, rows in _targets(qm, results.filter(answered)).items():
+        target_qm = qm if target.root == qm.root else _open(target.root)
+        header = _dead_letter_header(rows) if target.queue == qm.dead_letter_queue and target_qm is qm else None
+        share = QueueShare(target.root, target_qm.resolve_for_put(target.queue), False, first_seq)
+        share.write(written, [(rows.select(REPLY_FIELDS), header)])
+        targets.update(dict.fromkeys(rows["delivery_seq"].to_pylist(), target.key()))
+    count = results.num_rows
+    message = pickle.dumps(written) if written.files else None
+    return pa.table(
+        {
+            "delivery_seq": results["delivery_seq"],
+            "error": results["error"],
+            "target": pa.array([targets.get(seq) for seq in results["delivery_seq"].to_pylist()], pa.string()),
+            "written": pa.array([message] + [None] * (count - 1), pa.binary()),
+        },
+        schema=OUTCOME_SCHEMA,
+    )
+
+
+def _targets(qm: QueueManager, answered: pa.Table) -> dict[_Target, pa.Table]:
+    """The replies to put, by target queue: reply rows with the request's delivery_seq, and (for the
+    dead-letter queue) why each could not go where it was meant to."""
+    replies: dict[_Target, list[pa.Table]] = {}
+    dead_letter_queue = _Target(qm.name, qm.root, qm.dead_letter_queue)
+    for (qmgr, queue), part in _by_value(answered, "reply_to_qmgr", "reply_to_queue"):
+        rows = _reply_rows(part)
+        target, refused = _resolve(qm, qmgr, queue)
+        if refused is None:
+            reasons = [None] * rows.num_rows if target == dead_letter_queue else None
+            replies.setdefault(target, []).append(_with_reasons(rows, reasons))
+        else:
+            replies.setdefault(dead_letter_queue, []).append(_with_reasons(rows, [refused] * rows.num_rows))
+    return {target: pa.concat_tables(parts) for target, parts in replies.items()}
+
+
+def _dead_letter_header(rows: pa.Table) -> Callable[[pa.Table], pa.Table]:
+    """Stamps on prepared replies (in the order of ``rows``) the dead-letter header of why each could
+    not go where it was meant to; replies whose own reply queue is the dead-letter queue get none."""
+
+    def stamp(prepared: pa.Table) -> pa.Table:
+        codes = rows["dlq_reason"]
+        prepared = dead_letter(prepared, codes, rows["dlq_reason_text"], "", "", datetime.now(UTC))
+        for name, column in (
+            ("dlq_original_queue", rows["dlq_original_queue"]),
+            ("dlq_original_qmgr", rows["dlq_original_qmgr"]),
+            ("dlq_time", pc.if_else(pc.is_valid(codes), prepared["dlq_time"], pa.scalar(None, TIMESTAMP))),
+        ):
+            index = prepared.schema.get_field_index(name)
+            prepared = prepared.set_column(index, prepared.schema.field(index), column)
+        return prepared
+
+    return stamp
 
 
 def _open(root: str) -> QueueManager:

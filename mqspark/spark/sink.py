@@ -31,7 +31,7 @@ from ..qmgr import QueueManager, before_targets
 from . import workload
 
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
-_PARTITION_SHIFT = 32
+PARTITION_SHIFT = 32
 
 _log = logging.getLogger("mqspark.spark.sink")
 
@@ -100,13 +100,13 @@ def _from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-class _Share:
+class QueueShare:
     """Writes one target queue's share of a task's rows as one Parquet file, batch by batch."""
 
-    def __init__(self, root: str, definition: QueueDefinition, plan: SinkPlan, first_seq: int) -> None:
+    def __init__(self, root: str, definition: QueueDefinition, segmentation: bool, first_seq: int) -> None:
         self.target: Target = (root, definition.name)
         self.definition = definition
-        self.segmentation = plan.segmentation
+        self.segmentation = segmentation
         self.next_seq = first_seq
         self.groups: list[pa.Table] = []
         self.before: set[str] = set()
@@ -139,13 +139,13 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
     """Validate and write one task's rows, one Parquet file per target queue (executor side)."""
     context = TaskContext.get()
     partition = context.partitionId()
-    first_seq = partition << _PARTITION_SHIFT
+    first_seq = partition << PARTITION_SHIFT
     producer = plan.producer or context.getLocalProperty("sql.streaming.queryId")
     if producer is None and plan.cluster is not None:
         producer = plan.cluster.write_id
     message = PutCommitMessage(producer)
     if plan.cluster is None:
-        share = _Share(plan.root, plan.definition, plan, first_seq)
+        share = QueueShare(plan.root, plan.definition, plan.segmentation, first_seq)
         share.write(message, ((pa.Table.from_batches([batch]), None) for batch in batches))
         return message
     rows = [batch for batch in batches if batch.num_rows]
@@ -162,9 +162,9 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
     )
     message.routing = routed.record
     for (root, definition), rows in routed.shares:
-        _Share(root, definition, plan, first_seq).write(message, [(rows, None)])
+        QueueShare(root, definition, plan.segmentation, first_seq).write(message, [(rows, None)])
     if routed.dead_letters:
-        dead_letters = _Share(plan.root, plan.cluster.dead_letter, plan, first_seq)
+        dead_letters = QueueShare(plan.root, plan.cluster.dead_letter, plan.segmentation, first_seq)
         dead_letters.write(message, [(dead.rows, dead.header) for dead in routed.dead_letters])
     return message
 
