@@ -17,8 +17,8 @@
 - ``return``: a later item of a backed-out message's group in the same plan, which goes back with
   it (not a failure of its own); or, with ``batch_limit``, a message of a plan given up after its
   replay failed too, delivered from then on in batches of at most ``batch_limit`` units.
-- ``reply`` / ``unreplied``: the forwarding service's record of the reply it puts for a request
-  (``target`` queue, ``txn`` version in ``seq``), and its cancellation when that put did not land;
+- ``reply`` / ``unreplied``: the forwarding service's record of the replies it puts for a range of
+  requests (``target`` queue, ``txn`` version in ``seq``), and its cancellation when that put did not land;
   see :mod:`mqspark.services.forward`.
 - ``move``: messages that failed too often, on their way to queue ``target`` (the put's ``txn``
   version in ``seq``, each message's backout count in ``delivery_seq``, the dead-letter ``reason``
@@ -552,7 +552,8 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
         # Failures are kept while their message still waits for the group: they make its backout count.
         failures = mine.filter(failed)
         if folded.num_rows and failures.num_rows:
-            failures = failures.filter(pc.invert(in_ranges(failures["origin"], failures["row"], ranges)))
+            consumed_all = in_ranges(failures["origin"], failures["row"], ranges, pc.fill_null(failures["count"], 1))
+            failures = failures.filter(pc.invert(consumed_all))
         pieces.append(failures)
         leases = mine.filter(pc.is_in(event, pa.array(["lease", "release"])))
         if leases.num_rows:
@@ -633,8 +634,14 @@ def expand_ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(first, dtype=np.int64), count) + within
 
 
-def in_ranges(origin: pa.ChunkedArray | pa.Array, row: pa.ChunkedArray | pa.Array, ranges: pa.Table) -> pa.Array:
-    """Whether each ``origin``/``row`` lies in one of the ``origin``/``row``/``count`` ranges."""
+def in_ranges(
+    origin: pa.ChunkedArray | pa.Array,
+    row: pa.ChunkedArray | pa.Array,
+    ranges: pa.Table,
+    count: pa.ChunkedArray | pa.Array | None = None,
+) -> pa.Array:
+    """Whether each ``origin``/``row`` lies in one of the ``origin``/``row``/``count`` ranges; with
+    ``count``, whether each of the ``count`` messages from ``row`` on does."""
     ranges = merge_ranges(ranges)
     if ranges.num_rows == 0:
         return pa.array(np.zeros(len(row), dtype=bool))
@@ -645,7 +652,9 @@ def in_ranges(origin: pa.ChunkedArray | pa.Array, row: pa.ChunkedArray | pa.Arra
     # merge_ranges sorts by origin then row, and origin numbers follow that order: ``first`` is sorted.
     at = np.searchsorted(first, key, side="right") - 1
     ends = first + ranges["count"].to_numpy()
-    return pa.array((number >= 0) & (at >= 0) & (key < ends[np.maximum(at, 0)]))
+    # Merged ranges are disjoint and never adjacent: a run lies in one of them or not in all of them.
+    last = key if count is None else key + np.asarray(count, dtype=np.int64) - 1
+    return pa.array((number >= 0) & (at >= 0) & (last < ends[np.maximum(at, 0)]))
 
 
 def event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None, seq: int | None = None) -> pa.Table:

@@ -5,12 +5,16 @@ shared SparkSession, real Delta tables."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from chispa import assert_df_equality
 
 import mqspark
 from mqspark import MQError, MQValidationError, Reason
+from mqspark.consumers import STATE_SCHEMA, compact_rows
 
 from .services import fails_on_bad, returns_a_number, slow_on_slow, upper
 
@@ -229,3 +233,24 @@ def test_a_call_over_its_time_limit_fails_its_request(spark, qm):
         .as_py()
         .endswith("last error: ServiceError: the call ran over its time limit of 1 s (return code 0)")
     )
+
+
+def test_compaction_keeps_a_reply_record_until_every_request_of_its_range_is_consumed():
+    """Reply records are ranges of requests; a batch given up after its replies landed delivers
+    them again in smaller batches, so part of a range may be consumed before the rest."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def rows(*given: dict) -> pa.Table:
+        base = {"consumer": "forward", "owner": "o", "at": now}
+        return pa.Table.from_pylist([{**base, **row} for row in given], schema=STATE_SCHEMA)
+
+    state = rows(
+        {"event": "plan", "plan_id": "p1", "seq": 1, "origin": "v0", "row": 0, "count": 2, "delivery_seq": 0},
+        {"event": "consumed", "plan_id": "p1", "seq": 1},
+        {"event": "reply", "plan_id": "p0", "seq": 0, "target": "T", "origin": "v0", "row": 0, "count": 4},
+        {"event": "reply", "plan_id": "p0", "seq": 1, "target": "T", "origin": "v0", "row": 0, "count": 2},
+        {"event": "reply", "plan_id": "p0", "seq": 2, "target": "T", "origin": "v0", "row": 1, "count": 2},
+    )
+    kept = compact_rows(state, now)
+    replies = kept.filter(pc.equal(kept["event"], "reply")).select(["seq", "row", "count"]).to_pylist()
+    assert replies == [{"seq": 0, "row": 0, "count": 4}, {"seq": 2, "row": 1, "count": 2}]

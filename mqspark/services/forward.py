@@ -24,8 +24,8 @@ put while the request's batch runs, and the request is consumed when the batch e
   dead-letter queue, with the error text in its dead-letter header.
 
 **Exactly one reply per request, across crashes.** Before the replies of a batch are put, a
-``reply`` record per request (target queue and the Delta ``txn`` version the put will carry) goes to
-the queue's state table. Every batch starts by checking the records of requests still waiting:
+``reply`` record per target queue, holding the requests answered as ranges of message identities
+(and the Delta ``txn`` version the put will carry), goes to the queue's state table. Every batch starts by checking the records of requests still waiting:
 a record whose put did not land (the target's ``txn`` for the forwarder is below its version) is
 cancelled (an ``unreplied`` record), before anything else is put. A request with a landed record is
 not called again, whatever batch delivers it next (a replay, or the smaller batches after a replay
@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 
 from .. import storage
 from ..cluster.repository import Cluster
-from ..consumers import STATE_SCHEMA, ConsumerState
+from ..consumers import RANGE_COLUMNS, STATE_SCHEMA, ConsumerState, in_ranges, merge_ranges, single_ranges
 from ..definitions import validate_name
 from ..errors import MQError, MQValidationError, Reason
 from ..messages import TIMESTAMP, dead_letter
@@ -331,11 +331,10 @@ class _Batch:
         if plan_id is None:
             return
         identities = plan_messages(plan)
-        done = state.events(self.consumer, ("backout",), ["origin", "row"], plan_id)
+        done = state.events(self.consumer, ("backout",), RANGE_COLUMNS, plan_id)
         # Requests replied to already, and those backed out in an earlier attempt of this batch.
-        skip = replied | set(zip(done["origin"].to_pylist(), done["row"].to_pylist(), strict=True))
-        pairs = zip(identities["origin"].to_pylist(), identities["row"].to_pylist(), strict=True)
-        skipped = [seq for pair, seq in zip(pairs, identities["delivery_seq"].to_pylist(), strict=True) if pair in skip]
+        skip = in_ranges(identities["origin"], identities["row"], pa.concat_tables([replied, done]))
+        skipped = identities["delivery_seq"].filter(skip).to_pylist()
         requests = df.filter(~df["delivery_seq"].isin(skipped)) if skipped else df
         from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -376,56 +375,38 @@ class _Batch:
             self._producer_id = f"mqspark.forward/{qm.name}/{self.queue}/{self.consumer}/{query_id}"
         return self._producer_id
 
-    def _settle(self, qm: QueueManager, state: ConsumerState, producer: str) -> set[tuple[str, int]]:
+    def _settle(self, qm: QueueManager, state: ConsumerState, producer: str) -> pa.Table:
         """Check the reply records not checked yet, before anything is put: cancel those whose put did
-        not land. The identities of requests whose reply landed."""
+        not land. The requests whose reply landed, as ``origin``/``row``/``count`` ranges."""
         rows = state.events(
-            self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", "origin", "row"]
+            self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", *RANGE_COLUMNS]
         )
-        if rows.num_rows == 0:
-            return set()
-        cancelled = {
-            (p, s, t)
-            for e, p, s, t in zip(*(rows[n].to_pylist() for n in ("event", "plan_id", "seq", "target")), strict=True)
-            if e == "unreplied"
-        }
         records = rows.filter(pc.equal(rows["event"], "reply"))
-        replied: set[tuple[str, int]] = set()
-        cancel = []
-        for entry in sorted(
-            {tuple(e) for e in zip(*(records[n].to_pylist() for n in ("plan_id", "seq", "target")), strict=True)}
-        ):
+        cancelled = set(_entries(rows.filter(pc.equal(rows["event"], "unreplied"))))
+        replied, cancel = [records.slice(0, 0).select(RANGE_COLUMNS)], []
+        for entry, mine in _by_value(records, "plan_id", "seq", "target"):
             if entry in cancelled:
                 continue
-            mine = records.filter(
-                pc.and_(
-                    pc.and_(pc.equal(records["plan_id"], entry[0]), pc.equal(records["seq"], entry[1])),
-                    pc.equal(records["target"], entry[2]),
-                )
-            )
             if entry not in self._landed:
                 qmgr, queue = json.loads(entry[2])
-                if _landed(qm, qmgr, queue, producer, entry[1]):
-                    self._landed.add(entry)
-                else:
-                    cancel.append(
-                        _state_rows(self.consumer, producer, "unreplied", entry, mine.select(["origin", "row"]))
-                    )
+                if not _landed(qm, qmgr, queue, producer, entry[1]):
+                    cancel.append(_state_rows(self.consumer, producer, "unreplied", entry, mine))
                     continue
-            replied.update(zip(mine["origin"].to_pylist(), mine["row"].to_pylist(), strict=True))
+                self._landed.add(entry)
+            replied.append(mine.select(RANGE_COLUMNS))
         if cancel:
             state.append(pa.concat_tables(cancel))
-        return replied
+        return pa.concat_tables(replied)
 
     def _record_replies(
         self, state: ConsumerState, plan_id: str, replied: pa.Table, producer: str, batch_id: int
     ) -> None:
-        """One ``reply`` record per request answered, with its target, before the replies are committed."""
+        """The ``reply`` records of the requests answered, a range of requests per row, before the replies are committed."""
         if replied.num_rows:
             state.append(
                 pa.concat_tables(
                     _state_rows(
-                        self.consumer, producer, "reply", (plan_id, batch_id, target), rows.select(["origin", "row"])
+                        self.consumer, producer, "reply", (plan_id, batch_id, target), merge_ranges(single_ranges(rows))
                     )
                     for target, rows in _by_value(replied, "target")
                 )
@@ -594,9 +575,15 @@ def _landed(qm: QueueManager, qmgr: str, queue: str, producer: str, version: int
     return committed is not None and committed >= version
 
 
-def _state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, str], identities: pa.Table) -> pa.Table:
+def _entries(records: pa.Table) -> Iterator[tuple[str, int, str]]:
+    """The (plan_id, seq, target) of each reply record."""
+    return zip(*(records[name].to_pylist() for name in ("plan_id", "seq", "target")), strict=True)
+
+
+def _state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, str], ranges: pa.Table) -> pa.Table:
+    """``event`` rows of one reply put (plan, txn version, target) for the requests of ``ranges``."""
     plan_id, seq, target = entry
-    count = identities.num_rows
+    count = ranges.num_rows
     given = {
         "consumer": pa.repeat(consumer, count),
         "owner": pa.repeat(owner, count),
@@ -604,9 +591,9 @@ def _state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, st
         "plan_id": pa.repeat(plan_id, count),
         "seq": pa.repeat(pa.scalar(seq, pa.int64()), count),
         "target": pa.repeat(target, count),
-        "origin": identities["origin"],
-        "row": identities["row"],
-        "count": pa.repeat(pa.scalar(1, pa.int64()), count),
+        "origin": ranges["origin"],
+        "row": ranges["row"],
+        "count": ranges["count"],
         "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count),
     }
     return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
