@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 import tomllib
@@ -168,6 +169,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="queue depth and oldest message age, in all and per consumer group (every queue when none is named)",
     )
     depth.add_argument("queue", nargs="?")
+
+    monitor = commands.add_parser(
+        "monitor",
+        parents=[output],
+        help="the OpenTP1 backlog monitor of a queue and consumer group: a line per point (JSON with "
+        "--json); exit code 2 on an abort verdict",
+    )
+    monitor.add_argument("--queue", required=True)
+    monitor.add_argument("--consumer", default="default", help="consumer group (default: default)")
+    monitor.add_argument("--watch-interval", type=float, required=True, help="seconds between points")
+    monitor.add_argument("--watch-count", type=int, required=True, help="backlog at which judging starts")
+    monitor.add_argument(
+        "--expected-count", type=int, required=True, help="messages the group is expected to process per interval"
+    )
+    monitor.add_argument("--abort", type=_boolean, default=False, help="yes: stop the group's query on falling behind")
+    monitor.add_argument("--points", type=int, help="stop after this many points (default: run until interrupted)")
+    monitor.add_argument("--window", type=int, default=10, help="points the group's status is judged over")
+    monitor.add_argument("--depth-high", type=float, default=80.0, help="depth high event, %% of max_depth")
+    monitor.add_argument("--depth-low", type=float, default=20.0, help="depth low event, %% of max_depth")
+    monitor.add_argument("--service-interval", type=float, help="seconds without a get before that event")
 
     apply = commands.add_parser(
         "apply", parents=[output], help="create or update a queue manager from a TOML definition file"
@@ -458,6 +479,8 @@ def run(args: argparse.Namespace) -> Any:
         elif args.action == "delete":
             qm.delete_consumer(args.queue, args.group)
         return [{"queue": args.queue, "consumer": name} for name in qm.consumers(args.queue)]
+    if args.command == "monitor":
+        return _monitor(qm, args)
     if args.command == "get":
         table = qm.get(
             args.queue,
@@ -506,6 +529,44 @@ def _holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> b
     failure_queues |= {q.backout_queue for q in queues if q.backout_queue}
     failure_queues |= {q.error_queue for q in queues if q.error_queue}
     return qm.inquire_queue(queue).name in failure_queues or browsed["dlq_reason"].null_count < browsed.num_rows
+
+
+class _Aborted(Exception):
+    """The monitor's abort verdict: the command exits with code 2."""
+
+
+def _monitor(qm: QueueManager, args: argparse.Namespace) -> None:
+    """``monitor``: a point every ``--watch-interval`` seconds, printed as it is taken."""
+    from .monitor import Monitor, Verdict
+
+    monitor = Monitor(
+        qm,
+        args.queue,
+        args.consumer,
+        watch_interval=args.watch_interval,
+        watch_count=args.watch_count,
+        expected_count=args.expected_count,
+        abort=args.abort,
+        window=args.window,
+        depth_high=args.depth_high,
+        depth_low=args.depth_low,
+        service_interval=args.service_interval,
+    )
+
+    def show(point: Any) -> None:
+        print(json.dumps(point.as_dict()) if args.json else point.line(), flush=True)
+
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setFormatter(logging.Formatter("mqspark: warning: %(message)s"))
+    logging.getLogger("mqspark.monitor").addHandler(warnings)
+
+    try:
+        last = monitor.run(args.points, show)
+    except KeyboardInterrupt:
+        return None
+    if last.verdict is Verdict.ABORT:
+        raise _Aborted(str(monitor.error))
+    return None
 
 
 def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
@@ -615,10 +676,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.payloads = [*args.payloads, *extras]
     try:
         result = run(args)
+    except _Aborted as aborted:
+        print(f"mqspark: error: {aborted}", file=sys.stderr)
+        return 2
     except (MQError, OSError, tomllib.TOMLDecodeError) as error:
         print(f"mqspark: error: {error}", file=sys.stderr)
         return 1
-    print(render(result, args.json))
+    if result is not None:
+        print(render(result, args.json))
     return 0
 
 

@@ -11,6 +11,8 @@
   messages, with the group's position (``seq``, next ``delivery_seq``) on every row.
 - ``lease`` / ``release``: the query (``owner``) reading for the group, renewed while it runs.
 - ``declare``: the group was declared on the queue before it first read, so it counts already.
+- ``abort``: the backlog monitor stopped the group's reader (its ``reason`` and ``error`` text); a
+  query whose lease began before it fails at its next trigger (see :mod:`mqspark.monitor`).
 - ``backout`` / ``rollback``: a delivery of a message in plan ``plan_id`` failed, explicitly (given
   back, with its ``error``) or because the plan's batch was replayed; see
   :mod:`mqspark.services.backout`. A backed-out message is not consumed with its plan.
@@ -499,7 +501,8 @@ def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table
 def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
     """The compact form of a state table's rows, per consumer group: one checkpoint of merged
     ranges for everything consumed (and the group's position), the plans that may still run (those
-    after the last consumed one), and the newest lease record. Rolled-back plans are dropped.
+    after the last consumed one), and the newest lease record and abort record. Rolled-back plans are
+    dropped.
 
     ``forget`` marks merged ranges to leave out (messages no longer in the queue table). A group
     whose every range goes keeps one checkpoint row without a range, for its position."""
@@ -555,9 +558,10 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
             consumed_all = in_ranges(failures["origin"], failures["row"], ranges, pc.fill_null(failures["count"], 1))
             failures = failures.filter(pc.invert(consumed_all))
         pieces.append(failures)
-        leases = mine.filter(pc.is_in(event, pa.array(["lease", "release"])))
-        if leases.num_rows:
-            pieces.append(leases.take(pc.sort_indices(leases, [("at", "descending")])[:1]))
+        for kinds in (["lease", "release"], ["abort"]):
+            latest = mine.filter(pc.is_in(event, pa.array(kinds)))
+            if latest.num_rows:
+                pieces.append(latest.take(pc.sort_indices(latest, [("at", "descending")])[:1]))
         pieces.append(mine.filter(pc.equal(event, "declare")).slice(0, 1))
     return pa.concat_tables([piece.cast(STATE_SCHEMA) for piece in pieces]) if pieces else STATE_SCHEMA.empty_table()
 

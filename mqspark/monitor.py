@@ -12,15 +12,59 @@ spec's rules.
   waits), B (``expected_count``) and C (the previous point's backlog): the consumer keeps up when
   A >= B or A >= C. When it does not, the verdict is ``warn`` (abort=no, judging goes on) or
   ``abort`` (abort=yes: the consuming stream is to be stopped).
+
+:class:`Monitor` runs the judge against a queue and consumer group, one point per
+``watch_interval``. A point is exact: the backlog is the group's waiting messages (as ``depth``
+counts them), kept as ranges of message identities, so ``still_waiting`` counts which messages of
+the previous point's backlog still wait, not only how many. Each point also reports:
+
+- the group's health over a window of points, as LinkedIn Burrow judges it: ``STOP`` (messages
+  wait and no query holds the group's lease), ``STALL`` (messages waited at the last two points and
+  none was processed across the window), ``WARNING`` (the backlog grew across the window), ``OK``;
+- the claimable messages and the age of the oldest (put time to now), leaving out messages delayed
+  by ``available_at`` or parked by the queue's ``retry_delay`` after a failure;
+- the processing rate (A per second since the previous point);
+- MQ's events: queue depth high/low (CURDEPTH as a percentage of ``max_depth`` reaching
+  ``depth_high``, then falling to ``depth_low``) and service interval high/ok (messages waited
+  ``service_interval`` seconds with nothing processed; then something was);
+- the messages of this queue waiting on its backout queue, error queue and the dead-letter queue.
+
+Every point is appended to the monitor history table ``<root>/monitor/<queue>``. An ``abort``
+verdict records an ``abort`` row in the queue's state table for the group: the query holding the
+group's lease fails at its next trigger with ``MQRC_Q_SERVICE_INTERVAL_HIGH`` (2226) and the numbers,
+wherever it runs (see :meth:`mqspark.planner.Planner.stopped_by_monitor`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
 
-from .errors import MQValidationError
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import write_deltalake
+
+from . import storage
+from .consumers import DEFAULT_LEASE_TIMEOUT, STATE_SCHEMA, ConsumerState, in_ranges, merge_ranges, single_ranges
+from .definitions import validate_name
+from .errors import MQError, MQValidationError, Reason
+from .messages import TIMESTAMP
+from .services.backout import failures
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+    from .qmgr import QueueManager
+
+_log = logging.getLogger(__name__)
 
 
 class MonitorState(StrEnum):
@@ -134,3 +178,351 @@ class BacklogJudge:
         return JudgementPoint(
             backlog, still_waiting, self.state, verdict, judged, processed, self.expected_count, previous
         )
+
+
+class GroupStatus(StrEnum):
+    """A consumer group's health over the window of points (LinkedIn Burrow's names)."""
+
+    OK = "OK"
+    WARNING = "WARNING"
+    STALL = "STALL"
+    STOP = "STOP"
+
+
+def group_status(window: list[MonitorPoint]) -> GroupStatus:
+    """The group's status at the last point of ``window`` (its points, oldest first)."""
+    last = window[-1]
+    if last.backlog and not last.active:
+        return GroupStatus.STOP
+    later = window[1:]
+    if later and window[-2].backlog and last.backlog and not any(p.judgement.processed for p in later):
+        return GroupStatus.STALL
+    backlogs = [p.backlog for p in window]
+    if len(window) >= 3 and backlogs[-1] > backlogs[0] and all(b >= a for a, b in pairwise(backlogs)):
+        return GroupStatus.WARNING
+    return GroupStatus.OK
+
+
+@dataclass(frozen=True)
+class MonitorPoint:
+    """One point of a :class:`Monitor`: the judgement and what was measured with it."""
+
+    at: datetime
+    queue: str
+    consumer: str
+    judgement: JudgementPoint
+    watch_count: int
+    active: bool
+    claimable: int
+    oldest_claimable_age_s: float | None
+    rate_per_s: float | None
+    depth: int
+    max_depth: int
+    status: GroupStatus = GroupStatus.OK
+    events: tuple[str, ...] = ()
+    backed_out: int | None = None
+    errors: int | None = None
+    dead_letters: int | None = None
+
+    @property
+    def backlog(self) -> int:
+        return self.judgement.backlog
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.judgement.verdict
+
+    @property
+    def state(self) -> MonitorState:
+        return self.judgement.state
+
+    def as_dict(self) -> dict[str, Any]:
+        point = {"at": self.at.isoformat(), "queue": self.queue, "consumer": self.consumer}
+        point.update(self.judgement.as_dict())
+        point.update(
+            {
+                "watch_count": self.watch_count,
+                "active": self.active,
+                "claimable": self.claimable,
+                "oldest_claimable_age_s": self.oldest_claimable_age_s,
+                "rate_per_s": self.rate_per_s,
+                "depth": self.depth,
+                "max_depth": self.max_depth,
+                "status": self.status.value,
+                "events": list(self.events),
+                "backed_out": self.backed_out,
+                "errors": self.errors,
+                "dead_letters": self.dead_letters,
+            }
+        )
+        return point
+
+    def line(self) -> str:
+        """The point as one line, for the CLI."""
+        j = self.judgement
+        age = "-" if self.oldest_claimable_age_s is None else f"{self.oldest_claimable_age_s:.1f}s"
+        rate = "-" if self.rate_per_s is None else f"{self.rate_per_s:.1f}/s"
+        numbers = f"A={_text(j.processed)} B={j.expected} C={_text(j.previous_backlog)}"
+        events = f" events={','.join(self.events)}" if self.events else ""
+        return (
+            f"{self.at.strftime('%H:%M:%S')} {self.queue} {self.consumer} backlog={self.backlog} {numbers} "
+            f"{j.state.value} {j.verdict.value} status={self.status.value} oldest={age} rate={rate} "
+            f"depth={self.depth}{events}"
+        )
+
+
+def _text(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("at", TIMESTAMP, nullable=False),
+        pa.field("monitor", pa.string(), nullable=False),
+        pa.field("queue", pa.string(), nullable=False),
+        pa.field("consumer", pa.string(), nullable=False),
+        pa.field("backlog", pa.int64()),
+        pa.field("still_waiting", pa.int64()),
+        pa.field("processed", pa.int64()),
+        pa.field("expected", pa.int64()),
+        pa.field("previous_backlog", pa.int64()),
+        pa.field("watch_count", pa.int64()),
+        pa.field("state", pa.string()),
+        pa.field("verdict", pa.string()),
+        pa.field("judged", pa.bool_()),
+        pa.field("active", pa.bool_()),
+        pa.field("claimable", pa.int64()),
+        pa.field("oldest_claimable_age_s", pa.float64()),
+        pa.field("rate_per_s", pa.float64()),
+        pa.field("depth", pa.int64()),
+        pa.field("max_depth", pa.int64()),
+        pa.field("status", pa.string()),
+        pa.field("events", pa.list_(pa.string())),
+        pa.field("backed_out", pa.int64()),
+        pa.field("errors", pa.int64()),
+        pa.field("dead_letters", pa.int64()),
+    ]
+)
+# The history table keeps a day of log entries; a checkpoint every 100 points keeps opening it cheap.
+_HISTORY_CONFIGURATION = {"delta.logRetentionDuration": "interval 1 days", "delta.checkpointInterval": "100"}
+
+
+def _event(reason: Reason) -> str:
+    return f"{reason.name} ({reason.value})"
+
+
+class Monitor:
+    """The backlog monitor of ``queue`` and consumer group ``consumer`` (see the module docstring).
+
+    Call :meth:`point` once per ``watch_interval`` yourself, or let :meth:`run` (the CLI) or
+    :meth:`attach` (a thread beside a running query) do it.
+    """
+
+    def __init__(
+        self,
+        qm: QueueManager,
+        queue: str,
+        consumer: str = "default",
+        *,
+        watch_interval: float,
+        watch_count: int,
+        expected_count: int,
+        abort: bool = False,
+        window: int = 10,
+        depth_high: float = 80.0,
+        depth_low: float = 20.0,
+        service_interval: float | None = None,
+        lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT,
+        history: bool = True,
+    ) -> None:
+        self.watch_interval = validate_watch_interval(watch_interval)
+        self.judge = BacklogJudge(watch_count, expected_count, abort)
+        self.window: deque[MonitorPoint] = deque(maxlen=_count("window", window, 2))
+        for name, value in (("depth_high", depth_high), ("depth_low", depth_low)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
+                raise MQValidationError(f"monitor parameter {name} must be a percentage 0-100, got {value!r}")
+        if depth_low > depth_high:
+            raise MQValidationError(
+                f"monitor parameter depth_low ({depth_low!r}) must not be above depth_high ({depth_high!r})"
+            )
+        if service_interval is not None:
+            service_interval = validate_watch_interval(service_interval)
+        self.depth_high, self.depth_low, self.service_interval = depth_high, depth_low, service_interval
+        self.qm = qm
+        self.definition = qm.resolve_for_get(queue)
+        self.queue = self.definition.name
+        self.consumer = validate_name(consumer, "consumer group")
+        self.lease_timeout = lease_timeout
+        self.id = f"monitor:{uuid.uuid4().hex[:12]}"
+        self.history = storage.monitor_location(qm.root, self.queue) if history else None
+        self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self._waiting: pa.Table | None = None
+        self._last_progress: datetime | None = None
+        self._depth_high_raised = False
+        self._service_high_raised = False
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: MQError | None = None
+        self.taken = 0
+
+    def point(self, now: datetime | None = None) -> MonitorPoint:
+        """Measure, judge and record one point; an ``abort`` verdict also stops the group's query."""
+        now = now or datetime.now(UTC)
+        retry_delay = timedelta(seconds=self.definition.retry_delay)
+        waiting = self.qm.waiting_messages(
+            self.queue, self.consumer, ["put_time", "available_at"], now=now, state=self.state
+        )
+        identities = merge_ranges(single_ranges(waiting.select(["origin", "row"])))
+        still = None
+        if self._waiting is not None:
+            still = int(pc.sum(in_ranges(waiting["origin"], waiting["row"], self._waiting)).as_py() or 0)
+        previous = self.window[-1] if self.window else None
+        judgement = self.judge.observe(waiting.num_rows, still)
+        self._waiting = identities
+
+        claimable = pc.invert(pc.fill_null(pc.greater(waiting["available_at"], pa.scalar(now, TIMESTAMP)), False))
+        failed = failures(self.state, self.consumer)
+        if failed.num_rows and retry_delay > timedelta(0):
+            held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
+            parked = in_ranges(waiting["origin"], waiting["row"], merge_ranges(single_ranges(held)))
+            claimable = pc.and_(claimable, pc.invert(parked))
+        oldest = pc.min(waiting["put_time"].filter(claimable)).as_py()
+        seconds = None if previous is None else (now - previous.at).total_seconds()
+        rate = None if not seconds or judgement.processed is None else judgement.processed / seconds
+        depth = self.qm.depth(self.queue)
+        max_depth = self.definition.max_depth
+        point = MonitorPoint(
+            at=now,
+            queue=self.queue,
+            consumer=self.consumer,
+            judgement=judgement,
+            watch_count=self.judge.watch_count,
+            active=self.state.lease(self.consumer, self.lease_timeout, now) is not None,
+            claimable=int(pc.sum(claimable).as_py() or 0),
+            oldest_claimable_age_s=None if oldest is None else (now - oldest).total_seconds(),
+            rate_per_s=rate,
+            depth=depth,
+            max_depth=max_depth,
+            **self._failed_on(),
+        )
+        window = [*self.window, point]
+        point = replace(point, status=group_status(window[-self.window.maxlen :]), events=self._events(point, now))
+        self.window.append(point)
+        self.taken += 1
+        if self.history is not None:
+            self._record(point)
+        if point.verdict is Verdict.WARN:
+            _log.warning("%s", self._falling_behind(point))
+        elif point.verdict is Verdict.ABORT:
+            self.error = MQError(self._falling_behind(point), Reason.MQRC_Q_SERVICE_INTERVAL_HIGH)
+            self._stop_the_group(self.error)
+        return point
+
+    def _falling_behind(self, point: MonitorPoint) -> str:
+        j = point.judgement
+        return (
+            f"queue {self.queue}: consumer group {self.consumer!r} is falling behind: it processed "
+            f"A={j.processed} messages since the previous point, fewer than expected B={j.expected} and than "
+            f"the previous backlog C={j.previous_backlog}; backlog now {j.backlog} (watch_count "
+            f"{point.watch_count}, watch_interval {self.watch_interval:g} s)"
+        )
+
+    def _stop_the_group(self, error: MQError) -> None:
+        """Record the abort in the state table: the query holding the lease fails at its next trigger."""
+        rows = {
+            "consumer": [self.consumer],
+            "owner": [self.id],
+            "event": ["abort"],
+            "at": [datetime.now(UTC)],
+            "reason": [int(error.reason)],
+            "error": [error.detail],
+        }
+        self.state.append(pa.table({f.name: pa.array(rows.get(f.name, [None]), f.type) for f in STATE_SCHEMA}))
+
+    def _events(self, point: MonitorPoint, now: datetime) -> tuple[str, ...]:
+        events = []
+        percent = 100.0 * point.depth / point.max_depth if point.max_depth else 0.0
+        if not self._depth_high_raised and percent >= self.depth_high:
+            self._depth_high_raised = True
+            events.append(_event(Reason.MQRC_Q_DEPTH_HIGH))
+        elif self._depth_high_raised and percent <= self.depth_low:
+            self._depth_high_raised = False
+            events.append(_event(Reason.MQRC_Q_DEPTH_LOW))
+        progressed = not point.backlog or bool(point.judgement.processed)
+        if progressed or self._last_progress is None:
+            self._last_progress = now
+        if self.service_interval is not None:
+            idle = (now - self._last_progress).total_seconds()
+            if not self._service_high_raised and point.backlog and idle >= self.service_interval:
+                self._service_high_raised = True
+                events.append(_event(Reason.MQRC_Q_SERVICE_INTERVAL_HIGH))
+            elif self._service_high_raised and progressed:
+                self._service_high_raised = False
+                events.append(_event(Reason.MQRC_Q_SERVICE_INTERVAL_OK))
+        return tuple(events)
+
+    def _failed_on(self) -> dict[str, int | None]:
+        """How many of this queue's failed messages wait on its backout, error and dead-letter queues."""
+        queues = {"backed_out": self.definition.backout_queue, "errors": self.definition.error_queue}
+        queues["dead_letters"] = self.qm.dead_letter_queue if self.queue != self.qm.dead_letter_queue else None
+        counts: dict[str, int | None] = {}
+        for key, name in queues.items():
+            try:
+                counts[key] = None if name is None else self.qm.depth_by_original_queue(name).get(self.queue, 0)
+            except MQError as error:
+                if error.reason != Reason.MQRC_UNKNOWN_OBJECT_NAME:
+                    raise
+                counts[key] = None
+        return counts
+
+    def _record(self, point: MonitorPoint) -> None:
+        values = point.as_dict()
+        values.update({"at": point.at, "monitor": self.id})
+        row = pa.table({f.name: pa.array([values[f.name]], f.type) for f in HISTORY_SCHEMA}, schema=HISTORY_SCHEMA)
+        assert self.history is not None
+        if not storage.table_exists(self.history, self.qm.storage_options):
+            try:
+                storage.create_table(self.history, HISTORY_SCHEMA, self.qm.storage_options, _HISTORY_CONFIGURATION)
+            except Exception:  # noqa: BLE001 - another monitor created it first
+                if not storage.table_exists(self.history, self.qm.storage_options):
+                    raise
+        write_deltalake(self.history, row, mode="append", storage_options=self.qm.storage_options)
+
+    def run(self, points: int | None = None, on_point: Callable[[MonitorPoint], None] | None = None) -> MonitorPoint:
+        """Take a point every ``watch_interval`` seconds, ``points`` times (None: until :meth:`stop`)
+        or until an abort; return the last point."""
+        taken = 0
+        while True:
+            point = self.point()
+            taken += 1
+            if on_point is not None:
+                on_point(point)
+            if point.verdict is Verdict.ABORT or (points is not None and taken >= points):
+                return point
+            if self._stopped.wait(self.watch_interval):
+                return point
+
+    def attach(self, query: StreamingQuery) -> Monitor:
+        """Monitor beside ``query`` (a running query of the group) in a daemon thread, until the query
+        ends or :meth:`stop`. ``warn`` points are logged; an ``abort`` point makes the query fail."""
+
+        def watch() -> None:
+            while query.isActive and not self._stopped.is_set():
+                try:
+                    point = self.point()
+                except Exception:  # noqa: BLE001 - a point that failed is logged; the next one may work
+                    _log.exception("backlog monitor of queue %s, group %s: a point failed", self.queue, self.consumer)
+                else:
+                    if point.verdict is Verdict.ABORT:
+                        return
+                self._stopped.wait(self.watch_interval)
+
+        self._thread = threading.Thread(target=watch, name=f"mqspark-monitor-{self.queue}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop taking points, and wait for the attached thread to end."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from . import storage
 from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges, single_ranges
+from .errors import MQError, Reason
 from .messages import MESSAGE_SCHEMA, TIMESTAMP
 from .ordering import DeliveryOptions, deliver, join_segments, keep_rows
 from .pending import PendingMessages, lookup
@@ -127,6 +128,7 @@ class Planner:
         self.location = storage.queue_location(qm.root, self.queue)
         self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
         self.owner = owner
+        self.started = datetime.now(UTC)
         self.state.acquire(consumer, owner, lease_timeout, patience)
         self.heartbeat = Heartbeat(self.state, consumer, owner, lease_timeout)
         # The table version reads stop at (a run of ``trigger(availableNow=True)``); None: the latest.
@@ -152,6 +154,14 @@ class Planner:
         """Stop renewing the lease and release it."""
         self.heartbeat.stop()
         self.state.release(self.consumer, self.owner)
+
+    def stopped_by_monitor(self) -> MQError | None:
+        """The backlog monitor's abort of this reader, when one was recorded after it took the lease."""
+        rows = self.state.events(self.consumer, ("abort",), ["at", "reason", "error"])
+        rows = rows.filter(pc.greater_equal(rows["at"], pa.scalar(self.started, TIMESTAMP)))
+        if rows.num_rows == 0:
+            return None
+        return MQError(rows["error"][0].as_py(), Reason(rows["reason"][0].as_py()))
 
     def drop_unstarted_plans(self) -> None:
         """Forget the plans made but never started: their messages wait again."""

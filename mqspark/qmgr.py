@@ -404,14 +404,30 @@ class QueueManager:
         """Depth (see :meth:`depth`) and, with ``oldest``, the put time of the oldest waiting message,
         which reads every live message's put_time."""
         local = self._resolve(queue).name
+        waiting_now = self.waiting_messages(local, consumer, ["put_time"] if oldest else [])
+        count = waiting_now.num_rows
+        first = pc.min(waiting_now["put_time"]).as_py() if oldest and count else None
+        return Backlog(local, consumer, count, first)
+
+    def waiting_messages(
+        self,
+        queue: str,
+        consumer: str | None = None,
+        columns: Sequence[str] = (),
+        *,
+        now: datetime | None = None,
+        state: ConsumerState | None = None,
+    ) -> pa.Table:
+        """The live messages that wait, as :meth:`depth` counts them at ``now``: their identity
+        (``origin``, ``row``), ``expiry`` and ``columns``. ``state`` is the queue's state table when
+        the caller keeps one open."""
+        local = self._resolve(queue).name
         if consumer is not None:
             validate_name(consumer, "consumer group")
-        now = datetime.now(UTC)
-        _, live = self._with_snapshot(local, lambda table: live_messages(table, ["put_time"] if oldest else None))
-        mask = waiting(live, self._state(local).all_groups(), now, consumer)
-        count = int(mask.sum())
-        first = pc.min(live["put_time"].filter(pa.array(mask))).as_py() if oldest and count else None
-        return Backlog(local, consumer, count, first)
+        now = now or datetime.now(UTC)
+        _, live = self._with_snapshot(local, lambda table: live_messages(table, list(columns) or None))
+        mask = waiting(live, (state or self._state(local)).all_groups(), now, consumer)
+        return live.filter(pa.array(mask))
 
     def depth_by_original_queue(self, queue: str) -> dict[str, int]:
         """How many of the messages waiting on ``queue`` (as :meth:`depth` counts them) came from each

@@ -38,6 +38,7 @@ CATALOG_DIR = "_qmgr"
 STATE_DIR = "state"
 MAINTENANCE_DIR = "maintenance"
 FORWARD_DIR = "forward"
+MONITOR_DIR = "monitor"
 # A table property set on a message table that is being deleted; puts refuse to commit on top of it.
 CLOSED_PROPERTY = "mqspark.closed"
 QUEUES_DIR = "queues"
@@ -81,6 +82,11 @@ def maintenance_location(root: str, queue: str) -> str:
 def forward_location(root: str, queue: str, consumer: str) -> str:
     """The checkpoint of the forwarding service of ``queue`` in consumer group ``consumer``."""
     return f"{root}/{FORWARD_DIR}/{queue_dir_name(queue)}/{consumer}"
+
+
+def monitor_location(root: str, queue: str) -> str:
+    """The backlog monitor's history of ``queue``: a point per row, every group's."""
+    return f"{root}/{MONITOR_DIR}/{queue_dir_name(queue)}"
 
 
 def table_exists(location: str, storage_options: StorageOptions) -> bool:

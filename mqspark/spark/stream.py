@@ -150,6 +150,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group.drop_unstarted_plans()
         if group.heartbeat.lost is not None:
             raise group.heartbeat.lost
+        stopped = group.stopped_by_monitor()
+        if stopped is not None:
+            # The last batch's consumption is recorded and the lease released: a restart goes on at once.
+            group.flush()
+            group.close()
+            raise stopped
         now = self._target[1] if self._target else datetime.now(UTC)
         news = group.catch_up()
         due = group.next_due is not None and now >= group.next_due

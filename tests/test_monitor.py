@@ -1,0 +1,299 @@
+"""The backlog monitor against real queues and state tables: exact points, group health, claimable
+age, MQ events, the history table, the abort of a running query, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from chispa import assert_df_equality
+
+from mqspark import MQError, MQValidationError, Reason, storage
+from mqspark.consumers import ConsumerState
+from mqspark.monitor import GroupStatus, Monitor, Verdict
+
+from .test_cli import mqspark
+
+LEASE = timedelta(seconds=30)
+
+
+def _put(qm, count: int, queue: str = "Q", **fields) -> list[str]:
+    return qm.put(queue, [{"payload": f"m{n}".encode(), **fields} for n in range(count)])
+
+
+def _monitor(qm, **options) -> Monitor:
+    given = {"watch_interval": 1.0, "watch_count": 1, "expected_count": 5, **options}
+    return Monitor(qm, "Q", "G", **given)
+
+
+def _active(qm, owner: str = "query-1") -> ConsumerState:
+    """Hold the group's lease as a running query does (a real lease record in the state table)."""
+    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state.acquire("G", owner, LEASE)
+    return state
+
+
+def _get_while_active(qm, count: int, owner: str = "query-1") -> None:
+    """The group's running query consumes ``count`` messages: a get between its lease records."""
+    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state.release("G", owner)
+    assert qm.get("Q", "G", max_messages=count).num_rows == count
+    state.acquire("G", owner, LEASE)
+
+
+def test_a_point_counts_which_messages_of_the_previous_backlog_still_wait(qm):
+    qm.define_queue("Q")
+    _put(qm, 10)
+    monitor = _monitor(qm, history=False, expected_count=4)
+    first = monitor.point()
+    assert (first.backlog, first.judgement.still_waiting, first.judgement.processed) == (10, None, None)
+    got = qm.get("Q", "G", max_messages=4)
+    assert got["payload"].to_pylist() == [b"m0", b"m1", b"m2", b"m3"]
+    # Five new messages replace the four got: the backlog grew by one, yet four were processed.
+    _put(qm, 5)
+    second = monitor.point()
+    judgement = second.judgement
+    assert (judgement.backlog, judgement.still_waiting, judgement.processed, judgement.previous_backlog) == (
+        11,
+        6,
+        4,
+        10,
+    )
+    assert (second.state.value, second.verdict.value) == ("judging", "continue")
+    assert second.rate_per_s == pytest.approx(4 / (second.at - first.at).total_seconds())
+
+
+def test_judging_warns_when_the_group_falls_behind(qm, caplog):
+    qm.define_queue("Q")
+    _put(qm, 20)
+    monitor = _monitor(qm, history=False, watch_count=10, expected_count=5)
+    assert monitor.point().verdict is Verdict.CONTINUE
+    qm.get("Q", "G", max_messages=2)
+    with caplog.at_level("WARNING", logger="mqspark.monitor"):
+        point = monitor.point()
+    assert (point.verdict, point.judgement.processed) == (Verdict.WARN, 2)
+    assert [record.getMessage() for record in caplog.records] == [
+        "queue Q: consumer group 'G' is falling behind: it processed A=2 messages since the previous point, "
+        "fewer than expected B=5 and than the previous backlog C=20; backlog now 18 (watch_count 10, "
+        "watch_interval 1 s)"
+    ]
+    qm.get("Q", "G", max_messages=5)
+    assert monitor.point().verdict is Verdict.CONTINUE
+
+
+def test_the_claimable_age_leaves_out_delayed_and_retry_parked_messages(qm):
+    qm.define_queue("Q", retry_count=3, retry_delay=600)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    qm.put("Q", [{"payload": b"delayed", "available_at": later}])
+    time.sleep(0.05)
+    qm.put("Q", [{"payload": b"parked"}])
+    time.sleep(0.05)
+    qm.put("Q", [{"payload": b"ready"}])
+    with pytest.raises(RuntimeError), qm.syncpoint_get("Q", "G") as got:
+        assert got["payload"].to_pylist() == [b"parked"]
+        raise RuntimeError("service failed")
+    ready_put = qm.waiting_messages("Q", "G", ["put_time", "payload"])
+    put_times = dict(zip(ready_put["payload"].to_pylist(), ready_put["put_time"].to_pylist(), strict=True))
+    now = datetime.now(UTC)
+    point = _monitor(qm, history=False).point(now)
+    assert (point.backlog, point.claimable) == (3, 1)
+    assert point.oldest_claimable_age_s == pytest.approx((now - put_times[b"ready"]).total_seconds())
+    # Once its retry delay has passed, the parked message is claimable again and the oldest.
+    after = now + timedelta(seconds=601)
+    point = _monitor(qm, history=False).point(after)
+    assert (point.claimable, point.oldest_claimable_age_s) == (2, (after - put_times[b"parked"]).total_seconds())
+
+
+def test_stop_when_messages_wait_and_no_query_holds_the_lease(qm):
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "G")
+    monitor = _monitor(qm, history=False)
+    assert monitor.point().status is GroupStatus.OK
+    _put(qm, 3)
+    assert monitor.point().status is GroupStatus.STOP
+    _active(qm)
+    assert monitor.point().status is GroupStatus.STALL
+
+
+def test_stall_when_an_active_group_processes_nothing_and_ok_once_it_does(qm):
+    qm.define_queue("Q")
+    _put(qm, 6)
+    _active(qm)
+    monitor = _monitor(qm, history=False)
+    assert [monitor.point().status for _ in range(3)] == [GroupStatus.OK, GroupStatus.STALL, GroupStatus.STALL]
+    # The window still holds points without progress, but this one processed: no longer a stall.
+    _get_while_active(qm, 2)
+    point = monitor.point()
+    assert (point.status, point.judgement.processed) == (GroupStatus.OK, 2)
+
+
+def test_warning_when_the_backlog_grows_across_the_window(qm):
+    qm.define_queue("Q")
+    _active(qm)
+    monitor = _monitor(qm, history=False, window=3)
+    statuses = []
+    for _ in range(4):
+        _put(qm, 4)
+        _get_while_active(qm, 1)
+        statuses.append(monitor.point().status)
+    assert statuses == [GroupStatus.OK, GroupStatus.OK, GroupStatus.WARNING, GroupStatus.WARNING]
+    _get_while_active(qm, 12)
+    assert monitor.point().status is GroupStatus.OK
+
+
+def test_depth_high_low_and_service_interval_events(qm):
+    qm.define_queue("Q", max_depth=10)
+    monitor = _monitor(qm, history=False, depth_high=80, depth_low=20, service_interval=0.05)
+    _put(qm, 8)
+    assert monitor.point().events == ("MQRC_Q_DEPTH_HIGH (2224)",)
+    time.sleep(0.1)
+    assert monitor.point().events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
+    qm.get("Q", "G", max_messages=6)
+    assert monitor.point().events == ("MQRC_Q_DEPTH_LOW (2225)", "MQRC_Q_SERVICE_INTERVAL_OK (2227)")
+    assert monitor.point().events == ()
+
+
+def test_failed_messages_waiting_on_the_backout_and_dead_letter_queues_are_reported(qm):
+    qm.define_queue("BQ")
+    qm.define_queue("Q", backout_threshold=1, backout_queue="BQ")
+    _put(qm, 2)
+    with pytest.raises(RuntimeError), qm.syncpoint_get("Q", "G"):
+        raise RuntimeError("bad")
+    # The next get moves the message that reached the threshold, then gets the other one.
+    assert qm.get("Q", "G")["payload"].to_pylist() == [b"m1"]
+    point = _monitor(qm, history=False).point()
+    assert (point.backed_out, point.errors, point.dead_letters) == (1, None, 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"watch_interval": 0}, "monitor parameter watch_interval must be a number of seconds > 0, got 0"),
+        ({"watch_count": -2}, "monitor parameter watch_count must be an integer >= 0, got -2"),
+        ({"expected_count": 0}, "monitor parameter expected_count must be an integer >= 1, got 0"),
+        ({"window": 1}, "monitor parameter window must be an integer >= 2, got 1"),
+        ({"depth_high": 120}, "monitor parameter depth_high must be a percentage 0-100, got 120"),
+        ({"depth_low": 90}, "monitor parameter depth_low (90) must not be above depth_high (80.0)"),
+    ],
+)
+def test_parameter_errors(qm, options, message):
+    qm.define_queue("Q")
+    with pytest.raises(MQValidationError) as raised:
+        _monitor(qm, **options)
+    assert str(raised.value) == message
+
+
+def test_an_unknown_queue_is_refused(qm):
+    with pytest.raises(MQError) as raised:
+        Monitor(qm, "NOPE", "G", watch_interval=1, watch_count=1, expected_count=1)
+    assert raised.value.reason == Reason.MQRC_UNKNOWN_OBJECT_NAME
+
+
+def test_every_point_is_in_the_history_table(qm, spark):
+    qm.define_queue("Q")
+    _put(qm, 3)
+    monitor = _monitor(qm, watch_count=2, expected_count=1)
+    monitor.point()
+    qm.get("Q", "G", max_messages=1)
+    monitor.point()
+    history = spark.read.format("delta").load(storage.monitor_location(qm.root, "Q"))
+    columns = ["consumer", "backlog", "still_waiting", "processed", "state", "verdict", "judged", "status"]
+    expected = spark.createDataFrame(
+        [
+            ("G", 3, None, None, "judging", "continue", False, "STOP"),
+            ("G", 2, 2, 1, "judging", "continue", True, "STOP"),
+        ],
+        history.select(columns).schema,
+    )
+    assert_df_equality(history.select(columns).orderBy("at"), expected)
+    assert history.select("monitor").distinct().collect()[0][0] == monitor.id
+
+
+def test_a_slow_consumer_gets_warn_points_then_abort_stops_its_query(qm, spark, tmp_path, caplog):
+    qm.define_queue("Q")
+    _put(qm, 300)
+    processed = []
+
+    def slow(batch, batch_id):
+        processed.extend(row.payload for row in batch.select("payload").collect())
+        time.sleep(0.5)
+
+    query = (
+        spark.readStream.format("mq")
+        .option("path", qm.root)
+        .option("queue", "Q")
+        .option("consumer", "G")
+        .option("maxMessagesPerTrigger", "5")
+        .load()
+        .writeStream.foreachBatch(slow)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not processed:
+            assert time.monotonic() < deadline, "the query delivered nothing within 60 s"
+            time.sleep(0.1)
+        with caplog.at_level("WARNING", logger="mqspark.monitor"):
+            warn = _monitor(qm, watch_interval=1.0, watch_count=10, expected_count=100).attach(query)
+            deadline = time.monotonic() + 60
+            while sum(1 for r in caplog.records if "is falling behind" in r.getMessage()) < 2:
+                assert time.monotonic() < deadline, "no warn points within 60 s"
+                assert warn.error is None
+                time.sleep(0.2)
+            warn.stop()
+        assert query.isActive
+        aborting = _monitor(qm, watch_interval=1.0, watch_count=10, expected_count=100, abort=True).attach(query)
+        with pytest.raises(Exception) as raised:
+            query.awaitTermination(120)
+        aborting.stop()
+    finally:
+        query.stop()
+    assert aborting.error is not None
+    assert type(raised.value).__name__ == "StreamingQueryException"
+    assert str(aborting.error) in str(raised.value)
+    assert str(aborting.error).startswith(
+        "MQRC_Q_SERVICE_INTERVAL_HIGH (2226): queue Q: consumer group 'G' is falling behind: it processed A="
+    )
+    history = spark.read.format("delta").load(storage.monitor_location(qm.root, "Q"))
+    points = {row["monitor"]: row["count"] for row in history.groupBy("monitor").count().collect()}
+    assert points == {warn.id: warn.taken, aborting.id: aborting.taken}
+    verdicts = [row.verdict for row in history.filter(history.monitor == aborting.id).orderBy("at").collect()]
+    assert verdicts[-1] == "abort" and verdicts[:-1] == ["continue"] * (len(verdicts) - 1)
+    # Nothing was lost: what the query did not process still waits for the group.
+    assert qm.depth("Q", "G") == 300 - len(processed)
+
+
+def test_cli_prints_a_line_per_point_and_exits_non_zero_on_abort(qm):
+    qm.define_queue("Q")
+    _put(qm, 4)
+    common = ("monitor", "--queue", "Q", "--consumer", "G", "--watch-interval", "0.2", "--watch-count", "1")
+    warned = mqspark(qm.root, *common, "--expected-count", "5", "--abort", "no", "--points", "2", "--json")
+    assert (warned.returncode, warned.stderr) == (
+        0,
+        "mqspark: warning: queue Q: consumer group 'G' is falling behind: it processed A=0 messages since the "
+        "previous point, fewer than expected B=5 and than the previous backlog C=4; backlog now 4 (watch_count 1, "
+        "watch_interval 0.2 s)\n",
+    )
+    lines = [json.loads(line) for line in warned.stdout.splitlines()]
+    assert [(p["backlog"], p["state"], p["verdict"], p["processed"], p["status"]) for p in lines] == [
+        (4, "judging", "continue", None, "STOP"),
+        (4, "judging", "warn", 0, "STOP"),
+    ]
+    aborted = mqspark(qm.root, *common, "--expected-count", "5", "--abort", "yes")
+    assert aborted.returncode == 2
+    first, second = aborted.stdout.splitlines()
+    assert " Q G backlog=4 A=- B=5 C=- judging continue status=STOP " in first
+    assert " Q G backlog=4 A=0 B=5 C=4 judging abort status=STOP " in second
+    assert aborted.stderr == (
+        "mqspark: error: MQRC_Q_SERVICE_INTERVAL_HIGH (2226): queue Q: consumer group 'G' is falling behind: it "
+        "processed A=0 messages since the previous point, fewer than expected B=5 and than the previous backlog "
+        "C=4; backlog now 4 (watch_count 1, watch_interval 0.2 s)\n"
+    )
+    bad = mqspark(qm.root, *common, "--expected-count", "0", "--abort", "no")
+    assert (bad.returncode, bad.stderr) == (
+        1,
+        "mqspark: error: monitor parameter expected_count must be an integer >= 1, got 0\n",
+    )
