@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import backout, browse, cluster_put, forward, maintenance, python_put, stream_get, stream_put
+from . import backout, browse, cluster_put, forward, maintenance, monitor, python_put, stream_get, stream_put
 
 
 def _spark():
@@ -32,6 +32,8 @@ BENCHMARKS = {
     "maintenance_quick": lambda: maintenance.run(history=1_000, bulk_messages=20_000, bulk_puts=20),
     "backout": lambda: backout.run(_spark()),
     "forward": lambda: forward.run(_spark()),
+    "monitor": lambda: monitor.run(),
+    "monitor_quick": lambda: monitor.run(messages=100_000, waiting=1_000, points=5, history=20),
 }
 
 

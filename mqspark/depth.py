@@ -86,16 +86,22 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
 def _identities(
     file: np.ndarray, commit_version: np.ndarray, put_seq: np.ndarray, expiry: pa.Array | pa.ChunkedArray
 ) -> pa.Table:
-    names, number, row = origins(commit_version, put_seq)
-    origin = pa.DictionaryArray.from_arrays(pa.array(number), pa.array(names, pa.string())).cast(pa.string())
+    origin, row = identity_columns(commit_version, put_seq)
     return pa.table(
         {
             "file": pa.array(np.asarray(file, dtype=np.int32)),
             "origin": origin,
-            "row": pa.array(row),
+            "row": row,
             "expiry": expiry.cast(TIMESTAMP),
         }
     )
+
+
+def identity_columns(commit_version: np.ndarray, put_seq: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """The ``origin`` and ``row`` columns of messages' identities (see :func:`mqspark.messages.origins`)."""
+    names, number, row = origins(commit_version, put_seq)
+    origin = pa.DictionaryArray.from_arrays(pa.array(number), pa.array(names, pa.string())).cast(pa.string())
+    return origin, pa.array(row)
 
 
 def consumed_by(live: pa.Table, ranges: pa.Table) -> np.ndarray:

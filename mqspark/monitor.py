@@ -55,6 +55,7 @@ from deltalake import write_deltalake
 from . import storage
 from .consumers import DEFAULT_LEASE_TIMEOUT, STATE_SCHEMA, ConsumerState, in_ranges, merge_ranges, single_ranges
 from .definitions import validate_name
+from .depth import identity_columns, waiting
 from .errors import MQError, MQValidationError, Reason
 from .messages import TIMESTAMP
 from .services.backout import failures
@@ -303,6 +304,8 @@ HISTORY_SCHEMA = pa.schema(
         pa.field("dead_letters", pa.int64()),
     ]
 )
+# What the claimable age needs of the files holding waiting messages.
+_CLAIM_COLUMNS = ["put_time", "available_at"]
 # The history table keeps a day of log entries; a checkpoint every 100 points keeps opening it cheap.
 _HISTORY_CONFIGURATION = {"delta.logRetentionDuration": "interval 1 days", "delta.checkpointInterval": "100"}
 
@@ -368,28 +371,20 @@ class Monitor:
     def point(self, now: datetime | None = None) -> MonitorPoint:
         """Measure, judge and record one point; an ``abort`` verdict also stops the group's query."""
         now = now or datetime.now(UTC)
-        retry_delay = timedelta(seconds=self.definition.retry_delay)
-        waiting = self.qm.waiting_messages(
-            self.queue, self.consumer, ["put_time", "available_at"], now=now, state=self.state
-        )
-        identities = merge_ranges(single_ranges(waiting.select(["origin", "row"])))
+        files, live = self.qm.live_messages(self.queue)
+        groups = self.state.all_groups()
+        waiting_now = live.filter(pa.array(waiting(live, groups, now, self.consumer)))
+        depth = int(waiting(live, groups, now).sum())
+        identities = merge_ranges(single_ranges(waiting_now.select(["origin", "row"])))
         still = None
         if self._waiting is not None:
-            still = int(pc.sum(in_ranges(waiting["origin"], waiting["row"], self._waiting)).as_py() or 0)
+            still = int(pc.sum(in_ranges(waiting_now["origin"], waiting_now["row"], self._waiting)).as_py() or 0)
         previous = self.window[-1] if self.window else None
-        judgement = self.judge.observe(waiting.num_rows, still)
+        judgement = self.judge.observe(waiting_now.num_rows, still)
         self._waiting = identities
-
-        claimable = pc.invert(pc.fill_null(pc.greater(waiting["available_at"], pa.scalar(now, TIMESTAMP)), False))
-        failed = failures(self.state, self.consumer)
-        if failed.num_rows and retry_delay > timedelta(0):
-            held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
-            parked = in_ranges(waiting["origin"], waiting["row"], merge_ranges(single_ranges(held)))
-            claimable = pc.and_(claimable, pc.invert(parked))
-        oldest = pc.min(waiting["put_time"].filter(claimable)).as_py()
+        claimable, oldest = self._claimable(files, waiting_now, now)
         seconds = None if previous is None else (now - previous.at).total_seconds()
         rate = None if not seconds or judgement.processed is None else judgement.processed / seconds
-        depth = self.qm.depth(self.queue)
         max_depth = self.definition.max_depth
         point = MonitorPoint(
             at=now,
@@ -398,7 +393,7 @@ class Monitor:
             judgement=judgement,
             watch_count=self.judge.watch_count,
             active=self.state.lease(self.consumer, self.lease_timeout, now) is not None,
-            claimable=int(pc.sum(claimable).as_py() or 0),
+            claimable=claimable,
             oldest_claimable_age_s=None if oldest is None else (now - oldest).total_seconds(),
             rate_per_s=rate,
             depth=depth,
@@ -417,6 +412,30 @@ class Monitor:
             self.error = MQError(self._falling_behind(point), Reason.MQRC_Q_SERVICE_INTERVAL_HIGH)
             self._stop_the_group(self.error)
         return point
+
+    def _claimable(self, files: pa.Table, waiting_now: pa.Table, now: datetime) -> tuple[int, datetime | None]:
+        """How many waiting messages are claimable now, and the put time of the oldest: not delayed
+        (``available_at``) nor parked by the queue's ``retry_delay`` after a failure. Only the files
+        holding waiting messages are read."""
+        location = storage.queue_location(self.qm.root, self.queue)
+        paths, versions = files["path"].to_pylist(), files["version"].to_pylist()
+        read = []
+        for number in pc.unique(waiting_now["file"]).to_pylist():
+            data = storage.read_messages(location, paths[number], versions[number], ["put_seq", *_CLAIM_COLUMNS])
+            origin, row = identity_columns(data["commit_version"].to_numpy(), data["put_seq"].to_numpy())
+            read.append(pa.table({"origin": origin, "row": row, **{c: data[c] for c in _CLAIM_COLUMNS}}))
+        if not read:
+            return 0, None
+        rows = waiting_now.select(["origin", "row"]).join(pa.concat_tables(read), ["origin", "row"])
+        claimable = pc.invert(pc.fill_null(pc.greater(rows["available_at"], pa.scalar(now, TIMESTAMP)), False))
+        retry_delay = timedelta(seconds=self.definition.retry_delay)
+        if retry_delay > timedelta(0):
+            failed = failures(self.state, self.consumer)
+            held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
+            if held.num_rows:
+                parked = in_ranges(rows["origin"], rows["row"], merge_ranges(single_ranges(held)))
+                claimable = pc.and_(claimable, pc.invert(parked))
+        return int(pc.sum(claimable).as_py() or 0), pc.min(rows["put_time"].filter(claimable)).as_py()
 
     def _falling_behind(self, point: MonitorPoint) -> str:
         j = point.judgement

@@ -409,25 +409,19 @@ class QueueManager:
         first = pc.min(waiting_now["put_time"]).as_py() if oldest and count else None
         return Backlog(local, consumer, count, first)
 
-    def waiting_messages(
-        self,
-        queue: str,
-        consumer: str | None = None,
-        columns: Sequence[str] = (),
-        *,
-        now: datetime | None = None,
-        state: ConsumerState | None = None,
-    ) -> pa.Table:
-        """The live messages that wait, as :meth:`depth` counts them at ``now``: their identity
-        (``origin``, ``row``), ``expiry`` and ``columns``. ``state`` is the queue's state table when
-        the caller keeps one open."""
+    def waiting_messages(self, queue: str, consumer: str | None = None, columns: Sequence[str] = ()) -> pa.Table:
+        """The live messages that wait, as :meth:`depth` counts them: their identity (``origin``,
+        ``row``), ``expiry`` and ``columns``."""
         local = self._resolve(queue).name
         if consumer is not None:
             validate_name(consumer, "consumer group")
-        now = now or datetime.now(UTC)
-        _, live = self._with_snapshot(local, lambda table: live_messages(table, list(columns) or None))
-        mask = waiting(live, (state or self._state(local)).all_groups(), now, consumer)
-        return live.filter(pa.array(mask))
+        _, live = self.live_messages(local, columns)
+        return live.filter(pa.array(waiting(live, self._state(local).all_groups(), datetime.now(UTC), consumer)))
+
+    def live_messages(self, queue: str, columns: Sequence[str] = ()) -> tuple[pa.Table, pa.Table]:
+        """The live files of local queue ``queue`` and its live messages, with ``columns``: see
+        :func:`mqspark.depth.live_messages`."""
+        return self._with_snapshot(queue, lambda table: live_messages(table, list(columns) or None))
 
     def depth_by_original_queue(self, queue: str) -> dict[str, int]:
         """How many of the messages waiting on ``queue`` (as :meth:`depth` counts them) came from each
