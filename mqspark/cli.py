@@ -21,6 +21,7 @@ from .cluster.repository import ROUTE_STATES, Cluster
 from .definitions import ATTRIBUTE_NAMES, QueueDefinition
 from .errors import MQError, Reason
 from .messages import DEAD_LETTER_FIELDS
+from .monitor import Monitor, Verdict, group_health
 from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
 from .services.maintenance import DEFAULT_RETENTION
@@ -33,6 +34,7 @@ _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset",
 _HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
 # Shown by depth beside each source queue: its failure queues and its failed messages waiting there.
 _FAILURE_KEYS = ("backout_queue", "backed_out", "error_queue", "errors", "dead_letters")
+_HEALTH_KEYS = ("status", "claimable_age_s", "rate_per_s")
 
 
 def _boolean(text: str) -> bool:
@@ -505,9 +507,14 @@ def run(args: argparse.Namespace) -> Any:
         )
         return _messages(qm, args, qm.browse_with(args.queue, options, limit=args.limit))
     rows = _depths(qm, args.queue)
-    if args.json or any(row["backout_queue"] or row["error_queue"] or row["dead_letters"] for row in rows):
+    if args.json:
         return rows
-    return [{key: value for key, value in row.items() if key not in _FAILURE_KEYS} for row in rows]
+    hidden = set()
+    if not any(row["consumer"] for row in rows):
+        hidden.update(_HEALTH_KEYS)
+    if not any(row["backout_queue"] or row["error_queue"] or row["dead_letters"] for row in rows):
+        hidden.update(_FAILURE_KEYS)
+    return [{key: value for key, value in row.items() if key not in hidden} for row in rows]
 
 
 def _messages(qm: QueueManager, args: argparse.Namespace, table: pa.Table) -> pa.Table:
@@ -537,8 +544,6 @@ class _Aborted(Exception):
 
 def _monitor(qm: QueueManager, args: argparse.Namespace) -> None:
     """``monitor``: a point every ``--watch-interval`` seconds, printed as it is taken."""
-    from .monitor import Monitor, Verdict
-
     monitor = Monitor(
         qm,
         args.queue,
@@ -570,7 +575,8 @@ def _monitor(qm: QueueManager, args: argparse.Namespace) -> None:
 
 
 def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
-    """``depth``: each queue's depth and oldest age, in all and per consumer group; beside each
+    """``depth``: each queue's depth and oldest age, in all and per consumer group, with each group's
+    health (:func:`mqspark.monitor.group_health`: status, oldest claimable age, rate); beside each
     source queue, how many of its failed messages wait on its backout queue, its error queue and the
     dead-letter queue (``--json`` always has these keys; the table shows them when one is set or
     a dead letter waits)."""
@@ -597,8 +603,18 @@ def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
                 "consumer": consumer,
                 "depth": backlog.depth,
                 "oldest_age_s": None if age is None else round(age, 1),
+                **dict.fromkeys(_HEALTH_KEYS),
                 **dict.fromkeys(_FAILURE_KEYS),
             }
+            if consumer is not None:
+                health = group_health(qm, name, consumer, now)
+                row.update(
+                    {
+                        "status": None if health.status is None else health.status.value,
+                        "claimable_age_s": _rounded(health.oldest_claimable_age_s),
+                        "rate_per_s": _rounded(health.rate_per_s),
+                    }
+                )
             if consumer is None and definition is not None and name != qm.dead_letter_queue:
                 row.update(
                     {
@@ -611,6 +627,10 @@ def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
                 )
             rows.append(row)
     return rows
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _jsonable(value: Any) -> Any:

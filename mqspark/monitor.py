@@ -63,6 +63,7 @@ from .services.backout import failures
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
+    from .definitions import QueueDefinition
     from .qmgr import QueueManager
 
 _log = logging.getLogger(__name__)
@@ -314,6 +315,110 @@ def _event(reason: Reason) -> str:
     return f"{reason.name} ({reason.value})"
 
 
+def claimable_messages(
+    qm: QueueManager,
+    definition: QueueDefinition,
+    state: ConsumerState,
+    consumer: str,
+    files: pa.Table,
+    waiting_now: pa.Table,
+    now: datetime,
+) -> tuple[int, datetime | None]:
+    """How many of group ``consumer``'s waiting messages (``waiting_now``, whose ``file`` numbers
+    index ``files``, both from :meth:`~mqspark.qmgr.QueueManager.live_messages`) are claimable now,
+    and the put time of the oldest: not delayed (``available_at``) nor parked by the queue's
+    ``retry_delay`` after a failure. Only the files holding waiting messages are read."""
+    location = storage.queue_location(qm.root, definition.name)
+    paths, versions = files["path"].to_pylist(), files["version"].to_pylist()
+    read = []
+    for number in pc.unique(waiting_now["file"]).to_pylist():
+        data = storage.read_messages(location, paths[number], versions[number], ["put_seq", *_CLAIM_COLUMNS])
+        origin, row = identity_columns(data["commit_version"].to_numpy(), data["put_seq"].to_numpy())
+        read.append(pa.table({"origin": origin, "row": row, **{c: data[c] for c in _CLAIM_COLUMNS}}))
+    if not read:
+        return 0, None
+    rows = waiting_now.select(["origin", "row"]).join(pa.concat_tables(read), ["origin", "row"])
+    claimable = pc.invert(pc.fill_null(pc.greater(rows["available_at"], pa.scalar(now, TIMESTAMP)), False))
+    retry_delay = timedelta(seconds=definition.retry_delay)
+    if retry_delay > timedelta(0):
+        failed = failures(state, consumer)
+        held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
+        if held.num_rows:
+            parked = in_ranges(rows["origin"], rows["row"], merge_ranges(single_ranges(held)))
+            claimable = pc.and_(claimable, pc.invert(parked))
+    return int(pc.sum(claimable).as_py() or 0), pc.min(rows["put_time"].filter(claimable)).as_py()
+
+
+@dataclass(frozen=True)
+class GroupHealth:
+    """A consumer group's health now, as ``mqspark depth`` reports it (see :func:`group_health`)."""
+
+    queue: str
+    consumer: str
+    backlog: int
+    active: bool
+    claimable: int
+    oldest_claimable_age_s: float | None
+    status: GroupStatus | None
+    status_at: datetime | None
+    rate_per_s: float | None
+
+
+def latest_point(qm: QueueManager, queue: str, consumer: str) -> dict[str, Any] | None:
+    """The newest point of the monitor history of ``queue`` and group ``consumer``, or None."""
+    table = storage.open_table(storage.monitor_location(qm.root, queue), qm.storage_options)
+    if table is None:
+        return None
+    match = (pc.field("queue") == queue) & (pc.field("consumer") == consumer)
+    points = table.to_pyarrow_dataset().to_table(filter=match, columns=["at", "status", "rate_per_s"])
+    if not points.num_rows:
+        return None
+    return points.slice(pc.index(points["at"], pc.max(points["at"])).as_py(), 1).to_pylist()[0]
+
+
+def group_health(
+    qm: QueueManager,
+    queue: str,
+    consumer: str,
+    now: datetime | None = None,
+    lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT,
+) -> GroupHealth:
+    """Group ``consumer``'s health on ``queue`` now, without taking a monitor point.
+
+    The backlog, lease and claimable age are measured now. The status: ``STOP`` when messages
+    wait and no query holds the group's lease, ``OK`` when none waits; otherwise the status of the
+    newest point in the monitor history (``WARNING`` and ``STALL`` need a window of points), or
+    None when no monitor recorded one. The rate is that point's rate.
+    """
+    now = now or datetime.now(UTC)
+    definition = qm.resolve_for_get(queue)
+    consumer = validate_name(consumer, "consumer group")
+    state = ConsumerState(qm.root, definition.name, qm.storage_options)
+    files, live = qm.live_messages(definition.name)
+    waiting_now = live.filter(pa.array(waiting(live, state.all_groups(), now, consumer)))
+    claimable, oldest = claimable_messages(qm, definition, state, consumer, files, waiting_now, now)
+    active = state.lease(consumer, lease_timeout, now) is not None
+    latest = latest_point(qm, definition.name, consumer)
+    status, status_at = None, None
+    if waiting_now.num_rows and not active:
+        status, status_at = GroupStatus.STOP, now
+    elif not waiting_now.num_rows:
+        status, status_at = GroupStatus.OK, now
+    elif latest is not None and latest["status"] != GroupStatus.STOP:
+        status, status_at = GroupStatus(latest["status"]), latest["at"]
+    return GroupHealth(
+        queue=definition.name,
+        consumer=consumer,
+        backlog=waiting_now.num_rows,
+        active=active,
+        claimable=claimable,
+        oldest_claimable_age_s=None if oldest is None else (now - oldest).total_seconds(),
+        status=status,
+        status_at=status_at,
+        rate_per_s=None if latest is None else latest["rate_per_s"],
+    )
+
+
 class Monitor:
     """The backlog monitor of ``queue`` and consumer group ``consumer`` (see the module docstring).
 
@@ -382,7 +487,9 @@ class Monitor:
         previous = self.window[-1] if self.window else None
         judgement = self.judge.observe(waiting_now.num_rows, still)
         self._waiting = identities
-        claimable, oldest = self._claimable(files, waiting_now, now)
+        claimable, oldest = claimable_messages(
+            self.qm, self.definition, self.state, self.consumer, files, waiting_now, now
+        )
         seconds = None if previous is None else (now - previous.at).total_seconds()
         rate = None if not seconds or judgement.processed is None else judgement.processed / seconds
         max_depth = self.definition.max_depth
@@ -412,30 +519,6 @@ class Monitor:
             self.error = MQError(self._falling_behind(point), Reason.MQRC_Q_SERVICE_INTERVAL_HIGH)
             self._stop_the_group(self.error)
         return point
-
-    def _claimable(self, files: pa.Table, waiting_now: pa.Table, now: datetime) -> tuple[int, datetime | None]:
-        """How many waiting messages are claimable now, and the put time of the oldest: not delayed
-        (``available_at``) nor parked by the queue's ``retry_delay`` after a failure. Only the files
-        holding waiting messages are read."""
-        location = storage.queue_location(self.qm.root, self.queue)
-        paths, versions = files["path"].to_pylist(), files["version"].to_pylist()
-        read = []
-        for number in pc.unique(waiting_now["file"]).to_pylist():
-            data = storage.read_messages(location, paths[number], versions[number], ["put_seq", *_CLAIM_COLUMNS])
-            origin, row = identity_columns(data["commit_version"].to_numpy(), data["put_seq"].to_numpy())
-            read.append(pa.table({"origin": origin, "row": row, **{c: data[c] for c in _CLAIM_COLUMNS}}))
-        if not read:
-            return 0, None
-        rows = waiting_now.select(["origin", "row"]).join(pa.concat_tables(read), ["origin", "row"])
-        claimable = pc.invert(pc.fill_null(pc.greater(rows["available_at"], pa.scalar(now, TIMESTAMP)), False))
-        retry_delay = timedelta(seconds=self.definition.retry_delay)
-        if retry_delay > timedelta(0):
-            failed = failures(self.state, self.consumer)
-            held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
-            if held.num_rows:
-                parked = in_ranges(rows["origin"], rows["row"], merge_ranges(single_ranges(held)))
-                claimable = pc.and_(claimable, pc.invert(parked))
-        return int(pc.sum(claimable).as_py() or 0), pc.min(rows["put_time"].filter(claimable)).as_py()
 
     def _falling_behind(self, point: MonitorPoint) -> str:
         j = point.judgement

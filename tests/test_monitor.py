@@ -12,7 +12,7 @@ from chispa import assert_df_equality
 
 from mqspark import MQError, MQValidationError, Reason, storage
 from mqspark.consumers import ConsumerState
-from mqspark.monitor import GroupStatus, Monitor, Verdict
+from mqspark.monitor import GroupStatus, Monitor, Verdict, group_health
 
 from .test_cli import mqspark
 
@@ -127,6 +127,63 @@ def test_stall_when_an_active_group_processes_nothing_and_ok_once_it_does(qm):
     _get_while_active(qm, 2)
     point = monitor.point()
     assert (point.status, point.judgement.processed) == (GroupStatus.OK, 2)
+
+
+def test_group_health_measures_now_and_takes_warning_and_stall_from_the_monitors_newest_point(qm):
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "G")
+    _put(qm, 3)
+    stopped = group_health(qm, "Q", "G")
+    assert (stopped.status, stopped.backlog, stopped.claimable, stopped.active, stopped.rate_per_s) == (
+        GroupStatus.STOP,
+        3,
+        3,
+        False,
+        None,
+    )
+    _active(qm)
+    # Messages wait and a query holds the lease: only a monitor's window of points can tell more.
+    assert (group_health(qm, "Q", "G").status, group_health(qm, "Q", "G").status_at) == (None, None)
+    monitor = _monitor(qm)
+    monitor.point()
+    stalled = monitor.point()
+    assert stalled.status is GroupStatus.STALL
+    health = group_health(qm, "Q", "G")
+    assert (health.status, health.status_at, health.rate_per_s) == (GroupStatus.STALL, stalled.at, 0.0)
+    _get_while_active(qm, 3)
+    assert (group_health(qm, "Q", "G").status, group_health(qm, "Q", "G").oldest_claimable_age_s) == (
+        GroupStatus.OK,
+        None,
+    )
+
+
+def test_depth_shows_each_groups_status_claimable_age_and_rate(qm):
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "G")
+    qm.put("Q", [{"payload": b"delayed", "available_at": datetime.now(UTC) + timedelta(hours=1)}])
+    time.sleep(1.5)
+    qm.put("Q", [{"payload": b"ready"}])
+    _active(qm)
+    _monitor(qm).point()
+    queue_row, group_row = json.loads(mqspark(qm.root, "--json", "depth", "Q").stdout)
+    assert {key: queue_row[key] for key in ("consumer", "depth", "status", "claimable_age_s", "rate_per_s")} == {
+        "consumer": None,
+        "depth": 2,
+        "status": None,
+        "claimable_age_s": None,
+        "rate_per_s": None,
+    }
+    assert {key: group_row[key] for key in ("consumer", "depth", "status", "rate_per_s")} == {
+        "consumer": "G",
+        "depth": 2,
+        "status": "OK",
+        "rate_per_s": None,
+    }
+    # The delayed message is the oldest waiting, not the oldest claimable.
+    assert 0 <= group_row["claimable_age_s"] <= group_row["oldest_age_s"] - 1.0
+    header, queue_line, group_line = mqspark(qm.root, "depth", "Q").stdout.splitlines()
+    assert header.split() == ["queue", "consumer", "depth", "oldest_age_s", "status", "claimable_age_s", "rate_per_s"]
+    assert group_line.split()[:3] + group_line.split()[4:5] == ["Q", "G", "2", "OK"]
 
 
 def test_warning_when_the_backlog_grows_across_the_window(qm):
