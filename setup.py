@@ -29,6 +29,8 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
+            # The monitoring notebook plots the monitor history.
+            "matplotlib>=3.9",
         ],
     },
     entry_points={"console_scripts": ["mqspark=mqspark.cli:entry"]},

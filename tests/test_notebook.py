@@ -1,7 +1,8 @@
-"""The quickstart notebook runs top to bottom in a real Jupyter kernel and shows what its text promises."""
+"""The notebooks run top to bottom in a real Jupyter kernel and show what their text promises."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 import tempfile
@@ -11,7 +12,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "quickstart.ipynb"
+NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
+NOTEBOOK = NOTEBOOKS / "quickstart.ipynb"
+MONITORING = NOTEBOOKS / "monitoring.ipynb"
 KERNEL = "mqspark-tests"
 
 
@@ -46,11 +49,12 @@ def show_rows(text: str) -> list[list[str]]:
     return [[value.strip() for value in line.strip("|").split("|")] for line in rows]
 
 
-def test_notebook_is_stored_without_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+@pytest.mark.parametrize(("notebook", "least"), [(NOTEBOOK, 10), (MONITORING, 6)], ids=["quickstart", "monitoring"])
+def test_notebook_is_stored_without_outputs(notebook, least):
+    nb = nbformat.read(notebook, as_version=4)
     nbformat.validate(nb)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert len(code) >= 10
+    assert len(code) >= least
     assert [(cell.outputs, cell.execution_count) for cell in code] == [([], None)] * len(code)
 
 
@@ -110,3 +114,32 @@ def test_quickstart_notebook_runs(tmp_path, kernel_name):
         "last error: ServiceError: no price for plum (return code 404)",
     ]
     assert stdout_text(tagged(nb, "request")).splitlines() == ["[b'0.55']"]
+
+
+@pytest.mark.slow
+def test_monitoring_notebook_warns_recovers_aborts_and_plots_the_history(tmp_path, kernel_name):
+    nb = nbformat.read(MONITORING, as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError on the first cell that fails
+
+    # The slow consumer recovered: the warning monitor's last points are back under the watch count.
+    recovered = result_text(tagged(nb, "recover"))
+    assert recovered.count(" watching continue status=OK ") == 3, recovered
+    aborted = stdout_text(tagged(nb, "abort")).splitlines()
+    assert aborted[0] == "StreamingQueryException"
+    assert aborted[1].startswith(
+        "MQRC_Q_SERVICE_INTERVAL_HIGH (2226): queue ORDERS: consumer group 'billing' is falling behind: it processed A="
+    )
+    verdicts, events, status = stdout_text(tagged(nb, "history")).splitlines()
+    counts = ast.literal_eval(verdicts)
+    assert counts[("warning", "warn")] >= 1 and counts[("aborting", "abort")] == 1
+    assert set(counts) <= {
+        ("warning", "continue"),
+        ("warning", "warn"),
+        ("aborting", "continue"),
+        ("aborting", "abort"),
+    }
+    assert events == "['MQRC_Q_DEPTH_HIGH (2224)', 'MQRC_Q_DEPTH_LOW (2225)']"
+    assert status == "STOP"
+    (plot,) = [output for output in tagged(nb, "plot").outputs if output.output_type == "display_data"]
+    assert plot.data["image/png"] and plot.data["text/plain"] == "<Figure size 900x800 with 3 Axes>"
