@@ -125,3 +125,17 @@ def waiting(live: pa.Table, groups: GroupsSnapshot, now: datetime, consumer: str
     for name in groups.groups:
         for_someone |= ~consumed_by(live, groups.consumed[name])
     return unexpired & for_someone
+
+
+def waiting_and_depth(live: pa.Table, groups: GroupsSnapshot, now: datetime, consumer: str) -> tuple[np.ndarray, int]:
+    """:func:`waiting` for ``consumer``, and CURDEPTH (how many wait for at least one counted
+    group), matching each group's consumption against the live messages once."""
+    unexpired = ~expired(live, now)
+    left = {name: ~consumed_by(live, groups.consumed[name]) for name in groups.groups}
+    if consumer not in left and groups.consumed.get(consumer) is not None:
+        left[consumer] = ~consumed_by(live, groups.consumed[consumer])
+    mine = unexpired & left[consumer] if consumer in left else unexpired
+    if not groups.groups:
+        return mine, int(unexpired.sum())
+    for_someone = np.logical_or.reduce([left[name] for name in groups.groups])
+    return mine, int((unexpired & for_someone).sum())

@@ -50,12 +50,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from . import storage
 from .consumers import DEFAULT_LEASE_TIMEOUT, STATE_SCHEMA, ConsumerState, in_ranges, merge_ranges, single_ranges
 from .definitions import validate_name
-from .depth import identity_columns, waiting
+from .depth import identity_columns, waiting, waiting_and_depth
 from .errors import MQError, MQValidationError, Reason
 from .messages import TIMESTAMP
 from .services.backout import failures
@@ -470,6 +470,7 @@ class Monitor:
         self._service_high_raised = False
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._history_table: DeltaTable | None = None
         self.error: MQError | None = None
         self.taken = 0
 
@@ -478,8 +479,8 @@ class Monitor:
         now = now or datetime.now(UTC)
         files, live = self.qm.live_messages(self.queue)
         groups = self.state.all_groups()
-        waiting_now = live.filter(pa.array(waiting(live, groups, now, self.consumer)))
-        depth = int(waiting(live, groups, now).sum())
+        mine, depth = waiting_and_depth(live, groups, now, self.consumer)
+        waiting_now = live.filter(pa.array(mine))
         identities = merge_ranges(single_ranges(waiting_now.select(["origin", "row"])))
         still = None
         if self._waiting is not None:
@@ -582,13 +583,16 @@ class Monitor:
         values.update({"at": point.at, "monitor": self.id})
         row = pa.table({f.name: pa.array([values[f.name]], f.type) for f in HISTORY_SCHEMA}, schema=HISTORY_SCHEMA)
         assert self.history is not None
-        if not storage.table_exists(self.history, self.qm.storage_options):
-            try:
-                storage.create_table(self.history, HISTORY_SCHEMA, self.qm.storage_options, _HISTORY_CONFIGURATION)
-            except Exception:  # noqa: BLE001 - another monitor created it first
-                if not storage.table_exists(self.history, self.qm.storage_options):
-                    raise
-        write_deltalake(self.history, row, mode="append", storage_options=self.qm.storage_options)
+        if self._history_table is None:
+            if not storage.table_exists(self.history, self.qm.storage_options):
+                try:
+                    storage.create_table(self.history, HISTORY_SCHEMA, self.qm.storage_options, _HISTORY_CONFIGURATION)
+                except Exception:  # noqa: BLE001 - another monitor created it first
+                    if not storage.table_exists(self.history, self.qm.storage_options):
+                        raise
+            # Kept open: each append then reads only the log entries added since the last one.
+            self._history_table = storage.open_table(self.history, self.qm.storage_options)
+        write_deltalake(self._history_table, row, mode="append")
 
     def run(self, points: int | None = None, on_point: Callable[[MonitorPoint], None] | None = None) -> MonitorPoint:
         """Take a point every ``watch_interval`` seconds, ``points`` times (None: until :meth:`stop`)

@@ -65,6 +65,21 @@ def test_a_point_counts_which_messages_of_the_previous_backlog_still_wait(qm):
     assert second.rate_per_s == pytest.approx(4 / (second.at - first.at).total_seconds())
 
 
+@pytest.mark.parametrize("consumer", ["G", "H", "NEVER.READ"])
+def test_a_points_backlog_and_depth_are_what_depth_counts_with_several_groups(qm, consumer):
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "G")
+    qm.declare_consumer("Q", "H")
+    _put(qm, 6)
+    qm.put("Q", [{"payload": b"expired", "expiry": datetime.now(UTC) + timedelta(seconds=0.5)}])
+    assert qm.get("Q", "G", max_messages=4).num_rows == 4
+    assert qm.get("Q", "H", max_messages=2).num_rows == 2
+    time.sleep(0.6)
+    point = Monitor(qm, "Q", consumer, watch_interval=1, watch_count=1, expected_count=1, history=False).point()
+    assert (point.backlog, point.depth) == (qm.depth("Q", consumer), qm.depth("Q"))
+    assert (point.backlog, point.depth) == ({"G": 2, "H": 4, "NEVER.READ": 6}[consumer], 4)
+
+
 def test_judging_warns_when_the_group_falls_behind(qm, caplog):
     qm.define_queue("Q")
     _put(qm, 20)
