@@ -453,6 +453,21 @@ class ConsumerState:
                     ) from None
                 time.sleep(_LEASE_POLL)
 
+    def renew(self, consumer: str, owner: str, timeout: timedelta) -> None:
+        """Renew ``owner``'s lease of the group; refused (2042) once another owner holds it. The check
+        and the renewal commit at exactly the next version, so a reader that was paused past its
+        timeout cannot renew over a reader that took the group over meanwhile."""
+
+        def check() -> None:
+            holder = self.lease(consumer, timeout * 1000)
+            if holder is not None and holder.owner != owner:
+                raise MQError(
+                    f"queue {self.queue}: consumer group {consumer!r} was taken over by {holder.owner}",
+                    Reason.MQRC_OBJECT_IN_USE,
+                )
+
+        self._commit(event_rows(consumer, owner, "lease"), check)
+
     def release(self, consumer: str, owner: str) -> None:
         holder = self.lease(consumer, timedelta(days=3650))
         if holder is not None and holder.owner == owner:
@@ -697,11 +712,8 @@ class Heartbeat:
         while not self._stopped.wait(interval):
             if self.state.table() is None:
                 return  # the queue was deleted
-            holder = self.state.lease(self.consumer, self.timeout * 1000)
-            if holder is not None and holder.owner != self.owner:
-                self.lost = MQError(
-                    f"queue {self.state.queue}: consumer group {self.consumer!r} was taken over by another query",
-                    Reason.MQRC_OBJECT_IN_USE,
-                )
+            try:
+                self.state.renew(self.consumer, self.owner, self.timeout)
+            except MQError as error:
+                self.lost = error
                 return
-            self.state.append(event_rows(self.consumer, self.owner, "lease"))

@@ -135,7 +135,17 @@ def _get_options(options: dict[str, str]) -> GetOptions:
         max_bytes=max_bytes,
         lease_timeout=lease,
         maintenance_interval=_maintenance_interval(options),
+        instance=_instance(options),
     )
+
+
+def _instance(options: dict[str, str]) -> str | None:
+    """Option instance: the service instance (:class:`mqspark.services.instances.Instance`) the
+    query runs for; its id holds the group's lease."""
+    instance = options.get("instance")
+    if instance is not None and (not instance.strip() or len(instance) > 200):
+        raise MQValidationError(f"option instance must be an instance id of 1-200 characters, got {instance!r}")
+    return instance
 
 
 def _maintenance_interval(options: dict[str, str]) -> timedelta | None:

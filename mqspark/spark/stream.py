@@ -70,6 +70,9 @@ class GetOptions:
     max_bytes: int | None
     lease_timeout: timedelta
     maintenance_interval: timedelta | None = DEFAULT_MAINTENANCE_INTERVAL
+    # The instance of a service this query runs for (see :mod:`mqspark.services.instances`): it, not
+    # the checkpoint's owner, holds the group's lease, so instances sharing a checkpoint fence each other.
+    instance: str | None = None
 
 
 def offset(values: dict) -> dict:
@@ -95,6 +98,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: GetOptions) -> None:
         self.options = options
         self._group: Planner | None = None
+        self._owner = ""
         self._maintenance: Maintenance | None = None
         self._initial: dict | None = None
         self._target: tuple[int, datetime] | None = None
@@ -235,18 +239,19 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         a Python get of the group to finish)."""
         if self._group is None:
             options = self.options
+            self._owner = owner
             self._group = Planner(
                 QueueManager.open(options.root),
                 options.queue,
                 options.consumer,
-                owner,
+                options.instance or owner,
                 options.delivery,
                 options.lease_timeout,
                 exact_lengths=options.max_bytes is not None,
                 patience=options.lease_timeout,
             )
             self._group.up_to = self._target[0] if self._target else None
-        elif self._group.owner != owner:
+        elif self._owner != owner:
             raise MQError(
                 f"queue {self.options.queue}: offsets of another query reached consumer {self.options.consumer!r}",
                 Reason.MQRC_OBJECT_IN_USE,
