@@ -24,6 +24,7 @@ from .messages import DEAD_LETTER_FIELDS
 from .monitor import Monitor, Verdict, group_health
 from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
+from .services.instances import instances
 from .services.maintenance import DEFAULT_RETENTION
 
 DEFAULT_ROOT = "./mq-data"
@@ -238,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("group")
     consumer.add_parser("list", parents=[output], help="the consumer groups that count for the depth").add_argument(
         "queue"
+    )
+
+    instance = commands.add_parser(
+        "instance", help="the instances of a consumer group's service: active and standby"
+    ).add_subparsers(dest="action", required=True)
+    listing = instance.add_parser("list", parents=[output], help="each instance: role, host, pid, since, heartbeat")
+    listing.add_argument("queue")
+    listing.add_argument("--consumer", default="default", help="consumer group (default: default)")
+    listing.add_argument(
+        "--lease-timeout", type=float, default=30.0, help="the service's lease timeout in seconds (default 30)"
     )
     _add_cluster_commands(commands, output)
     return parser
@@ -483,6 +494,9 @@ def run(args: argparse.Namespace) -> Any:
         return [{"queue": args.queue, "consumer": name} for name in qm.consumers(args.queue)]
     if args.command == "monitor":
         return _monitor(qm, args)
+    if args.command == "instance":
+        timeout = timedelta(seconds=args.lease_timeout)
+        return [info.as_dict() for info in instances(qm, args.queue, args.consumer, timeout)]
     if args.command == "get":
         table = qm.get(
             args.queue,

@@ -39,6 +39,7 @@ STATE_DIR = "state"
 MAINTENANCE_DIR = "maintenance"
 FORWARD_DIR = "forward"
 MONITOR_DIR = "monitor"
+INSTANCES_DIR = "instances"
 # A table property set on a message table that is being deleted; puts refuse to commit on top of it.
 CLOSED_PROPERTY = "mqspark.closed"
 QUEUES_DIR = "queues"
@@ -109,7 +110,8 @@ def create_table(
     )
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+def filesystem_of(location: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's filesystem for ``location`` (credentials from the environment) and the path in it."""
     if is_uri(location):
         return pafs.FileSystem.from_uri(location)
     return pafs.LocalFileSystem(), location
@@ -120,7 +122,7 @@ def remove_tree(location: str) -> None:
 
     Object stores are reached through pyarrow's filesystems, which take credentials from the environment.
     """
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
         filesystem.delete_dir(path)
 
@@ -190,7 +192,7 @@ def add_versions(location: str, paths: list[str], newest: int) -> dict[str, int]
 
 def last_checkpoint(location: str) -> int:
     """The version of the table's last checkpoint, -1 when it has none."""
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     try:
         with filesystem.open_input_stream(f"{base}/_delta_log/_last_checkpoint") as stream:
             return int(json.loads(stream.read())["version"])
@@ -233,7 +235,7 @@ def read_messages(location: str, path: str, version: int | None, columns: list[s
 
 
 def _log_path(location: str, version: int) -> tuple[pafs.FileSystem, str]:
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     return filesystem, f"{base}/_delta_log/{version:020d}.json"
 
 
@@ -244,7 +246,7 @@ def delete_removed_files(location: str, older_than: datetime) -> int:
     Only files such a commit names are deleted, never a file a put has written but not committed yet.
     Run it before the log clean-up that drops those entries.
     """
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     listing = filesystem.get_file_info(pafs.FileSelector(f"{base}/_delta_log"))
     cutoff = older_than.timestamp()
     deleted = 0
@@ -302,7 +304,7 @@ def clean_up_log(table: DeltaTable) -> int:
 
 def log_entry_count(location: str) -> int:
     """How many commit entries (``.json``) the table's log holds."""
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     listing = filesystem.get_file_info(pafs.FileSelector(f"{base}/_delta_log"))
     return sum(1 for info in listing if info.path.endswith(".json"))
 
@@ -383,7 +385,7 @@ def read_data_file(location: str, path: str, columns: list[str] | None = None) -
     Read with ``ParquetFile``: ``pq.read_table`` builds a dataset for every file. ``pre_buffer``
     fetches the wanted column chunks in few requests, as ``pq.read_table`` does (object stores).
     """
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     with filesystem.open_input_file(f"{base}/{path}") as handle:
         parquet = pq.ParquetFile(handle, pre_buffer=True)
         present = _present(parquet, columns)
@@ -393,7 +395,7 @@ def read_data_file(location: str, path: str, columns: list[str] | None = None) -
 def read_data_rows(location: str, path: str, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
     """Rows ``start`` to ``stop`` (exclusive) of one data file, reading only the row groups holding
     them; missing ``columns`` as in :func:`read_data_file`."""
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     with filesystem.open_input_file(f"{base}/{path}") as handle:
         parquet = pq.ParquetFile(handle)
         ends = np.cumsum([parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)])
@@ -480,7 +482,7 @@ class _Stats:
 
 def write_data_file(location: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> DataFile | None:
     """Write ``batches`` as one Parquet file in the table folder at ``location``; None when there are no rows."""
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     name = f"part-{uuid.uuid4()}.snappy.parquet"
     batches = (_conform(batch, schema) for batch in batches)
     stats = _Stats(schema)
@@ -515,7 +517,7 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 def remove_data_files(location: str, files: Iterable[DataFile]) -> None:
     """Delete written files that will never be committed."""
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location)
     for file in files:
         # Spark may abort a batch whose commit already removed its files.
         if filesystem.get_file_info(f"{base}/{file.path}").type != pafs.FileType.NotFound:

@@ -1,0 +1,276 @@
+"""Instances of one consumer service (spec section 8): one active, the others standing by.
+
+Several Spark applications may run the same consumer (a streaming get of group G, a forwarder) as
+instances of one service. They share the queue manager root and one checkpoint location on shared
+storage, as MQ's multi-instance queue managers share their data; no server is added.
+
+**Who is active.** The group's lease in the queue's state table (see :mod:`mqspark.consumers`)
+decides: the active instance is the one whose id holds it. An :class:`Instance` stands by while
+another holder's lease is alive, taking no lease and delivering nothing; once the lease lapsed
+(the active instance died, or could not renew it for ``lease_timeout``) or was released, it takes
+the lease for its own id (the check and the lease record commit at exactly the next version, so of
+two standbys only one gets it) and starts the query on the shared checkpoint, with
+``.option("instance", id)``: the query's planner then holds the lease under the instance's id, not
+under the checkpoint's owner, which every instance shares. The new active instance resumes exactly
+where the checkpoint and the state table say: a micro-batch in flight is replayed with the same
+messages, groups in flight go on at their next item.
+
+**Fencing.** An active instance that lost its lease (paused past the timeout, cut off from
+storage) must stop before the next one delivers:
+
+1. its planner renews the lease with a check at the next version
+   (:meth:`~mqspark.consumers.ConsumerState.renew`); once another instance holds it the renewal is
+   refused, and the query fails at its next trigger with ``MQRC_OBJECT_IN_USE`` (2042), before it
+   plans or delivers another micro-batch;
+2. a micro-batch that was already planned is checked again before the user's code sees it:
+   :meth:`Instance.fence` wraps a ``foreachBatch`` function, which then runs only while this
+   instance still holds the lease;
+3. what a paused instance wrote before it was stopped is written again identically by the new
+   active instance (same checkpoint, same batch ids): the ``delta`` and ``mq`` sinks write each
+   batch id of a query once.
+
+A process paused inside the user's own ``foreachBatch`` code resumes that code; nothing outside it
+can stop it there.
+
+**The registry.** Each instance writes a small JSON file,
+``<root>/instances/<QUEUE>/<consumer>/<instance>.json``, at every heartbeat (a third of the lease
+timeout): its service, host, pid, since when it runs and since when it is active.
+:func:`instances` lists them with the lease holder's last renewal (``mqspark instance list``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.fs as pafs
+
+from .. import storage
+from ..consumers import DEFAULT_LEASE_TIMEOUT, ConsumerState
+from ..definitions import validate_name
+from ..errors import MQError, Reason
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import StreamingQuery
+
+    from ..qmgr import QueueManager
+
+_log = logging.getLogger(__name__)
+
+# Registry files older than this belong to instances long gone: the lister removes them.
+_FORGET_AFTER = timedelta(days=1)
+
+
+def new_instance_id(service: str) -> str:
+    """An instance id naming the service, the host and the process: ``get@host:1234:1a2b3c4d``."""
+    return f"{service}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """One instance as :func:`instances` sees it."""
+
+    instance: str
+    service: str
+    role: str
+    host: str
+    pid: int
+    since: datetime
+    active_since: datetime | None
+    heartbeat: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "service": self.service,
+            "role": self.role,
+            "host": self.host,
+            "pid": self.pid,
+            "since": self.since.isoformat(),
+            "active_since": None if self.active_since is None else self.active_since.isoformat(),
+            "heartbeat": self.heartbeat.isoformat(),
+        }
+
+
+def registry_location(root: str, queue: str, consumer: str) -> str:
+    return f"{root}/{storage.INSTANCES_DIR}/{storage.queue_dir_name(queue)}/{consumer}"
+
+
+class Instance:
+    """One instance of the consumer service of ``queue`` and group ``consumer``.
+
+    :meth:`run` stands by until this instance may be active, then starts the query; see the module
+    docstring.
+    """
+
+    def __init__(
+        self,
+        qm: QueueManager,
+        queue: str,
+        consumer: str = "default",
+        *,
+        service: str = "get",
+        lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT,
+    ) -> None:
+        self.qm = qm
+        self.queue = qm.resolve_for_get(queue).name
+        self.consumer = validate_name(consumer, "consumer group")
+        self.service = service
+        self.lease_timeout = lease_timeout
+        self.id = new_instance_id(service)
+        self.since = datetime.now(UTC)
+        self.active_since: datetime | None = None
+        self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self._stopped = threading.Event()
+        self._registry = registry_location(qm.root, self.queue, self.consumer)
+
+    @property
+    def interval(self) -> float:
+        return self.lease_timeout.total_seconds() / 3
+
+    def wait_until_active(self, timeout: float | None = None) -> None:
+        """Stand by until the group's lease is free, then take it for this instance. Raises
+        ``MQRC_OBJECT_IN_USE`` (2042) when ``timeout`` seconds pass first, or when :meth:`stop`
+        was called."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._register()
+            if self.state.lease(self.consumer, self.lease_timeout) is None:
+                try:
+                    self.state.acquire(self.consumer, self.id, self.lease_timeout)
+                except MQError as error:
+                    if error.reason != Reason.MQRC_OBJECT_IN_USE:
+                        raise
+                else:
+                    self.active_since = datetime.now(UTC)
+                    self._register()
+                    return
+            wait = self.interval if deadline is None else min(self.interval, deadline - time.monotonic())
+            if wait <= 0 or self._stopped.wait(wait):
+                raise MQError(
+                    f"queue {self.queue}: instance {self.id} of consumer group {self.consumer!r} did not become "
+                    "active" + ("" if self._stopped.is_set() else f" within {timeout:g} s"),
+                    Reason.MQRC_OBJECT_IN_USE,
+                )
+
+    def run(self, start: Callable[[str], StreamingQuery], timeout: float | None = None) -> StreamingQuery:
+        """Stand by until active (:meth:`wait_until_active`), then ``start(instance_id)``, which must
+        start the group's query on the shared checkpoint with ``.option("instance", instance_id)``.
+        Returns the running query. A thread renews the lease from the moment this instance is
+        active (starting a query takes seconds, longer than a short lease) and keeps the registry
+        entry current while the query runs; if a renewal is refused, it stops the query."""
+        self.wait_until_active(timeout)
+        started: list[StreamingQuery] = []
+        threading.Thread(
+            target=self._keep, args=(started,), name=f"mqspark-instance-{self.consumer}", daemon=True
+        ).start()
+        query = start(self.id)
+        started.append(query)
+        return query
+
+    def fence(self, function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
+        """``function`` as a ``foreachBatch`` function that runs only while this instance holds the
+        group's lease; otherwise the batch fails with ``MQRC_OBJECT_IN_USE`` (2042)."""
+
+        def fenced(batch: DataFrame, batch_id: int) -> None:
+            holder = ConsumerState(self.qm.root, self.queue, self.qm.storage_options).lease(
+                self.consumer, self.lease_timeout
+            )
+            if holder is None or holder.owner != self.id:
+                raise MQError(
+                    f"queue {self.queue}: instance {self.id} no longer holds consumer group {self.consumer!r} "
+                    f"(held by {holder.owner if holder else 'nobody'}); micro-batch {batch_id} is not delivered",
+                    Reason.MQRC_OBJECT_IN_USE,
+                )
+            function(batch, batch_id)
+
+        return fenced
+
+    def stop(self) -> None:
+        """Stop standing by, and stop keeping the registry entry current."""
+        self._stopped.set()
+
+    def _keep(self, started: list[StreamingQuery]) -> None:
+        """Renew the lease and the registry entry until the query (``started[0]``, once started) ends."""
+        state = ConsumerState(self.qm.root, self.queue, self.qm.storage_options)
+        while not self._stopped.wait(self.interval):
+            if started and not started[0].isActive:
+                return
+            try:
+                # The query's planner renews the lease too once it runs.
+                state.renew(self.consumer, self.id, self.lease_timeout)
+            except MQError as lost:
+                _log.warning("instance %s stops its query: %s", self.id, lost)
+                self._stopped.set()
+                if started:
+                    started[0].stop()
+                return
+            self._register()
+
+    def _register(self) -> None:
+        entry = {
+            "instance": self.id,
+            "service": self.service,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": self.since.isoformat(),
+            "active_since": None if self.active_since is None else self.active_since.isoformat(),
+            "heartbeat": datetime.now(UTC).isoformat(),
+        }
+        filesystem, path = storage.filesystem_of(self._registry)
+        filesystem.create_dir(path, recursive=True)
+        with filesystem.open_output_stream(f"{path}/{_file_name(self.id)}") as out:
+            out.write(json.dumps(entry).encode())
+
+
+def _file_name(instance: str) -> str:
+    return instance.replace("/", "~2F") + ".json"
+
+
+def instances(
+    qm: QueueManager, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT
+) -> list[InstanceInfo]:
+    """The instances of group ``consumer``'s service on ``queue``: the one holding the group's lease
+    is active, the others whose heartbeat is within ``lease_timeout`` stand by. Entries older than a
+    day are removed."""
+    local = qm.resolve_for_get(queue).name
+    holder = ConsumerState(qm.root, local, qm.storage_options).lease(consumer, lease_timeout)
+    filesystem, path = storage.filesystem_of(registry_location(qm.root, local, consumer))
+    selector = pafs.FileSelector(path, allow_not_found=True)
+    now = datetime.now(UTC)
+    found = []
+    for info in filesystem.get_file_info(selector):
+        if not info.path.endswith(".json"):
+            continue
+        with filesystem.open_input_stream(info.path) as stream:
+            entry = json.loads(stream.read())
+        heartbeat = datetime.fromisoformat(entry["heartbeat"])
+        active = holder is not None and holder.owner == entry["instance"]
+        if now - heartbeat > _FORGET_AFTER:
+            filesystem.delete_file(info.path)
+            continue
+        if not active and now - heartbeat > lease_timeout:
+            continue
+        found.append(
+            InstanceInfo(
+                instance=entry["instance"],
+                service=entry["service"],
+                role="active" if active else "standby",
+                host=entry["host"],
+                pid=entry["pid"],
+                since=datetime.fromisoformat(entry["since"]),
+                active_since=None if entry["active_since"] is None else datetime.fromisoformat(entry["active_since"]),
+                heartbeat=max(heartbeat, holder.seen) if active and holder is not None else heartbeat,
+            )
+        )
+    return sorted(found, key=lambda i: (i.role != "active", i.since))

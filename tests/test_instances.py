@@ -1,0 +1,101 @@
+"""Instances of one consumer service: standby, takeover when the active instance's lease lapses,
+fencing of an instance that lost the lease, and the registry that `mqspark instance list` shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+
+from mqspark import MQError, Reason
+from mqspark.consumers import ConsumerState
+from mqspark.services.instances import Instance, instances
+
+from .test_cli import mqspark
+
+LEASE = timedelta(seconds=2)
+
+
+def _lapse() -> None:
+    time.sleep(LEASE.total_seconds() + 0.3)
+
+
+def test_renewing_is_refused_once_another_owner_holds_the_lease(qm):
+    qm.define_queue("Q")
+    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state.acquire("G", "paused", LEASE)
+    state.renew("G", "paused", LEASE)
+    _lapse()
+    state.acquire("G", "standby", LEASE)
+    with pytest.raises(MQError) as refused:
+        state.renew("G", "paused", LEASE)
+    assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
+    assert str(refused.value) == "MQRC_OBJECT_IN_USE (2042): queue Q: consumer group 'G' was taken over by standby"
+    assert state.lease("G", LEASE).owner == "standby"
+
+
+def test_a_standby_waits_while_the_active_instance_holds_the_lease_and_takes_over_once_it_lapses(qm):
+    qm.define_queue("Q")
+    active, standby = (Instance(qm, "Q", "G", lease_timeout=LEASE) for _ in range(2))
+    active.wait_until_active(timeout=5)
+    leased = time.monotonic()
+    with pytest.raises(MQError) as waited:
+        standby.wait_until_active(timeout=1.0)
+    assert waited.value.reason == Reason.MQRC_OBJECT_IN_USE
+    assert str(waited.value).endswith(f"instance {standby.id} of consumer group 'G' did not become active within 1 s")
+    listed = instances(qm, "Q", "G", LEASE)
+    assert [(i.instance, i.role, i.active_since is not None) for i in listed] == [
+        (active.id, "active", True),
+        (standby.id, "standby", False),
+    ]
+    assert {(i.service, i.host, i.pid) for i in listed} == {("get", socket.gethostname(), os.getpid())}
+
+    # The active instance stops renewing (it died): the standby becomes active after the lease timeout.
+    standby.wait_until_active(timeout=10)
+    assert LEASE.total_seconds() - 0.1 < time.monotonic() - leased < LEASE.total_seconds() + 2.0
+    assert ConsumerState(qm.root, "Q", qm.storage_options).lease("G", LEASE).owner == standby.id
+    # The dead instance's entry is past its heartbeat: only the new active instance is listed.
+    assert [(i.instance, i.role) for i in instances(qm, "Q", "G", LEASE)] == [(standby.id, "active")]
+
+
+def test_a_fenced_batch_function_runs_only_while_its_instance_holds_the_lease(qm):
+    qm.define_queue("Q")
+    first, second = (Instance(qm, "Q", "G", lease_timeout=LEASE) for _ in range(2))
+    delivered = []
+    first.wait_until_active(timeout=5)
+    fenced = first.fence(lambda batch, batch_id: delivered.append(batch_id))
+    fenced(None, 0)
+    _lapse()
+    second.wait_until_active(timeout=5)
+    with pytest.raises(MQError) as refused:
+        fenced(None, 1)
+    assert str(refused.value) == (
+        f"MQRC_OBJECT_IN_USE (2042): queue Q: instance {first.id} no longer holds consumer group 'G' "
+        f"(held by {second.id}); micro-batch 1 is not delivered"
+    )
+    assert delivered == [0]
+
+
+def test_cli_lists_the_instances(qm):
+    qm.define_queue("Q")
+    active, standby = (Instance(qm, "Q", "G", service="forward", lease_timeout=timedelta(seconds=30)) for _ in range(2))
+    active.wait_until_active(timeout=5)
+    with pytest.raises(MQError):
+        standby.wait_until_active(timeout=0.1)
+    result = mqspark(qm.root, "--json", "instance", "list", "Q", "--consumer", "G")
+    assert (result.returncode, result.stderr) == (0, "")
+    listed = json.loads(result.stdout)
+    assert [(i["instance"], i["role"], i["service"], i["pid"]) for i in listed] == [
+        (active.id, "active", "forward", os.getpid()),
+        (standby.id, "standby", "forward", os.getpid()),
+    ]
+    table = mqspark(qm.root, "instance", "list", "Q", "--consumer", "G").stdout.splitlines()
+    assert table[0].split() == ["instance", "service", "role", "host", "pid", "since", "active_since", "heartbeat"]
+    assert [line.split()[:3] for line in table[1:]] == [
+        [active.id, "forward", "active"],
+        [standby.id, "forward", "standby"],
+    ]
