@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import backout, browse, cluster_put, forward, maintenance, monitor, python_put, stream_get, stream_put
+from . import backout, browse, cluster_put, forward, instances, maintenance, monitor, python_put, stream_get, stream_put
 
 
 def _spark():
@@ -34,6 +34,7 @@ BENCHMARKS = {
     "forward": lambda: forward.run(_spark()),
     "monitor": lambda: monitor.run(),
     "monitor_quick": lambda: monitor.run(messages=100_000, waiting=1_000, points=5, history=20),
+    "instances_takeover": lambda: instances.run(),
 }
 
 
