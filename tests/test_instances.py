@@ -99,3 +99,17 @@ def test_cli_lists_the_instances(qm):
         [active.id, "forward", "active"],
         [standby.id, "forward", "standby"],
     ]
+
+
+def test_an_unknown_queue_or_bad_group_is_refused(qm):
+    with pytest.raises(MQError) as unknown:
+        Instance(qm, "NOPE", "G")
+    assert str(unknown.value) == "MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1"
+    qm.define_queue("Q")
+    with pytest.raises(MQError, match="consumer group name 'a b' may only use the characters"):
+        Instance(qm, "Q", "a b")
+    result = mqspark(qm.root, "instance", "list", "NOPE")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        "mqspark: error: MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1\n"
+    )

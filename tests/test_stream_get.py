@@ -319,8 +319,9 @@ def test_get_inhibited_queue_stops_the_query(spark, qm, tmp_path):
         ({"leaseTimeout": "-5"}, "option leaseTimeout must be a whole number >= 1, got '-5'"),
         ({"consumer": "a b"}, "consumer group name 'a b' may only use the characters A-Z a-z 0-9 . _ / %"),
         ({"queue": "NOPE"}, "MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1"),
+        ({"instance": " "}, "option instance must be an instance id of 1-200 characters, got ' '"),
     ],
-    ids=["max-messages", "max-bytes", "lease", "consumer", "unknown-queue"],
+    ids=["max-messages", "max-bytes", "lease", "consumer", "unknown-queue", "instance"],
 )
 def test_bad_stream_options_fail_at_load(spark, qm, options, message):
     qm.define_queue("Q")

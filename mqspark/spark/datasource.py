@@ -52,6 +52,7 @@ class MQDataSource(DataSource):
         # reports mistakes at load time.
         options = dict(self.options)
         _stream_limits(options)
+        _instance(options)
         _browse_options(options)
         return from_arrow_schema(BROWSE_SCHEMA)
 
