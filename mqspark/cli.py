@@ -35,7 +35,7 @@ _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset",
 _HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
 # Shown by depth beside each source queue: its failure queues and its failed messages waiting there.
 _FAILURE_KEYS = ("backout_queue", "backed_out", "error_queue", "errors", "dead_letters")
-_HEALTH_KEYS = ("status", "claimable_age_s", "rate_per_s")
+_HEALTH_KEYS = ("status", "claimable_age_s", "rate_per_s", "held_by")
 
 
 def _boolean(text: str) -> bool:
@@ -627,6 +627,7 @@ def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
                         "status": None if health.status is None else health.status.value,
                         "claimable_age_s": _rounded(health.oldest_claimable_age_s),
                         "rate_per_s": _rounded(health.rate_per_s),
+                        "held_by": health.held_by,
                     }
                 )
             if consumer is None and definition is not None and name != qm.dead_letter_queue:

@@ -357,6 +357,7 @@ class GroupHealth:
     consumer: str
     backlog: int
     active: bool
+    held_by: str | None
     claimable: int
     oldest_claimable_age_s: float | None
     status: GroupStatus | None
@@ -383,7 +384,9 @@ def group_health(
     now: datetime | None = None,
     lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT,
 ) -> GroupHealth:
-    """Group ``consumer``'s health on ``queue`` now, without taking a monitor point.
+    """Group ``consumer``'s health on ``queue`` now, without taking a monitor point; ``held_by`` is
+    who holds the group's lease: a service instance's id (see :mod:`mqspark.services.instances`) or
+    a query's checkpoint owner.
 
     The backlog, lease and claimable age are measured now. The status: ``STOP`` when messages
     wait and no query holds the group's lease, ``OK`` when none waits; otherwise the status of the
@@ -397,7 +400,8 @@ def group_health(
     files, live = qm.live_messages(definition.name)
     waiting_now = live.filter(pa.array(waiting(live, state.all_groups(), now, consumer)))
     claimable, oldest = claimable_messages(qm, definition, state, consumer, files, waiting_now, now)
-    active = state.lease(consumer, lease_timeout, now) is not None
+    lease = state.lease(consumer, lease_timeout, now)
+    active = lease is not None
     latest = latest_point(qm, definition.name, consumer)
     status, status_at = None, None
     if waiting_now.num_rows and not active:
@@ -411,6 +415,7 @@ def group_health(
         consumer=consumer,
         backlog=waiting_now.num_rows,
         active=active,
+        held_by=None if lease is None else lease.owner,
         claimable=claimable,
         oldest_claimable_age_s=None if oldest is None else (now - oldest).total_seconds(),
         status=status,

@@ -197,8 +197,24 @@ def test_depth_shows_each_groups_status_claimable_age_and_rate(qm):
     # The delayed message is the oldest waiting, not the oldest claimable.
     assert 0 <= group_row["claimable_age_s"] <= group_row["oldest_age_s"] - 1.0
     header, queue_line, group_line = mqspark(qm.root, "depth", "Q").stdout.splitlines()
-    assert header.split() == ["queue", "consumer", "depth", "oldest_age_s", "status", "claimable_age_s", "rate_per_s"]
-    assert group_line.split()[:3] + group_line.split()[4:5] == ["Q", "G", "2", "OK"]
+    assert header.split() == [
+        "queue",
+        "consumer",
+        "depth",
+        "oldest_age_s",
+        "status",
+        "claimable_age_s",
+        "rate_per_s",
+        "held_by",
+    ]
+    assert group_line.split()[:3] + group_line.split()[4:5] + group_line.split()[-1:] == [
+        "Q",
+        "G",
+        "2",
+        "OK",
+        "query-1",
+    ]
+    assert group_row["held_by"] == "query-1"
 
 
 def test_warning_when_the_backlog_grows_across_the_window(qm):
