@@ -24,7 +24,7 @@ from .messages import DEAD_LETTER_FIELDS
 from .monitor import Monitor, Verdict, group_health
 from .ordering import ORDERS, DeliveryOptions
 from .qmgr import QueueManager
-from .services.instances import instances
+from .services.instances import instances, switchover
 from .services.maintenance import DEFAULT_RETENTION
 
 DEFAULT_ROOT = "./mq-data"
@@ -250,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument(
         "--lease-timeout", type=float, default=30.0, help="the service's lease timeout in seconds (default 30)"
     )
+    handover = instance.add_parser(
+        "switchover", parents=[output], help="ask the active instance to hand over to a standby (endmqm -s)"
+    )
+    handover.add_argument("queue")
+    handover.add_argument("--consumer", default="default", help="consumer group (default: default)")
     _add_cluster_commands(commands, output)
     return parser
 
@@ -494,6 +499,9 @@ def run(args: argparse.Namespace) -> Any:
         return [{"queue": args.queue, "consumer": name} for name in qm.consumers(args.queue)]
     if args.command == "monitor":
         return _monitor(qm, args)
+    if args.command == "instance" and args.action == "switchover":
+        switchover(qm, args.queue, args.consumer)
+        return {"queue": args.queue, "consumer": args.consumer, "switchover": "requested"}
     if args.command == "instance":
         timeout = timedelta(seconds=args.lease_timeout)
         return [info.as_dict() for info in instances(qm, args.queue, args.consumer, timeout)]

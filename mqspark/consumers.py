@@ -13,6 +13,9 @@
 - ``declare``: the group was declared on the queue before it first read, so it counts already.
 - ``abort``: the backlog monitor stopped the group's reader (its ``reason`` and ``error`` text); a
   query whose lease began before it fails at its next trigger (see :mod:`mqspark.monitor`).
+- ``switchover``: an administrator asked the group's active instance to hand over (``endmqm -s``):
+  a query whose lease began before it records its last micro-batch, releases the lease and plans
+  nothing more (see :mod:`mqspark.services.instances`).
 - ``backout`` / ``rollback``: a delivery of a message in plan ``plan_id`` failed, explicitly (given
   back, with its ``error``) or because the plan's batch was replayed; see
   :mod:`mqspark.services.backout`. A backed-out message is not consumed with its plan.
@@ -516,7 +519,7 @@ def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table
 def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
     """The compact form of a state table's rows, per consumer group: one checkpoint of merged
     ranges for everything consumed (and the group's position), the plans that may still run (those
-    after the last consumed one), and the newest lease record and abort record. Rolled-back plans are
+    after the last consumed one), and the newest lease, abort and switchover records. Rolled-back plans are
     dropped.
 
     ``forget`` marks merged ranges to leave out (messages no longer in the queue table). A group
@@ -573,7 +576,7 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
             consumed_all = in_ranges(failures["origin"], failures["row"], ranges, pc.fill_null(failures["count"], 1))
             failures = failures.filter(pc.invert(consumed_all))
         pieces.append(failures)
-        for kinds in (["lease", "release"], ["abort"]):
+        for kinds in (["lease", "release"], ["abort"], ["switchover"]):
             latest = mine.filter(pc.is_in(event, pa.array(kinds)))
             if latest.num_rows:
                 pieces.append(latest.take(pc.sort_indices(latest, [("at", "descending")])[:1]))

@@ -163,6 +163,11 @@ class Planner:
             return None
         return MQError(rows["error"][0].as_py(), Reason(rows["reason"][0].as_py()))
 
+    def switchover_requested(self) -> bool:
+        """Whether an administrator asked, after this reader took the lease, to hand the group over."""
+        rows = self.state.events(self.consumer, ("switchover",), ["at"])
+        return bool(pc.any(pc.greater_equal(rows["at"], pa.scalar(self.started, TIMESTAMP))).as_py())
+
     def drop_unstarted_plans(self) -> None:
         """Forget the plans made but never started: their messages wait again."""
         if self.plans or self.plan_keys:

@@ -29,6 +29,7 @@ from mqspark.messages import MESSAGE_SCHEMA
 
 from . import reference_model
 from .processes import kill_marked, kill_run, marked_processes, start_driver
+from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill, _tail
 
 LEASE_S = 5
@@ -292,3 +293,36 @@ def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(s
     assert {d[0] for d in instances.delivered() if d[3] >= took_over} == {standby}
     _check_output(spark, instances.output, expected)
     assert Counter(d[0] for d in instances.delivered())[paused] >= 2
+
+
+@pytest.mark.slow
+def test_switchover_hands_over_at_a_batch_boundary_with_nothing_redelivered(spark, qm, tmp_path):
+    rng = random.Random(11)
+    qm.define_queue("Q", delivery_sequence="priority")
+    _fill(qm, rng, groups=10, plain=40)
+    expected = _expected(qm)
+    instances = Instances(tmp_path, qm.root)
+    try:
+        active_token = instances.start()
+        active = instances.instance_id(active_token, "active")
+        standby = instances.instance_id(instances.start())
+        instances.wait_for_deliveries(active, 2)
+        requested = mqspark(qm.root, "--json", "instance", "switchover", "Q", "--consumer", "ha")
+        assert (requested.returncode, json.loads(requested.stdout)) == (
+            0,
+            {"queue": "Q", "consumer": "ha", "switchover": "requested"},
+        )
+        asked_at = time.time()
+        taken_over = instances.wait_for_deliveries(standby, 1, timeout=60)
+        process, log = instances.running[active_token]
+        # The old active instance stopped its query cleanly.
+        assert process.wait(timeout=60) == 0, _tail(log)
+        _wait_until_drained(qm, instances, len(expected))
+    finally:
+        instances.stop_all()
+
+    batches = [d[1] for d in instances.delivered()]
+    assert batches == list(range(len(batches))), "a micro-batch was delivered twice, or one was skipped"
+    assert {d[0] for d in instances.delivered() if d[3] >= taken_over} == {standby}
+    assert {d[0] for d in instances.delivered() if d[3] < asked_at} == {active}
+    _check_output(spark, instances.output, expected)

@@ -32,6 +32,12 @@ storage) must stop before the next one delivers:
 A process paused inside the user's own ``foreachBatch`` code resumes that code; nothing outside it
 can stop it there.
 
+**Switchover** (:func:`switchover`, ``mqspark instance switchover``, MQ's ``endmqm -s``) records a
+``switchover`` row in the state table. The active query sees it when Spark asks for its next
+micro-batch, which Spark does only once the last one committed: it records that batch consumed,
+releases the lease and plans nothing more; the instance then stops the query, and a standby takes
+the released lease at its next look, with nothing to redeliver.
+
 **The registry.** Each instance writes a small JSON file,
 ``<root>/instances/<QUEUE>/<consumer>/<instance>.json``, at every heartbeat (a third of the lease
 timeout): its service, host, pid, since when it runs and since when it is active.
@@ -55,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from .. import storage
-from ..consumers import DEFAULT_LEASE_TIMEOUT, ConsumerState
+from ..consumers import DEFAULT_LEASE_TIMEOUT, ConsumerState, event_rows
 from ..definitions import validate_name
 from ..errors import MQError, Reason
 
@@ -201,11 +207,20 @@ class Instance:
         self._stopped.set()
 
     def _keep(self, started: list[StreamingQuery]) -> None:
-        """Renew the lease and the registry entry until the query (``started[0]``, once started) ends."""
+        """Renew the lease and the registry entry until the query (``started[0]``, once started) ends,
+        or, on a switchover, until its planner released the lease at a batch boundary."""
         state = ConsumerState(self.qm.root, self.queue, self.qm.storage_options)
         while not self._stopped.wait(self.interval):
             if started and not started[0].isActive:
                 return
+            if self._switchover_requested(state):
+                holder = state.lease(self.consumer, self.lease_timeout)
+                if started and (holder is None or holder.owner != self.id):
+                    _log.info("instance %s handed consumer group %r over", self.id, self.consumer)
+                    self._stopped.set()
+                    started[0].stop()
+                    return
+                continue
             try:
                 # The query's planner renews the lease too once it runs.
                 state.renew(self.consumer, self.id, self.lease_timeout)
@@ -216,6 +231,11 @@ class Instance:
                     started[0].stop()
                 return
             self._register()
+
+    def _switchover_requested(self, state: ConsumerState) -> bool:
+        assert self.active_since is not None
+        rows = state.events(self.consumer, ("switchover",), ["at"])
+        return any(at >= self.active_since for at in rows["at"].to_pylist())
 
     def _register(self) -> None:
         entry = {
@@ -231,6 +251,16 @@ class Instance:
         filesystem.create_dir(path, recursive=True)
         with filesystem.open_output_stream(f"{path}/{_file_name(self.id)}") as out:
             out.write(json.dumps(entry).encode())
+
+
+def switchover(qm: QueueManager, queue: str, consumer: str) -> None:
+    """Ask the active instance of group ``consumer``'s service to hand over (MQ's ``endmqm -s``): at
+    its next micro-batch boundary its query records the last batch consumed, releases the lease
+    and stops, and a standby takes over at once with nothing to redeliver. With no standby, the
+    group has no reader until an instance starts."""
+    local = qm.resolve_for_get(queue).name
+    state = ConsumerState(qm.root, local, qm.storage_options)
+    state.append(event_rows(validate_name(consumer, "consumer group"), new_instance_id("admin"), "switchover"))
 
 
 def _file_name(instance: str) -> str:

@@ -99,6 +99,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._group: Planner | None = None
         self._owner = ""
+        self._handed_over = False
         self._maintenance: Maintenance | None = None
         self._initial: dict | None = None
         self._target: tuple[int, datetime] | None = None
@@ -140,6 +141,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._group.up_to = self._target[0]
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self._handed_over:
+            return start
         group = self._join(start["owner"])
         with group.state.pinned():
             return self._next_offset(group, start, limit)
@@ -160,6 +163,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             group.flush()
             group.close()
             raise stopped
+        if self.options.instance and group.switchover_requested():
+            # Switchover at a batch boundary: Spark asks for the next batch only once the last one
+            # committed, so recording it consumed and releasing the lease leaves a standby nothing to replay.
+            group.flush()
+            group.close()
+            self._handed_over = True
+            return start
         now = self._target[1] if self._target else datetime.now(UTC)
         news = group.catch_up()
         due = group.next_due is not None and now >= group.next_due
