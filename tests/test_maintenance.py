@@ -797,10 +797,22 @@ def test_cli_maintain_purge_consumer_and_depth(qm, capsys, new_reader):
     assert isinstance(summary["seconds"], float)
     assert _cli(capsys, qm, "consumer", "delete", "Q", "B") == [{"queue": "Q", "consumer": "A"}]
     no_failures = dict.fromkeys(("backout_queue", "backed_out", "error_queue", "errors", "dead_letters"))
+    no_health = dict.fromkeys(("status", "claimable_age_s", "rate_per_s", "held_by"))
+    lease = ConsumerState(qm.root, "Q", qm.storage_options).lease("A", timedelta(seconds=30))
+    # Nothing waits for A: its status is OK, whoever holds its lease (the drained reader, until it lapses).
+    a_health = {**no_health, "status": "OK", "held_by": None if lease is None else lease.owner}
     assert _cli(capsys, qm, "depth") == [
-        {"queue": "Q", "consumer": None, "depth": 0, "oldest_age_s": None, **no_failures, "dead_letters": 0},
-        {"queue": "Q", "consumer": "A", "depth": 0, "oldest_age_s": None, **no_failures},
-        {"queue": DLQ, "consumer": None, "depth": 0, "oldest_age_s": None, **no_failures},
+        {
+            "queue": "Q",
+            "consumer": None,
+            "depth": 0,
+            "oldest_age_s": None,
+            **no_health,
+            **no_failures,
+            "dead_letters": 0,
+        },
+        {"queue": "Q", "consumer": "A", "depth": 0, "oldest_age_s": None, **a_health, **no_failures},
+        {"queue": DLQ, "consumer": None, "depth": 0, "oldest_age_s": None, **no_health, **no_failures},
     ]
     # Every local queue when none is named.
     summaries = _cli(capsys, qm, "maintain", "--retention", "0s")
