@@ -624,7 +624,7 @@ def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
                 "queue": name,
                 "consumer": consumer,
                 "depth": backlog.depth,
-                "oldest_age_s": None if age is None else round(age, 1),
+                "oldest_age_s": _rounded(age),
                 **dict.fromkeys(_HEALTH_KEYS),
                 **dict.fromkeys(_FAILURE_KEYS),
             }

@@ -213,8 +213,10 @@ class ConsumerState:
         events: tuple[str, ...] | None = None,
         columns: list[str] | None = None,
         plan_id: str | None = None,
+        since: datetime | None = None,
     ) -> pa.Table:
-        """The group's recorded rows (of the given ``events``, of one plan), in no particular order."""
+        """The group's recorded rows (of the given ``events``, of one plan, recorded at or after
+        ``since``), in no particular order."""
         rows = self.rows()
         # Compute kernels on the columns: a filter expression would start an Acero plan per question.
         mask = pc.equal(rows["consumer"], consumer)
@@ -222,6 +224,8 @@ class ConsumerState:
             mask = pc.and_(mask, pc.is_in(rows["event"], pa.array(events, pa.string())))
         if plan_id is not None:
             mask = pc.and_(mask, pc.fill_null(pc.equal(rows["plan_id"], plan_id), False))
+        if since is not None:
+            mask = pc.and_(mask, pc.greater_equal(rows["at"], pa.scalar(since, TIMESTAMP)))
         rows = rows.filter(mask)
         return rows.select(columns) if columns is not None else rows
 

@@ -157,16 +157,14 @@ class Planner:
 
     def stopped_by_monitor(self) -> MQError | None:
         """The backlog monitor's abort of this reader, when one was recorded after it took the lease."""
-        rows = self.state.events(self.consumer, ("abort",), ["at", "reason", "error"])
-        rows = rows.filter(pc.greater_equal(rows["at"], pa.scalar(self.started, TIMESTAMP)))
+        rows = self.state.events(self.consumer, ("abort",), ["reason", "error"], since=self.started)
         if rows.num_rows == 0:
             return None
         return MQError(rows["error"][0].as_py(), Reason(rows["reason"][0].as_py()))
 
     def switchover_requested(self) -> bool:
         """Whether an administrator asked, after this reader took the lease, to hand the group over."""
-        rows = self.state.events(self.consumer, ("switchover",), ["at"])
-        return bool(pc.any(pc.greater_equal(rows["at"], pa.scalar(self.started, TIMESTAMP))).as_py())
+        return self.state.events(self.consumer, ("switchover",), ["at"], since=self.started).num_rows > 0
 
     def drop_unstarted_plans(self) -> None:
         """Forget the plans made but never started: their messages wait again."""

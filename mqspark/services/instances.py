@@ -213,7 +213,7 @@ class Instance:
         while not self._stopped.wait(self.interval):
             if started and not started[0].isActive:
                 return
-            if self._switchover_requested(state):
+            if state.events(self.consumer, ("switchover",), ["at"], since=self.active_since).num_rows:
                 holder = state.lease(self.consumer, self.lease_timeout)
                 if started and (holder is None or holder.owner != self.id):
                     _log.info("instance %s handed consumer group %r over", self.id, self.consumer)
@@ -231,11 +231,6 @@ class Instance:
                     started[0].stop()
                 return
             self._register()
-
-    def _switchover_requested(self, state: ConsumerState) -> bool:
-        assert self.active_since is not None
-        rows = state.events(self.consumer, ("switchover",), ["at"])
-        return any(at >= self.active_since for at in rows["at"].to_pylist())
 
     def _register(self) -> None:
         entry = {
