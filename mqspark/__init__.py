@@ -7,6 +7,7 @@ from .qmgr import QueueManager
 
 __all__ = [
     "Cluster",
+    "Connection",
     "MQError",
     "MQValidationError",
     "QueueDefinition",
@@ -15,6 +16,7 @@ __all__ = [
     "Reason",
     "ServiceError",
     "backout",
+    "connect",
     "forward",
     "register",
     "request",
@@ -31,6 +33,10 @@ def __getattr__(name: str):
         from .spark import session as spark
 
         return getattr(spark, name)
+    if name in ("connect", "Connection"):
+        from . import connection
+
+        return getattr(connection, name)
     if name == "backout":
         from .services.backout import backout
 

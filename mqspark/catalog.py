@@ -45,6 +45,7 @@ CATALOG_SCHEMA = pa.schema(
         pa.field("description", pa.string()),
         pa.field("dead_letter_queue", pa.string()),
         pa.field("repository", pa.string()),
+        pa.field("default_reconnect", pa.string()),
         pa.field("altered_at", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
 )
@@ -114,34 +115,40 @@ class Catalog:
         table = storage.open_table(self.location, self.storage_options)
         if table is None:
             raise MQError(f"no queue manager at {self.root}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
-        return table, _from_rows(table.version(), pa.table(table.to_pyarrow_table()))
+        qmid = table.metadata().id
+        return table, _from_rows(table.version(), pa.table(table.to_pyarrow_table()), qmid)
 
     def change(self, apply: Callable[[CatalogState], dict[str, QueueDefinition]]) -> CatalogState:
         """Commit ``apply(state)`` (the new set of queues) against the state it was computed from.
 
         ``apply`` may raise to refuse the change; it is called again on a fresh state after a conflict.
         """
-        return self._rewrite(lambda state: (apply(state), state.clusters))
+        return self._rewrite(lambda state: (apply(state), state.clusters, state.qmgr))
 
     def change_clusters(self, apply: Callable[[CatalogState], dict[str, str]]) -> CatalogState:
         """Commit ``apply(state)`` (the new map of cluster name to repository root), like :meth:`change`.
 
         The queue manager's ``cluster`` attribute follows: the names of the clusters, sorted.
         """
-        return self._rewrite(lambda state: (state.queues, apply(state)))
+        return self._rewrite(lambda state: (state.queues, apply(state), state.qmgr))
+
+    def change_qmgr(self, apply: Callable[[CatalogState], QueueManagerDefinition]) -> CatalogState:
+        """Commit ``apply(state)`` (the queue manager's new attributes), like :meth:`change`."""
+        return self._rewrite(lambda state: (state.queues, state.clusters, apply(state)))
 
     def _rewrite(
-        self, apply: Callable[[CatalogState], tuple[dict[str, QueueDefinition], dict[str, str]]]
+        self,
+        apply: Callable[[CatalogState], tuple[dict[str, QueueDefinition], dict[str, str], QueueManagerDefinition]],
     ) -> CatalogState:
         def prepare() -> tuple[DeltaTable, pa.Table, CatalogState]:
             table, state = self._snapshot()
-            queues, clusters = apply(state)
+            queues, clusters, qmgr = apply(state)
             now = datetime.now(UTC)
             altered = {
                 name: state.altered_at.get(name, now) if queues[name] == state.queues.get(name) else now
                 for name in queues
             }
-            qmgr = dataclasses.replace(state.qmgr, cluster=tuple(sorted(clusters)))
+            qmgr = dataclasses.replace(qmgr, cluster=tuple(sorted(clusters)))
             changed = CatalogState(table.version() + 1, qmgr, queues, altered, clusters)
             return table, _to_rows(qmgr, queues, altered, clusters), changed
 
@@ -162,6 +169,7 @@ def _to_rows(
             "cluster": list(qmgr.cluster),
             "description": qmgr.description,
             "dead_letter_queue": qmgr.dead_letter_queue,
+            "default_reconnect": qmgr.default_reconnect,
             "altered_at": now,
         }
     ]
@@ -172,7 +180,7 @@ def _to_rows(
     return pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)
 
 
-def _from_rows(version: int, table: pa.Table) -> CatalogState:
+def _from_rows(version: int, table: pa.Table, qmid: str) -> CatalogState:
     qmgr = None
     queues = {}
     altered = {}
@@ -184,6 +192,9 @@ def _from_rows(version: int, table: pa.Table) -> CatalogState:
                 dead_letter_queue=row["dead_letter_queue"],
                 cluster=tuple(row["cluster"] or ()),
                 description=row["description"] or "",
+                # A catalog of an earlier mqspark lacks the column until its next change.
+                default_reconnect=row.get("default_reconnect") or "no",
+                qmid=f"{row['name']}_{qmid}",
             )
         elif row["object_type"] == "cluster":
             clusters[row["name"]] = row["repository"]

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from . import jobs
 from .cluster.repository import ROUTE_STATES, Cluster
-from .definitions import ATTRIBUTE_NAMES, QueueDefinition
+from .definitions import ATTRIBUTE_NAMES, RECONNECT_MODES, QueueDefinition
 from .errors import MQError, Reason
 from .messages import DEAD_LETTER_FIELDS
 from .monitor import Monitor, Verdict, group_health
@@ -107,11 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    qmgr = commands.add_parser("qmgr", help="create or show the queue manager").add_subparsers(
+    qmgr = commands.add_parser("qmgr", help="create, alter or show the queue manager").add_subparsers(
         dest="action", required=True
     )
     qmgr.add_parser("create", parents=[output], help="create a queue manager at --root").add_argument("name")
     qmgr.add_parser("show", parents=[output], help="show the queue manager")
+    alter_qmgr = qmgr.add_parser("alter", parents=[output], help="alter the queue manager's attributes")
+    alter_qmgr.add_argument("--description")
+    alter_qmgr.add_argument(
+        "--default-reconnect",
+        choices=RECONNECT_MODES,
+        help="the reconnect mode of clients that give none; disabled overrides every client's (DefRecon)",
+    )
 
     queue = commands.add_parser("queue", help="define, alter, show, list or delete queues").add_subparsers(
         dest="action", required=True
@@ -463,7 +470,18 @@ def run(args: argparse.Namespace) -> Any:
         return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue}
     qm = QueueManager.open(args.root)
     if args.command == "qmgr":
-        return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue, "queues": len(qm.queues())}
+        if args.action == "alter":
+            given = {"description": args.description, "default_reconnect": args.default_reconnect}
+            qm.alter_qmgr(**{name: value for name, value in given.items() if value is not None})
+        return {
+            "name": qm.name,
+            "qmid": qm.qmid,
+            "root": qm.root,
+            "dead_letter_queue": qm.dead_letter_queue,
+            "default_reconnect": qm.definition.default_reconnect,
+            "description": qm.definition.description,
+            "queues": len(qm.queues()),
+        }
     if args.command == "queue":
         attributes = {name: getattr(args, name) for name in ATTRIBUTE_NAMES if hasattr(args, name)}
         if args.action == "define":

@@ -465,15 +465,21 @@ class ConsumerState:
         and the renewal commit at exactly the next version, so a reader that was paused past its
         timeout cannot renew over a reader that took the group over meanwhile."""
 
+        self.append_holding(consumer, owner, event_rows(consumer, owner, "lease"))
+
+    def append_holding(self, consumer: str, owner: str, rows: pa.Table) -> None:
+        """Append ``rows`` as :meth:`append` does, unless another owner has taken the group's lease
+        from ``owner`` (2042); the check and the rows commit at exactly the next version."""
+
         def check() -> None:
-            holder = self.lease(consumer, timeout * 1000)
+            holder = self.lease(consumer, timedelta(days=3650))
             if holder is not None and holder.owner != owner:
                 raise MQError(
                     f"queue {self.queue}: consumer group {consumer!r} was taken over by {holder.owner}",
                     Reason.MQRC_OBJECT_IN_USE,
                 )
 
-        self._commit(event_rows(consumer, owner, "lease"), check)
+        self._commit(rows.cast(STATE_SCHEMA), check)
 
     def release(self, consumer: str, owner: str) -> None:
         holder = self.lease(consumer, timedelta(days=3650))

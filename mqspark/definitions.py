@@ -17,6 +17,8 @@ MAX_MESSAGE_LENGTH_LIMIT = 100 * 1024 * 1024
 MAX_DESCRIPTION_LENGTH = 64
 
 QUEUE_TYPES = ("local", "alias")
+# DefRecon: the reconnect mode of clients that name none; ``disabled`` overrides every client's own.
+RECONNECT_MODES = ("no", "yes", "qmgr", "disabled")
 DELIVERY_SEQUENCES = ("priority", "fifo")
 BINDS = ("on_open", "not_fixed", "on_group")
 
@@ -171,3 +173,22 @@ class QueueManagerDefinition:
     dead_letter_queue: str = DEAD_LETTER_QUEUE
     cluster: tuple[str, ...] = field(default_factory=tuple)
     description: str = ""
+    default_reconnect: str = "no"
+    # QMID: the name and the catalog table's id, so a queue manager created again at the same root
+    # under the same name is told apart (reconnect mode ``qmgr``).
+    qmid: str = ""
+
+    def altered(self, **attributes: Any) -> QueueManagerDefinition:
+        """A copy with ``attributes`` changed; only ``description`` and ``default_reconnect`` may be."""
+        checks = {"description": _description, "default_reconnect": _one_of(RECONNECT_MODES)}
+        unknown = sorted(set(attributes) - set(checks))
+        if unknown:
+            raise MQValidationError(
+                f"queue manager {self.name}: attribute {unknown[0]!r} cannot be altered; "
+                f"alterable attributes are {', '.join(checks)}"
+            )
+        try:
+            checked = {attr: checks[attr](attr, value) for attr, value in attributes.items()}
+        except MQValidationError as error:
+            raise MQValidationError(f"queue manager {self.name}: {error.detail}") from None
+        return dataclasses.replace(self, **checked)

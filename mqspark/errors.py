@@ -9,11 +9,13 @@ class Reason(IntEnum):
     """MQ reason codes used by mqspark (spec section 9)."""
 
     MQRC_BACKED_OUT = 2003
+    MQRC_CONNECTION_BROKEN = 2009
     MQRC_GET_INHIBITED = 2016
     MQRC_MSG_TOO_BIG_FOR_Q = 2030
     MQRC_NO_MSG_AVAILABLE = 2033
     MQRC_NOT_AUTHORIZED = 2035
     MQRC_OBJECT_IN_USE = 2042
+    MQRC_Q_MGR_NOT_AVAILABLE = 2059
     MQRC_PRIORITY_ERROR = 2050
     MQRC_PUT_INHIBITED = 2051
     MQRC_Q_DELETED = 2052
@@ -35,7 +37,9 @@ class Reason(IntEnum):
     MQRC_BACKOUT_THRESHOLD_REACHED = 2362
     MQRC_SEGMENTATION_NOT_ALLOWED = 2443
     MQRC_STANDBY_Q_MGR = 2543
+    MQRC_RECONNECT_QMID_MISMATCH = 2545
     MQRC_RECONNECT_INCOMPATIBLE = 2547
+    MQRC_RECONNECT_FAILED = 2548
     # Not an MQ reason: a feedback code in MQ's application range (MQFB_APPL_FIRST), for a message
     # whose Tuxedo retries are used up (it moved to the error or dead-letter queue).
     MQFB_RETRIES_EXHAUSTED = 65536

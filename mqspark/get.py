@@ -49,7 +49,7 @@ GET_PATIENCE = timedelta(seconds=10)
 _POLL = 0.05
 
 
-class _Planned:
+class PlannedGet:
     """A get's recorded plan and its messages, with the planner that holds the group's lease."""
 
     def __init__(self, planner: Planner, plan_id: str, seq: int, plan: pa.Table, messages: pa.Table) -> None:
@@ -57,7 +57,7 @@ class _Planned:
 
     def finish(self, error: str | None = None) -> None:
         """Record the plan consumed (its messages backed out first, with ``error``, when given) and
-        release the lease, in one state commit."""
+        release the lease, in one state commit; refused (2042) once another reader took the lease."""
         planner = self.planner
         planner.heartbeat.stop()
         consumer, owner = planner.consumer, planner.owner
@@ -68,7 +68,25 @@ class _Planned:
         if error is not None:
             identities = plan_messages(self.plan).select(["origin", "row"])
             rows.insert(0, failure_rows(consumer, owner, "backout", self.plan_id, identities, error))
-        planner.state.append(pa.concat_tables(rows))
+        planner.state.append_holding(consumer, owner, pa.concat_tables(rows))
+
+    def settle(self) -> None:
+        """:meth:`finish` a get whose first try at it may or may not have landed (in doubt). When
+        another reader took the lease meanwhile, it replays the plan: the get is backed out (2003)."""
+        planner = self.planner
+        if self.plan_id in planner.state.consumed_plans(planner.consumer).to_pylist():
+            return
+        try:
+            self.finish()
+        except MQError as error:
+            if error.reason is not Reason.MQRC_OBJECT_IN_USE:
+                raise
+            raise MQError(
+                f"get from queue {planner.queue}: consumer group {planner.consumer!r} was taken over while its "
+                f"consumption was in doubt; its {self.messages.num_rows} messages wait again, each counting one "
+                "rolled-back delivery",
+                Reason.MQRC_BACKED_OUT,
+            ) from error
 
 
 def get(
@@ -83,7 +101,7 @@ def get(
 ) -> pa.Table:
     """Get up to ``max_messages`` messages of ``queue`` for ``consumer``, in logical order, waiting up
     to ``wait`` seconds for the first; consumed as they are returned. Empty when nothing matched."""
-    planned = _get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+    planned = plan_get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
     if planned is None:
         return BROWSE_SCHEMA.empty_table()
     planned.finish()
@@ -103,7 +121,7 @@ def syncpoint_get(
 ) -> Iterator[pa.Table]:
     """Like :func:`get`, but the messages are consumed only when the ``with`` block succeeds; when it
     raises, they are backed out (one failed delivery each) and the exception goes on."""
-    planned = _get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+    planned = plan_get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
     if planned is None:
         yield BROWSE_SCHEMA.empty_table()
         return
@@ -115,16 +133,18 @@ def syncpoint_get(
     planned.finish()
 
 
-def _get(
+def plan_get(
     qm: QueueManager,
     queue: str,
     consumer: str,
-    max_messages: int,
-    wait: float,
-    msg_id: str | None,
-    correl_id: str | None,
-    group_id: str | None,
-) -> _Planned | None:
+    max_messages: int = 1,
+    wait: float = 0.0,
+    msg_id: str | None = None,
+    correl_id: str | None = None,
+    group_id: str | None = None,
+) -> PlannedGet | None:
+    """Plan, record and read a get's messages under the group's lease, which it keeps until
+    :meth:`PlannedGet.finish`; None when nothing matched within ``wait``."""
     validate_name(consumer, "consumer group")
     if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
         raise MQValidationError(f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}")
@@ -166,7 +186,7 @@ def _get(
         time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
 
 
-def _plan(planner: Planner, max_messages: int, match: DeliveryOptions | None) -> _Planned | None:
+def _plan(planner: Planner, max_messages: int, match: DeliveryOptions | None) -> PlannedGet | None:
     """Plan, record and read the get's messages under the lease; None when none matched."""
     state, consumer = planner.state, planner.consumer
     plan_id, owner, plan = state.current_plan(consumer)
@@ -192,6 +212,6 @@ def _plan(planner: Planner, max_messages: int, match: DeliveryOptions | None) ->
         planner.record(plan_id, seq + 1, plan)
         pieces = [rows.messages() for rows in planner.planned_rows(plan_id, plan)]
         if pieces:
-            return _Planned(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
+            return PlannedGet(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
         # Only expired messages, discarded: they are consumed, and the get looks again.
         planner.consume(plan_id, seq + 1)

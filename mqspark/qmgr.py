@@ -96,6 +96,24 @@ class QueueManager:
         return self._definition.dead_letter_queue
 
     @property
+    def qmid(self) -> str:
+        """The queue manager's identity (MQ's QMID): another queue manager never has it, even one
+        created again at the same root under the same name."""
+        return self._definition.qmid
+
+    @property
+    def definition(self) -> QueueManagerDefinition:
+        """The queue manager's attributes as read when it was opened (or last altered here)."""
+        return self._definition
+
+    def alter_qmgr(self, **attributes: Any) -> QueueManagerDefinition:
+        """Change the queue manager's own attributes (``description``, ``default_reconnect``)."""
+        self._definition.altered(**attributes)
+        state = self._catalog.change_qmgr(lambda state: state.qmgr.altered(**attributes))
+        self._definition = state.qmgr
+        return self._definition
+
+    @property
     def storage_options(self) -> storage.StorageOptions:
         return self._catalog.storage_options
 
@@ -112,9 +130,8 @@ class QueueManager:
             raise MQValidationError(f"queue manager {existing} already exists at {location}")
         dead_letter = QueueDefinition.build(DEAD_LETTER_QUEUE, description="dead-letter queue")
         _create_message_table(storage.queue_location(location, DEAD_LETTER_QUEUE), storage_options)
-        definition = QueueManagerDefinition(name=name)
-        catalog.create(definition, [dead_letter])
-        return cls(location, catalog, definition)
+        catalog.create(QueueManagerDefinition(name=name), [dead_letter])
+        return cls(location, catalog, catalog.read().qmgr)
 
     @classmethod
     def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> QueueManager:
@@ -256,6 +273,7 @@ class QueueManager:
         segmentation: bool = False,
         producer: str | None = None,
         batch_id: int | None = None,
+        before_commit: Callable[[list[str]], object] | None = None,
     ) -> list[str]:
         """Put messages on ``queue`` in one transaction and return their msg_ids.
 
@@ -263,6 +281,8 @@ class QueueManager:
         Nothing is written when any message is bad, the queue is put-inhibited or the put would
         exceed the queue's max depth. With ``producer`` and ``batch_id`` the put is exactly once: a
         transaction of the producer at or below ``batch_id`` already committed puts nothing again.
+        ``before_commit`` is called with the msg_ids once the commit begins: from then on, a broken
+        connection leaves the put in doubt (see :mod:`mqspark.connection`).
         """
         validate_name(queue)
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
@@ -270,6 +290,8 @@ class QueueManager:
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
         file = storage.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
         if file is not None:
+            if before_commit is not None:
+                before_commit(msg_ids)
             self.commit_put(
                 queue,
                 [file],

@@ -170,7 +170,20 @@ def test_queue_manager_and_queue_administration(tmp_path):
         "SPARE                     local  0      spare",
         f"{DLQ}  local  0      dead-letter queue",
     ]
-    assert ok_json(root, "qmgr", "show") == {"name": "QM1", "root": str(root), "dead_letter_queue": DLQ, "queues": 3}
+    shown = ok_json(root, "qmgr", "show")
+    assert shown == {
+        "name": "QM1",
+        "qmid": QueueManager.open(root).qmid,
+        "root": str(root),
+        "dead_letter_queue": DLQ,
+        "default_reconnect": "no",
+        "description": "",
+        "queues": 3,
+    }
+    assert shown["qmid"].startswith("QM1_")
+    altered = ok_json(root, "qmgr", "alter", "--default-reconnect", "disabled", "--description", "the orders hub")
+    assert altered == {**shown, "default_reconnect": "disabled", "description": "the orders hub"}
+    assert QueueManager.open(root).definition.default_reconnect == "disabled"
 
     assert ok(root, "queue", "delete", "SPARE") == "deleted: SPARE\n"
     assert not (root / "queues" / "SPARE").exists()
@@ -377,7 +390,10 @@ def test_retry_delay_must_be_a_finite_number(qm):
 def test_key_value_output_shows_whole_values(qm):
     # Tables cut cells at 40 characters to keep columns narrow; a single object's "key: value" lines must not.
     assert len(qm.root) > 40
-    assert ok(qm.root, "qmgr", "show") == f"name: QM1\nroot: {qm.root}\ndead_letter_queue: {DLQ}\nqueues: 1\n"
+    assert ok(qm.root, "qmgr", "show") == (
+        f"name: QM1\nqmid: {qm.qmid}\nroot: {qm.root}\ndead_letter_queue: {DLQ}\ndefault_reconnect: no\n"
+        "description:\nqueues: 1\n"
+    )
 
 
 @pytest.mark.parametrize(

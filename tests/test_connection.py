@@ -1,0 +1,255 @@
+"""Client reconnection of the Python API against real outages: the queue manager root is moved away
+(its path then holds nothing, as when a mount is gone) and put back a few seconds later."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+import mqspark
+from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
+from mqspark.connection import Connection
+
+OUTAGE = 1.5
+
+
+@contextmanager
+def outage(root: str, seconds: float | None = OUTAGE):
+    """The root is unreachable from now on, for ``seconds`` (None: until the block ends)."""
+    away = f"{root}.away"
+    os.rename(root, away)
+    timer = threading.Timer(seconds, os.rename, (away, root)) if seconds is not None else None
+    if timer is not None:
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.join()
+        elif os.path.exists(away):
+            os.rename(away, root)
+
+
+def payloads(qm: QueueManager, queue: str = "Q") -> list[bytes]:
+    return qm.browse(queue)["payload"].to_pylist()
+
+
+@pytest.fixture
+def q(qm) -> QueueManager:
+    qm.define_queue("Q")
+    return qm
+
+
+def test_mode_no_fails_at_once_with_connection_broken_and_writes_nothing(q):
+    connection = mqspark.connect(q.root, reconnect="no")
+    connection.put("Q", [{"payload": b"before"}])
+    started = time.monotonic()
+    with outage(q.root):
+        with pytest.raises(MQError) as caught:
+            connection.put("Q", [{"payload": b"lost"}])
+        assert time.monotonic() - started < OUTAGE
+    assert caught.value.reason is Reason.MQRC_CONNECTION_BROKEN
+    assert str(caught.value).startswith(
+        f"MQRC_CONNECTION_BROKEN (2009): put to queue Q: queue manager QM1 at {q.root} cannot be reached ("
+    )
+    assert str(caught.value).endswith("; reconnect is no")
+    assert payloads(q) == [b"before"]
+
+
+def test_default_mode_is_the_queue_managers_default_reconnect(q):
+    assert Connection(q.root).effective_mode == "no"
+    q.alter_qmgr(default_reconnect="yes")
+    assert Connection(q.root).effective_mode == "yes"
+    assert Connection(q.root, reconnect="qmgr").effective_mode == "qmgr"
+
+
+def test_mode_yes_retries_through_the_outage(q):
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30)
+    started = time.monotonic()
+    with outage(q.root):
+        ids = connection.put("Q", [{"payload": b"a"}, {"payload": b"b"}])
+        assert connection.depth("Q") == 2
+    assert time.monotonic() - started >= OUTAGE
+    assert q.browse("Q")["msg_id"].to_pylist() == ids
+    assert payloads(q) == [b"a", b"b"]
+    assert connection.get("Q", max_messages=2)["payload"].to_pylist() == [b"a", b"b"]
+
+
+def test_mode_yes_moves_along_the_connection_list_to_a_queue_manager_hosting_the_queue(q, tmp_path):
+    without = QueueManager.create(tmp_path / "qm2", "QM2")
+    other = QueueManager.create(tmp_path / "qm3", "QM3")
+    other.define_queue("Q")
+    connection = mqspark.connect([q.root, without.root, other.root], reconnect="yes", reconnect_timeout=30)
+    assert connection.qm.name == "QM1"
+    with outage(q.root, None):
+        connection.put("Q", [{"payload": b"moved"}])
+        assert connection.qm.name == "QM3"
+    assert payloads(other) == [b"moved"]
+    assert payloads(q) == []
+
+
+def test_mode_qmgr_comes_back_only_to_the_same_queue_manager(q, tmp_path):
+    other = QueueManager.create(tmp_path / "qm2", "QM2")
+    other.define_queue("Q")
+    connection = mqspark.connect([q.root, other.root], reconnect="qmgr", reconnect_timeout=30)
+    with outage(q.root):
+        connection.put("Q", [{"payload": b"back home"}])
+    assert connection.qm.qmid == q.qmid
+    assert payloads(q) == [b"back home"]
+    assert payloads(other) == []
+
+
+def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmid_mismatch(q, tmp_path):
+    connection = mqspark.connect(q.root, reconnect="qmgr", reconnect_timeout=2)
+    created: list[QueueManager] = []
+
+    def create_again() -> None:
+        created.append(QueueManager.create(q.root, "QM1"))
+        created[0].define_queue("Q")
+
+    with outage(q.root, None):
+        # While the client waits, another queue manager of the same name appears at the root.
+        timer = threading.Timer(0.3, create_again)
+        timer.start()
+        with pytest.raises(MQError) as caught:
+            connection.put("Q", [{"payload": b"x"}])
+        timer.join()
+        storage.remove_tree(q.root)
+    assert created[0].qmid != q.qmid
+    assert caught.value.reason is Reason.MQRC_RECONNECT_QMID_MISMATCH
+    assert str(caught.value) == (
+        f"MQRC_RECONNECT_QMID_MISMATCH (2545): put to queue Q: queue manager {q.qmid} did not come back within "
+        f"the reconnect timeout of 2 s; only other queue managers answered ({created[0].qmid} at {q.root})"
+    )
+    assert payloads(q) == []
+
+
+def test_disabled_on_the_queue_manager_overrides_the_clients_mode(q):
+    q.alter_qmgr(default_reconnect="disabled")
+    connection = mqspark.connect(q.root, reconnect="yes")
+    assert connection.effective_mode == "disabled"
+    with outage(q.root):
+        with pytest.raises(MQError) as caught:
+            connection.depth("Q")
+    assert caught.value.reason is Reason.MQRC_CONNECTION_BROKEN
+    assert str(caught.value).endswith("; reconnection is disabled on the queue manager")
+
+
+def test_reconnect_timeout_ends_with_reconnect_failed(q):
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=0.5)
+    with outage(q.root, None):
+        with pytest.raises(MQError) as caught:
+            connection.put("Q", [{"payload": b"x"}])
+    assert caught.value.reason is Reason.MQRC_RECONNECT_FAILED
+    assert str(caught.value).startswith(
+        "MQRC_RECONNECT_FAILED (2548): put to queue Q: no queue manager of the connection list answered within "
+        f"the reconnect timeout of 0.5 s (lost QM1 at {q.root}: "
+    )
+    assert payloads(q) == []
+
+
+def _go_away(root: str) -> None:
+    """The root is unreachable from now for OUTAGE seconds."""
+    os.rename(root, f"{root}.away")
+    threading.Timer(OUTAGE, os.rename, (f"{root}.away", root)).start()
+
+
+def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=lambda table, files: True) -> list[str]:
+    """The root goes away at the first commit to a ``table`` (``queues`` or ``state``) table that
+    ``wanted`` picks: just before it (so it does not land), or just after it (it landed, but the
+    client's next read fails)."""
+    real = storage.commit_files
+    broke: list[str] = []
+
+    def commit(delta_table, files, *args, **kwargs):
+        if broke or f"/{table}/" not in delta_table.table_uri or not wanted(delta_table, files):
+            return real(delta_table, files, *args, **kwargs)
+        broke.append(delta_table.table_uri)
+        if not landed:
+            _go_away(root)
+            return real(delta_table, files, *args, **kwargs)
+        real(delta_table, files, *args, **kwargs)
+        _go_away(root)
+        # What the client does next after a commit fails: the answer never reaches it.
+        return DeltaTable(delta_table.table_uri).version()
+
+    monkeypatch.setattr(storage, "commit_files", commit)
+    return broke
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["commit-landed", "commit-lost"])
+def test_a_put_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, landed):
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30)
+    broke = _break_at_commit(monkeypatch, q.root, "queues", landed)
+    ids = connection.put("Q", [{"payload": b"once"}, {"payload": b"only once"}])
+    assert broke
+    assert q.browse("Q")["msg_id"].to_pylist() == ids
+    assert payloads(q) == [b"once", b"only once"]
+    assert q.committed_transaction("Q", connection.producer) == 1
+
+
+def _consumption(table, files) -> bool:
+    rows = pq.read_table(f"{table.table_uri}/{files[0].path}", columns=["event"])
+    return "consumed" in rows["event"].to_pylist()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["commit-landed", "commit-lost"])
+def test_a_get_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, landed):
+    q.put("Q", [{"payload": b"1"}, {"payload": b"2"}, {"payload": b"3"}])
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30)
+    broke = _break_at_commit(monkeypatch, q.root, "state", landed, _consumption)
+    first = connection.get("Q", max_messages=2)
+    assert broke
+    assert first["payload"].to_pylist() == [b"1", b"2"]
+    assert connection.get("Q", max_messages=5)["payload"].to_pylist() == [b"3"]
+    assert first["backout_count"].to_pylist() == [0, 0]
+
+
+def test_bad_reconnect_options_name_the_option_and_value(q):
+    with pytest.raises(MQValidationError) as caught:
+        mqspark.connect(q.root, reconnect="maybe")
+    assert str(caught.value) == "reconnect must be one of no, yes, qmgr; got 'maybe'"
+    with pytest.raises(MQValidationError) as caught:
+        mqspark.connect(q.root, reconnect="disabled")
+    assert str(caught.value) == "reconnect must be one of no, yes, qmgr; got 'disabled'"
+    with pytest.raises(MQValidationError) as caught:
+        mqspark.connect(q.root, reconnect_timeout=-1)
+    assert str(caught.value) == "reconnect_timeout must be a number of seconds >= 0, got -1"
+    with pytest.raises(MQValidationError) as caught:
+        mqspark.connect([])
+    assert str(caught.value) == "connection list is empty: give at least one queue manager root"
+    with pytest.raises(MQValidationError) as caught:
+        q.alter_qmgr(default_reconnect="sometimes")
+    assert str(caught.value) == (
+        "queue manager QM1: attribute default_reconnect must be one of no, yes, qmgr, disabled; got 'sometimes'"
+    )
+    with pytest.raises(MQValidationError) as caught:
+        q.alter_qmgr(name="QM9")
+    assert str(caught.value) == (
+        "queue manager QM1: attribute 'name' cannot be altered; alterable attributes are description, default_reconnect"
+    )
+
+
+def test_no_queue_manager_of_the_list_answers_at_connect(tmp_path):
+    with pytest.raises(MQError) as caught:
+        mqspark.connect([str(tmp_path / "none1"), str(tmp_path / "none2")], reconnect="yes")
+    assert caught.value.reason is Reason.MQRC_Q_MGR_NOT_AVAILABLE
+    assert str(caught.value) == (
+        "MQRC_Q_MGR_NOT_AVAILABLE (2059): no queue manager of the connection list answered ("
+        f"{tmp_path}/none1: MQError: MQRC_UNKNOWN_OBJECT_NAME (2085): no queue manager at {tmp_path}/none1; "
+        f"{tmp_path}/none2: MQError: MQRC_UNKNOWN_OBJECT_NAME (2085): no queue manager at {tmp_path}/none2)"
+    )
+
+
+def test_qmid_and_default_reconnect_survive_reopening(q):
+    q.alter_qmgr(default_reconnect="qmgr")
+    again = QueueManager.open(q.root)
+    assert again.qmid == q.qmid
+    assert again.qmid.startswith("QM1_")
+    assert again.definition.default_reconnect == "qmgr"
