@@ -8,6 +8,10 @@ idempotent writes and logging every micro-batch it delivered with the time. Two 
 time: after each kill of the active one (its whole process tree), a new instance starts, so a
 standby is always there. ``kills`` takeovers give ``takeover_s_p50`` / ``takeover_s_p99``.
 
+The JSON also splits each takeover: until the standby took the lease, until its query started,
+and until the query delivered its first batch (medians). The next standby is started only once the
+takeover was measured, so its start-up does not compete for the two cores.
+
 The anchor is the issue's target, in the same units: ``lease_timeout_s`` + 5 s
 (``ratio_p50_to_target`` at most 1 meets it). The instances are this process's children and
 PySpark's daemons, so the CPU use of other processes is not reported here.
@@ -67,7 +71,7 @@ def start(instance_id):
 
 
 query = instance.run(start)
-print("active", instance.id, flush=True)
+print("active", instance.id, instance.active_since.timestamp(), time.time(), flush=True)
 query.awaitTermination()
 """
 
@@ -85,13 +89,20 @@ class _Instance:
     def instance_id(self, role: str, timeout: float = 180) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in self.log.read_text().splitlines():
-                if line.startswith(f"{role} "):
-                    return line.split()[1]
+            line = self.line(role)
+            if line:
+                return line[1]
             if self.process.poll() is not None:
                 break
             time.sleep(0.1)
         raise RuntimeError(f"instance not {role}: {self.log.read_text()[-2000:]}")
+
+    def line(self, role: str) -> list[str] | None:
+        """The words of the instance's first log line for ``role`` (standby, active), None before it."""
+        for line in self.log.read_text().splitlines():
+            if line.startswith(f"{role} "):
+                return line.split()
+        return None
 
     def kill(self) -> None:
         """SIGKILL the process group, then every process (PySpark's daemons included) of this run."""
@@ -105,6 +116,16 @@ class _Instance:
                         os.kill(int(entry), signal.SIGKILL)
                 except OSError:
                     pass
+
+
+def taken_line(instance: _Instance, timeout: float = 60) -> list[str]:
+    """The active line of an instance that took over (printed once its query started)."""
+    deadline = time.monotonic() + timeout
+    while (line := instance.line("active")) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"instance never printed its active line: {instance.log.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return line
 
 
 def _deliveries(path: Path) -> list[tuple[str, int, float]]:
@@ -136,6 +157,8 @@ def run(kills: int = 10, lease_timeout_s: int = 5, messages: int = 3_000) -> dic
         standby.instance_id("standby")
         by_id = {active_id: active}
         takeovers = []
+        # Per takeover: kill -> lease taken, lease taken -> query started, query started -> first batch.
+        phases: list[tuple[float, float, float]] = []
         for _ in range(kills):
             done = sum(1 for d in _deliveries(deliveries) if d[0] == active_id)
             deadline = time.monotonic() + 180
@@ -145,7 +168,6 @@ def run(kills: int = 10, lease_timeout_s: int = 5, messages: int = 3_000) -> dic
                 time.sleep(0.05)
             killed_at = time.time()
             by_id.pop(active_id).kill()
-            replacement = start()
             deadline = time.monotonic() + 300
             while not (after := [d for d in _deliveries(deliveries) if d[2] > killed_at and d[0] != active_id]):
                 if time.monotonic() > deadline:
@@ -153,8 +175,12 @@ def run(kills: int = 10, lease_timeout_s: int = 5, messages: int = 3_000) -> dic
                 time.sleep(0.05)
             active_id, _, first = after[0]
             takeovers.append(first - killed_at)
-            by_id.setdefault(active_id, next(i for i in running if i.instance_id("standby") == active_id))
-            replacement.instance_id("standby")
+            taken = next(i for i in running if i.instance_id("standby") == active_id)
+            by_id[active_id] = taken
+            _, _, acquired, started = taken_line(taken)
+            phases.append((float(acquired) - killed_at, float(started) - float(acquired), first - float(started)))
+            # The next standby starts once the takeover is measured: its start-up would share the cores.
+            start().instance_id("standby")
         target = lease_timeout_s + 5
         p50 = _p(takeovers, 0.5)
         return {
@@ -164,6 +190,9 @@ def run(kills: int = 10, lease_timeout_s: int = 5, messages: int = 3_000) -> dic
             "takeover_s": [round(t, 2) for t in takeovers],
             "takeover_s_p50": round(p50, 2),
             "takeover_s_p99": round(_p(takeovers, 0.99), 2),
+            "lease_taken_s_p50": round(_p([p[0] for p in phases], 0.5), 2),
+            "query_started_s_p50": round(_p([p[1] for p in phases], 0.5), 2),
+            "first_batch_s_p50": round(_p([p[2] for p in phases], 0.5), 2),
             "target_s": target,
             "ratio_p50_to_target": round(p50 / target, 3),
         }

@@ -4,7 +4,9 @@ such as a root that cannot be reached, a mount that is gone or an object store a
 This module owns the reconnect modes (MQ's ``MQCNO_RECONNECT*`` options, with the queue manager's
 ``default_reconnect`` as DefRecon), the reconnect timeout, the Python API's connection list
 (:class:`Connection`) and the exact resolution of a put or get in doubt. The sink and the streaming
-get reconnect through :meth:`Connection.call` with a one-root connection that never follows.
+get reconnect through :class:`Reconnect`: one root, and only the same queue manager, whose files
+and offsets they hold (another one found there fails them with 2547 ``MQRC_RECONNECT_INCOMPATIBLE``
+in mode ``yes``, 2545 at the timeout in mode ``qmgr``).
 
 A failure counts as a broken connection when the queue manager's catalog cannot be read right after
 it. Any other failure belongs to the operation itself and reaches the caller unchanged.
@@ -37,6 +39,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -81,22 +84,12 @@ def reconnect_timeout_of(value: Any, what: str = "reconnect_timeout") -> timedel
     return timedelta(seconds=seconds)
 
 
-def reachable(root: str, storage_options: storage.StorageOptions) -> bool:
-    """Whether the queue manager's catalog at ``root`` can be read now."""
-    try:
-        return storage.table_exists(storage.catalog_location(root), storage_options)
-    except Exception:  # noqa: BLE001 - any failure to read the catalog is a broken connection
-        return False
-
-
 class Connection:
     """A client's connection to the first queue manager of ``roots`` that answers.
 
     Its puts are exactly once: each carries this connection's producer id and the next transaction
-    number, so a put in doubt is resolved on reconnect. ``follow`` (the Python API) lets mode
-    ``yes`` move along the list to another queue manager; without it (the sink and the streaming get,
-    whose files and offsets belong to one queue manager) a different queue manager found at the root
-    fails the call with 2547 ``MQRC_RECONNECT_INCOMPATIBLE``.
+    number, so a put in doubt is resolved on reconnect. In mode ``yes`` a call moves along the list
+    to the next queue manager that hosts its queue, except while it is in doubt.
     """
 
     def __init__(
@@ -106,8 +99,6 @@ class Connection:
         reconnect: str | None = None,
         reconnect_timeout: float | timedelta = DEFAULT_RECONNECT_TIMEOUT,
         storage_options: dict[str, str] | None = None,
-        follow: bool = True,
-        qm: QueueManager | None = None,
     ) -> None:
         listed = [roots] if isinstance(roots, str | os.PathLike) else list(roots)
         if not listed:
@@ -116,10 +107,9 @@ class Connection:
         self.mode = reconnect_mode(reconnect)
         self.timeout = reconnect_timeout_of(reconnect_timeout)
         self.storage_options = storage_options
-        self.follow = follow
         self.producer = f"connection:{uuid.uuid4().hex}"
         self._transactions = 0
-        self.qm = qm if qm is not None else self._first()
+        self.qm = self._first()
 
     def _first(self) -> QueueManager:
         failures = []
@@ -135,10 +125,7 @@ class Connection:
     @property
     def effective_mode(self) -> ReconnectMode:
         """The mode in force: the client's, unless its queue manager disables reconnection."""
-        default = ReconnectMode(self.qm.definition.default_reconnect)
-        if default is ReconnectMode.DISABLED:
-            return default
-        return self.mode or default
+        return mode_in_force(self.qm, self.mode)
 
     def call(
         self,
@@ -155,81 +142,17 @@ class Connection:
             try:
                 return operation(qm)
             except Exception as error:
-                if isinstance(error, MQValidationError) or reachable(qm.root, self.storage_options):
-                    raise
                 mode = self.effective_mode
-                if mode in (ReconnectMode.NO, ReconnectMode.DISABLED):
-                    why = (
-                        "reconnection is disabled on the queue manager"
-                        if mode is ReconnectMode.DISABLED
-                        else "reconnect is no"
-                    )
-                    raise MQError(
-                        f"{what}: queue manager {qm.name} at {qm.root} cannot be reached ({_summary(error)}); {why}",
-                        Reason.MQRC_CONNECTION_BROKEN,
-                    ) from error
-                if deadline is None:
-                    deadline = time.monotonic() + self.timeout.total_seconds()
-                _log.warning(
-                    "%s: queue manager %s at %s cannot be reached (%s); reconnecting",
-                    what,
-                    qm.name,
-                    qm.root,
-                    _summary(error),
+                deadline = _check_broken(
+                    error, qm.root, qm.name, mode, self.storage_options, what, deadline, self.timeout
                 )
-                self._reconnect(mode, what, queue, in_doubt(), deadline, error)
-
-    def _reconnect(
-        self, mode: ReconnectMode, what: str, queue: str | None, in_doubt: bool, deadline: float, error: Exception
-    ) -> None:
-        """Wait, with backoff, for a queue manager of the list the mode accepts, and switch to it."""
-        lost = self.qm
-        same_only = mode is ReconnectMode.QMGR or in_doubt or not self.follow
-        start = self.roots.index(lost.root) if lost.root in self.roots else 0
-        order = self.roots[start:] + self.roots[:start] if self.follow else [lost.root]
-        delay = _FIRST_DELAY
-        others: list[str] = []
-        while True:
-            for root in order:
-                try:
-                    found = QueueManager.open(root, storage_options=self.storage_options)
-                    if found.qmid != lost.qmid:
-                        if not self.follow and mode is ReconnectMode.YES:
-                            raise MQError(
-                                f"{what}: the root {root} now holds queue manager {found.qmid}, not {lost.qmid}; "
-                                "what this client wrote and read belongs to the lost one",
-                                Reason.MQRC_RECONNECT_INCOMPATIBLE,
-                            ) from error
-                        if same_only:
-                            others.append(f"{found.qmid} at {root}")
-                            continue
-                        if queue is not None:
-                            found.inquire_queue(queue)
-                except MQError as refused:
-                    if refused.reason is Reason.MQRC_RECONNECT_INCOMPATIBLE:
-                        raise
-                    continue
-                except Exception:  # noqa: BLE001 - this root does not answer yet
-                    continue
-                self.qm = found
-                _log.warning("%s: reconnected to queue manager %s at %s", what, found.name, root)
-                return
-            if time.monotonic() + delay > deadline:
-                waited = self.timeout.total_seconds()
-                if others and mode is ReconnectMode.QMGR:
-                    raise MQError(
-                        f"{what}: queue manager {lost.qmid} did not come back within the reconnect timeout "
-                        f"of {waited:g} s; only other queue managers answered ({'; '.join(sorted(set(others)))})",
-                        Reason.MQRC_RECONNECT_QMID_MISMATCH,
-                    ) from error
-                doubt = " The call was in doubt and stays unresolved until it comes back." if in_doubt else ""
-                raise MQError(
-                    f"{what}: no queue manager of the connection list answered within the reconnect timeout "
-                    f"of {waited:g} s (lost {lost.name} at {lost.root}: {_summary(error)}).{doubt}",
-                    Reason.MQRC_RECONNECT_FAILED,
-                ) from error
-            time.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY)
+                doubt = in_doubt()
+                follow = mode is ReconnectMode.YES and not doubt
+                start = self.roots.index(qm.root) if qm.root in self.roots else 0
+                order = self.roots[start:] + self.roots[:start]
+                self.qm = _wait_for(
+                    order, qm, mode, follow, queue, deadline, self.timeout, what, error, doubt, self.storage_options
+                )
 
     # The Python API
 
@@ -274,6 +197,166 @@ class Connection:
 
     def depth(self, queue: str, consumer: str | None = None) -> int:
         return self.call(lambda qm: qm.depth(queue, consumer), f"depth of queue {queue}", queue)
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """The reconnect policy of a Spark query (sink or streaming get), fixed on the driver when it
+    starts and shipped to its tasks: one queue manager, one root, never another queue manager."""
+
+    root: str
+    name: str
+    qmid: str
+    mode: ReconnectMode
+    timeout: timedelta
+    storage_options: dict[str, str] | None = None
+
+    @classmethod
+    def open(
+        cls, root: str, asked: ReconnectMode | None, timeout: timedelta, what: str
+    ) -> tuple[QueueManager, Reconnect]:
+        """Open the queue manager at ``root`` and fix the policy. Spark makes a streaming sink's
+        writer again for each micro-batch, so a root out of reach is waited for when the client
+        asked for ``yes`` or ``qmgr``, and fails with 2009 otherwise: the queue manager's own
+        default cannot be read then."""
+        location = storage.normalize_root(root)
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            try:
+                qm = QueueManager.open(location)
+                return qm, cls(qm.root, qm.name, qm.qmid, mode_in_force(qm, asked), timeout, qm.storage_options)
+            except Exception as error:
+                if isinstance(error, MQValidationError) or storage.reachable(location, None):
+                    raise
+                if asked not in (ReconnectMode.YES, ReconnectMode.QMGR):
+                    raise MQError(
+                        f"{what}: the queue manager at {location} cannot be reached ({_summary(error)}); "
+                        f"reconnect is {asked or 'the default'}",
+                        Reason.MQRC_CONNECTION_BROKEN,
+                    ) from error
+                if time.monotonic() >= deadline:
+                    raise MQError(
+                        f"{what}: the queue manager at {location} did not answer within the reconnect timeout "
+                        f"of {timeout.total_seconds():g} s ({_summary(error)})",
+                        Reason.MQRC_RECONNECT_FAILED,
+                    ) from error
+                time.sleep(_FIRST_DELAY)
+
+    def call(self, operation: Callable[[], _Result], what: str) -> _Result:
+        """``operation()``, retried as the mode says while the root cannot be reached."""
+        deadline: float | None = None
+        while True:
+            try:
+                return operation()
+            except Exception as error:
+                deadline = _check_broken(
+                    error, self.root, self.name, self.mode, self.storage_options, what, deadline, self.timeout
+                )
+                _wait_for(
+                    [self.root],
+                    self,
+                    self.mode,
+                    False,
+                    None,
+                    deadline,
+                    self.timeout,
+                    what,
+                    error,
+                    False,
+                    self.storage_options,
+                )
+
+
+def mode_in_force(qm: QueueManager, asked: ReconnectMode | None) -> ReconnectMode:
+    """The client's mode (``asked``; None: the queue manager's default), unless the queue manager
+    disables reconnection."""
+    default = ReconnectMode(qm.definition.default_reconnect)
+    if default is ReconnectMode.DISABLED:
+        return default
+    return asked or default
+
+
+def _check_broken(
+    error: Exception,
+    root: str,
+    name: str,
+    mode: ReconnectMode,
+    storage_options: storage.StorageOptions,
+    what: str,
+    deadline: float | None,
+    timeout: timedelta,
+) -> float:
+    """Raise ``error`` unless it broke the connection; raise 2009 when the mode does not reconnect;
+    else the deadline of the reconnection (set at the first break)."""
+    if isinstance(error, MQValidationError) or storage.reachable(root, storage_options):
+        raise error
+    if mode in (ReconnectMode.NO, ReconnectMode.DISABLED):
+        why = "reconnection is disabled on the queue manager" if mode is ReconnectMode.DISABLED else "reconnect is no"
+        raise MQError(
+            f"{what}: queue manager {name} at {root} cannot be reached ({_summary(error)}); {why}",
+            Reason.MQRC_CONNECTION_BROKEN,
+        ) from error
+    _log.warning("%s: queue manager %s at %s cannot be reached (%s); reconnecting", what, name, root, _summary(error))
+    return deadline if deadline is not None else time.monotonic() + timeout.total_seconds()
+
+
+def _wait_for(
+    order: list[str],
+    lost: QueueManager | Reconnect,
+    mode: ReconnectMode,
+    follow: bool,
+    queue: str | None,
+    deadline: float,
+    timeout: timedelta,
+    what: str,
+    error: Exception,
+    in_doubt: bool,
+    storage_options: storage.StorageOptions,
+) -> QueueManager:
+    """Wait, with backoff, for a queue manager at the roots of ``order`` that the mode accepts: the
+    lost one (same qmid), or with ``follow`` any that hosts ``queue``."""
+    delay = _FIRST_DELAY
+    others: list[str] = []
+    while True:
+        for root in order:
+            try:
+                found = QueueManager.open(root, storage_options=storage_options)
+                if found.qmid != lost.qmid:
+                    if not follow and mode is ReconnectMode.YES and len(order) == 1:
+                        raise MQError(
+                            f"{what}: the root {root} now holds queue manager {found.qmid}, not {lost.qmid}; "
+                            "what this client wrote and read belongs to the lost one",
+                            Reason.MQRC_RECONNECT_INCOMPATIBLE,
+                        ) from error
+                    if not follow:
+                        others.append(f"{found.qmid} at {root}")
+                        continue
+                    if queue is not None:
+                        found.inquire_queue(queue)
+            except MQError as refused:
+                if refused.reason is Reason.MQRC_RECONNECT_INCOMPATIBLE:
+                    raise
+                continue
+            except Exception:  # noqa: BLE001 - this root does not answer yet
+                continue
+            _log.warning("%s: reconnected to queue manager %s at %s", what, found.name, root)
+            return found
+        if time.monotonic() + delay > deadline:
+            waited = timeout.total_seconds()
+            if others and mode is ReconnectMode.QMGR:
+                raise MQError(
+                    f"{what}: queue manager {lost.qmid} did not come back within the reconnect timeout "
+                    f"of {waited:g} s; only other queue managers answered ({'; '.join(sorted(set(others)))})",
+                    Reason.MQRC_RECONNECT_QMID_MISMATCH,
+                ) from error
+            doubt = " The call was in doubt and stays unresolved until it comes back." if in_doubt else ""
+            raise MQError(
+                f"{what}: no queue manager of the connection list answered within the reconnect timeout "
+                f"of {waited:g} s (lost {lost.name} at {lost.root}: {_summary(error)}).{doubt}",
+                Reason.MQRC_RECONNECT_FAILED,
+            ) from error
+        time.sleep(delay)
+        delay = min(delay * 2, _MAX_DELAY)
 
 
 def connect(

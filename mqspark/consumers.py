@@ -723,10 +723,17 @@ class Heartbeat:
     def _run(self) -> None:
         interval = self.timeout.total_seconds() / 3
         while not self._stopped.wait(interval):
-            if self.state.table() is None:
-                return  # the queue was deleted
             try:
+                if self.state.table() is None:
+                    if storage.reachable(self.state.root, self.state.storage_options):
+                        return  # the queue was deleted
+                    continue
                 self.state.renew(self.consumer, self.owner, self.timeout)
             except MQError as error:
                 self.lost = error
                 return
+            except Exception:
+                if storage.reachable(self.state.root, self.state.storage_options):
+                    raise
+                # Out of reach: renewals go on once it is back (see :mod:`mqspark.connection`).
+                continue

@@ -68,6 +68,9 @@ class Backlog:
     consumer: str | None
     depth: int
     oldest_put_time: datetime | None
+    # Who reads for the group now: a service instance's id (see mqspark.services.instances) or a
+    # query's checkpoint owner; None when no reader holds the group's lease.
+    held_by: str | None = None
 
     def oldest_age(self, now: datetime | None = None) -> float | None:
         """Seconds the oldest waiting message has waited, None when nothing waits."""
@@ -424,12 +427,14 @@ class QueueManager:
 
     def backlog(self, queue: str, consumer: str | None = None, *, oldest: bool = True) -> Backlog:
         """Depth (see :meth:`depth`) and, with ``oldest``, the put time of the oldest waiting message,
-        which reads every live message's put_time."""
+        which reads every live message's put_time; for a consumer group also who holds its lease,
+        the active instance of a service."""
         local = self._resolve(queue).name
         waiting_now = self.waiting_messages(local, consumer, ["put_time"] if oldest else [])
         count = waiting_now.num_rows
         first = pc.min(waiting_now["put_time"]).as_py() if oldest and count else None
-        return Backlog(local, consumer, count, first)
+        lease = None if consumer is None else self._state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
+        return Backlog(local, consumer, count, first, None if lease is None else lease.owner)
 
     def waiting_messages(self, queue: str, consumer: str | None = None, columns: Sequence[str] = ()) -> pa.Table:
         """The live messages that wait, as :meth:`depth` counts them: their identity (``origin``,

@@ -94,6 +94,14 @@ def table_exists(location: str, storage_options: StorageOptions) -> bool:
     return DeltaTable.is_deltatable(location, storage_options=storage_options)
 
 
+def reachable(root: str, storage_options: StorageOptions) -> bool:
+    """Whether the catalog of the queue manager at ``root`` can be read now."""
+    try:
+        return table_exists(catalog_location(root), storage_options)
+    except Exception:  # noqa: BLE001 - any failure to read the catalog means the root cannot be reached
+        return False
+
+
 def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | None:
     """The Delta table at ``location``, or None when there is none."""
     try:
@@ -582,7 +590,8 @@ def commit_until_landed(
     ``prepare(attempt)`` reads the table, checks what must hold, and returns the commit to make
     (a call of :func:`commit_files` on the table it checked), or None when nothing is to be
     committed. A commit that loses to a concurrent one (``CommitFailedError``) is prepared again.
-    Files stay when a commit failed in an unknown way: it may have landed.
+    Files stay when a commit failed in an unknown way (it may have landed), and when the table could
+    not be read (a reconnect commits them after all, see :mod:`mqspark.connection`).
     """
     committing = False
     try:
@@ -602,8 +611,8 @@ def commit_until_landed(
                 committing = False
                 time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
         raise MQError(giving_up, Reason.MQRC_BACKED_OUT)
-    except BaseException:
-        if not committing:
+    except BaseException as error:
+        if not committing and isinstance(error, MQError):
             remove_data_files(location, files)
         raise
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,24 +15,9 @@ import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
 from mqspark.connection import Connection
 
+from .outages import break_root_for, outage
+
 OUTAGE = 1.5
-
-
-@contextmanager
-def outage(root: str, seconds: float | None = OUTAGE):
-    """The root is unreachable from now on, for ``seconds`` (None: until the block ends)."""
-    away = f"{root}.away"
-    os.rename(root, away)
-    timer = threading.Timer(seconds, os.rename, (away, root)) if seconds is not None else None
-    if timer is not None:
-        timer.start()
-    try:
-        yield
-    finally:
-        if timer is not None:
-            timer.join()
-        elif os.path.exists(away):
-            os.rename(away, root)
 
 
 def payloads(qm: QueueManager, queue: str = "Q") -> list[bytes]:
@@ -50,7 +34,7 @@ def test_mode_no_fails_at_once_with_connection_broken_and_writes_nothing(q):
     connection = mqspark.connect(q.root, reconnect="no")
     connection.put("Q", [{"payload": b"before"}])
     started = time.monotonic()
-    with outage(q.root):
+    with outage(q.root, OUTAGE):
         with pytest.raises(MQError) as caught:
             connection.put("Q", [{"payload": b"lost"}])
         assert time.monotonic() - started < OUTAGE
@@ -72,7 +56,7 @@ def test_default_mode_is_the_queue_managers_default_reconnect(q):
 def test_mode_yes_retries_through_the_outage(q):
     connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30)
     started = time.monotonic()
-    with outage(q.root):
+    with outage(q.root, OUTAGE):
         ids = connection.put("Q", [{"payload": b"a"}, {"payload": b"b"}])
         assert connection.depth("Q") == 2
     assert time.monotonic() - started >= OUTAGE
@@ -98,7 +82,7 @@ def test_mode_qmgr_comes_back_only_to_the_same_queue_manager(q, tmp_path):
     other = QueueManager.create(tmp_path / "qm2", "QM2")
     other.define_queue("Q")
     connection = mqspark.connect([q.root, other.root], reconnect="qmgr", reconnect_timeout=30)
-    with outage(q.root):
+    with outage(q.root, OUTAGE):
         connection.put("Q", [{"payload": b"back home"}])
     assert connection.qm.qmid == q.qmid
     assert payloads(q) == [b"back home"]
@@ -110,6 +94,7 @@ def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmi
     created: list[QueueManager] = []
 
     def create_again() -> None:
+        os.remove(q.root)
         created.append(QueueManager.create(q.root, "QM1"))
         created[0].define_queue("Q")
 
@@ -121,6 +106,7 @@ def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmi
             connection.put("Q", [{"payload": b"x"}])
         timer.join()
         storage.remove_tree(q.root)
+        open(q.root, "w").close()
     assert created[0].qmid != q.qmid
     assert caught.value.reason is Reason.MQRC_RECONNECT_QMID_MISMATCH
     assert str(caught.value) == (
@@ -134,7 +120,7 @@ def test_disabled_on_the_queue_manager_overrides_the_clients_mode(q):
     q.alter_qmgr(default_reconnect="disabled")
     connection = mqspark.connect(q.root, reconnect="yes")
     assert connection.effective_mode == "disabled"
-    with outage(q.root):
+    with outage(q.root, OUTAGE):
         with pytest.raises(MQError) as caught:
             connection.depth("Q")
     assert caught.value.reason is Reason.MQRC_CONNECTION_BROKEN
@@ -154,12 +140,6 @@ def test_reconnect_timeout_ends_with_reconnect_failed(q):
     assert payloads(q) == []
 
 
-def _go_away(root: str) -> None:
-    """The root is unreachable from now for OUTAGE seconds."""
-    os.rename(root, f"{root}.away")
-    threading.Timer(OUTAGE, os.rename, (f"{root}.away", root)).start()
-
-
 def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=lambda table, files: True) -> list[str]:
     """The root goes away at the first commit to a ``table`` (``queues`` or ``state``) table that
     ``wanted`` picks: just before it (so it does not land), or just after it (it landed, but the
@@ -172,10 +152,10 @@ def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=la
             return real(delta_table, files, *args, **kwargs)
         broke.append(delta_table.table_uri)
         if not landed:
-            _go_away(root)
+            break_root_for(root, OUTAGE)
             return real(delta_table, files, *args, **kwargs)
         real(delta_table, files, *args, **kwargs)
-        _go_away(root)
+        break_root_for(root, OUTAGE)
         # What the client does next after a commit fails: the answer never reaches it.
         return DeltaTable(delta_table.table_uri).version()
 

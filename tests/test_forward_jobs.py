@@ -167,3 +167,62 @@ def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tm
     got = qm.browse("REPLIES")["correl_id"].to_pylist()
     assert sorted(got) == sorted(expected)
     assert qm.depth("REQUESTS", consumer="forward") == 0
+
+
+def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one_reply_per_request(qm, tmp_path):
+    """Two forward jobs run as instances of the forwarding service; the active one is SIGKILLed
+    (its whole process tree) three times, and each time the standby takes over."""
+    expected = _requests(qm, 120)
+    replies = storage.queue_location(qm.root, "REPLIES")
+    command = _submit(
+        qm.root,
+        *("--service", "tests.services:upper", "--max-messages-per-trigger", "5", "--idle-interval", "0.1"),
+        *("--instance", "--lease-timeout", "5"),
+    )
+    running: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+    def start() -> str:
+        token = uuid.uuid4().hex
+        log = tmp_path / f"instance-{len(running)}.log"
+        running[token] = (start_process(command, log, token), log)
+        return token
+
+    def reached(token: str, role: str, timeout: float = 180) -> str:
+        process, log = running[token]
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in log.read_text().splitlines():
+                if line.startswith(f"{role} "):
+                    return line.split()[1]
+            assert process.poll() is None, f"instance ended: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"instance not {role} within {timeout} s: {log.read_text()[-3000:]}"
+            time.sleep(0.1)
+
+    try:
+        active = start()
+        ids = [reached(active, "active")]
+        standby = start()
+        reached(standby, "standby")
+        for _ in range(3):
+            target = _version(replies) + 2
+            deadline = time.monotonic() + 180
+            while _version(replies) < target:
+                assert time.monotonic() < deadline, f"no replies: {running[active][1].read_text()[-3000:]}"
+                time.sleep(0.01)
+            kill_run(running[active][0], active)
+            ids.append(reached(standby, "active", timeout=120))
+            active, standby = standby, start()
+            reached(standby, "standby")
+        deadline = time.monotonic() + 180
+        while qm.depth("REQUESTS", consumer="forward"):
+            assert time.monotonic() < deadline, f"requests left: {running[active][1].read_text()[-3000:]}"
+            time.sleep(0.2)
+    finally:
+        for token, (process, _) in running.items():
+            if process.poll() is None:
+                kill_run(process, token)
+            kill_marked(token)
+    assert len(set(ids)) == 4
+    got = qm.browse("REPLIES")["correl_id"].to_pylist()
+    assert len(got) == len(set(got)), "a request got two replies"
+    assert sorted(got) == sorted(expected)

@@ -53,11 +53,14 @@ def test_a_standby_waits_while_the_active_instance_holds_the_lease_and_takes_ove
         (standby.id, "standby", False),
     ]
     assert {(i.service, i.host, i.pid) for i in listed} == {("get", socket.gethostname(), os.getpid())}
+    assert qm.backlog("Q", consumer="G").held_by == active.id
+    assert qm.backlog("Q").held_by is None
 
     # The active instance stops renewing (it died): the standby becomes active after the lease timeout.
     standby.wait_until_active(timeout=10)
     assert LEASE.total_seconds() - 0.1 < time.monotonic() - leased < LEASE.total_seconds() + 2.0
     assert ConsumerState(qm.root, "Q", qm.storage_options).lease("G", LEASE).owner == standby.id
+    assert qm.backlog("Q", consumer="G").held_by == standby.id
     # The dead instance's entry is past its heartbeat: only the new active instance is listed.
     assert [(i.instance, i.role) for i in instances(qm, "Q", "G", LEASE)] == [(standby.id, "active")]
 

@@ -5,6 +5,11 @@
 It runs :func:`mqspark.forward` on the session ``spark-submit`` gives (its ``--master`` and
 ``--conf``), until the queue is drained with ``--exit-when-empty``, else until it is stopped. The
 exit code is 0 when the query ended cleanly, 1 when it failed or its arguments were refused.
+
+With ``--instance`` the job is one instance of the forwarding service
+(:class:`~mqspark.services.instances.Instance`): it prints ``standby <id>``, waits while another
+instance holds the consumer group, then prints ``active <id>`` once its query runs. The instances
+share the default checkpoint under the queue manager root.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--call-timeout", type=float, help="seconds a service call may take (-t)")
     parser.add_argument("--max-messages-per-trigger", type=int, help="most requests per micro-batch")
     parser.add_argument("--checkpoint", help="checkpoint location (default: under the queue manager root)")
+    parser.add_argument("--instance", action="store_true", help="run as an active or standby instance")
+    parser.add_argument("--lease-timeout", type=int, help="seconds the consumer group's lease lives unrenewed")
     args = parser.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -36,8 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {}
     if args.max_messages_per_trigger is not None:
         options["maxMessagesPerTrigger"] = args.max_messages_per_trigger
-    try:
-        query = mqspark.forward(
+    if args.lease_timeout is not None:
+        options["leaseTimeout"] = args.lease_timeout
+
+    def start(instance: str | None = None):
+        return mqspark.forward(
             spark,
             args.root,
             args.queue,
@@ -48,7 +58,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             call_timeout=args.call_timeout,
             checkpoint_location=args.checkpoint,
             **options,
+            **({} if instance is None else {"instance": instance}),
         )
+
+    try:
+        if args.instance:
+            query = _run_instance(args, start)
+        else:
+            query = start()
     except MQError as error:
         print(f"forward: error: {error}", file=sys.stderr)
         return 1
@@ -57,6 +74,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"forward: error: {query.exception()}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_instance(args: argparse.Namespace, start):
+    from datetime import timedelta
+
+    from mqspark import QueueManager
+    from mqspark.consumers import DEFAULT_LEASE_TIMEOUT
+    from mqspark.services.instances import Instance
+
+    lease = DEFAULT_LEASE_TIMEOUT if args.lease_timeout is None else timedelta(seconds=args.lease_timeout)
+    instance = Instance(QueueManager.open(args.root), args.queue, args.consumer, service="forward", lease_timeout=lease)
+    print("standby", instance.id, flush=True)
+    query = instance.run(start)
+    print("active", instance.id, flush=True)
+    return query
 
 
 if __name__ == "__main__":

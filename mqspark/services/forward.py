@@ -75,7 +75,15 @@ FORWARDER = "forward"
 # The property of a reply that carries the service's user return code (Tuxedo's tpurcode).
 RETURN_CODE = "mqspark.return_code"
 # Options of the streaming get a forwarder passes on.
-GET_OPTIONS = ("maxMessagesPerTrigger", "maxBytesPerTrigger", "leaseTimeout", "maintenanceInterval")
+GET_OPTIONS = (
+    "maxMessagesPerTrigger",
+    "maxBytesPerTrigger",
+    "leaseTimeout",
+    "maintenanceInterval",
+    "instance",
+    "reconnect",
+    "reconnectTimeout",
+)
 
 # The fields of a reply the forwarder puts.
 REPLY_FIELDS = ["payload", "correl_id", "priority", "properties"]
@@ -150,8 +158,9 @@ def forward(
     drained (TMQFORWARD ``-e``; ``trigger(availableNow=True)``); otherwise the queue is polled every
     ``idle_interval`` seconds (``-i``; 0: as soon as the last batch is done). A call running longer
     than ``call_timeout`` seconds fails (``-t``). ``options`` are the streaming get's per-trigger
-    limits and lease options (:data:`GET_OPTIONS`). The checkpoint is ``checkpoint_location``, by
-    default under the queue manager root.
+    limits, lease, instance and reconnect options (:data:`GET_OPTIONS`): run under
+    :class:`~mqspark.services.instances.Instance` with ``instance=instance_id``. The checkpoint is
+    ``checkpoint_location``, by default under the queue manager root.
     """
     from ..qmgr import QueueManager
 

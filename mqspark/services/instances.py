@@ -72,6 +72,9 @@ if TYPE_CHECKING:
     from ..qmgr import QueueManager
 
 _log = logging.getLogger(__name__)
+# How often a standby looks whether the group's lease lapsed: a read of the state table, so often
+# enough that takeover waits mostly for the lease, not for the look.
+STANDBY_POLL = 0.5
 
 # Registry files older than this belong to instances long gone: the lister removes them.
 _FORGET_AFTER = timedelta(days=1)
@@ -161,7 +164,8 @@ class Instance:
                     self.active_since = datetime.now(UTC)
                     self._register()
                     return
-            wait = self.interval if deadline is None else min(self.interval, deadline - time.monotonic())
+            poll = min(self.interval, STANDBY_POLL)
+            wait = poll if deadline is None else min(poll, deadline - time.monotonic())
             if wait <= 0 or self._stopped.wait(wait):
                 raise MQError(
                     f"queue {self.queue}: instance {self.id} of consumer group {self.consumer!r} did not become "

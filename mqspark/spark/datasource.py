@@ -25,6 +25,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from ..connection import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode, reconnect_mode
 from ..consumers import DEFAULT_LEASE_TIMEOUT
 from ..definitions import validate_name
 from ..errors import MQValidationError
@@ -53,6 +54,7 @@ class MQDataSource(DataSource):
         options = dict(self.options)
         _stream_limits(options)
         _instance(options)
+        _reconnect(options)
         _browse_options(options)
         return from_arrow_schema(BROWSE_SCHEMA)
 
@@ -127,8 +129,9 @@ def _get_options(options: dict[str, str]) -> GetOptions:
     root = _root(options)
     queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
     consumer, max_messages, max_bytes, lease = _stream_limits(options)
+    qm, reconnect = Reconnect.open(root, *_reconnect(options), f"streaming get of queue {queue}")
     return GetOptions(
-        root=QueueManager.open(root).root,
+        root=qm.root,
         queue=validate_name(queue),
         consumer=consumer,
         delivery=_delivery(options),
@@ -137,6 +140,7 @@ def _get_options(options: dict[str, str]) -> GetOptions:
         lease_timeout=lease,
         maintenance_interval=_maintenance_interval(options),
         instance=_instance(options),
+        reconnect=reconnect,
     )
 
 
@@ -147,6 +151,14 @@ def _instance(options: dict[str, str]) -> str | None:
     if instance is not None and (not instance.strip() or len(instance) > 200):
         raise MQValidationError(f"option instance must be an instance id of 1-200 characters, got {instance!r}")
     return instance
+
+
+def _reconnect(options: dict[str, str]) -> tuple[ReconnectMode | None, timedelta]:
+    """Options reconnect (no, yes, qmgr; default: the queue manager's default_reconnect) and
+    reconnectTimeout (seconds, default 1800)."""
+    mode = reconnect_mode(options.get("reconnect"), "option reconnect")
+    seconds = _whole_number(options, "reconnectTimeout", 0)
+    return mode, DEFAULT_RECONNECT_TIMEOUT if seconds is None else timedelta(seconds=seconds)
 
 
 def _maintenance_interval(options: dict[str, str]) -> timedelta | None:
@@ -189,4 +201,12 @@ def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> 
         }
     elif "bind" in options or "qmgr" in options:
         raise MQValidationError("options bind and qmgr route a put to a cluster queue: give option cluster too")
-    return SinkPlan.build(root, queue, schema, segmentation=SEGMENTATION[segmentation], producer=producer, **routing)
+    return SinkPlan.build(
+        root,
+        queue,
+        schema,
+        segmentation=SEGMENTATION[segmentation],
+        producer=producer,
+        reconnect=_reconnect(options),
+        **routing,
+    )

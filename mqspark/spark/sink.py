@@ -13,8 +13,11 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,12 +27,14 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from .. import storage
+from ..connection import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode
 from ..definitions import QueueDefinition
 from ..errors import MQError
 from ..messages import GROUP_COLUMNS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, check_group_items, group_items, prepare_put
 from ..qmgr import QueueManager, before_targets
 from . import workload
 
+_Result = TypeVar("_Result")
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
 PARTITION_SHIFT = 32
 
@@ -45,7 +50,10 @@ class SinkPlan:
     definition: QueueDefinition | None
     segmentation: bool
     producer: str | None
+    reconnect: Reconnect | None = None
     cluster: workload.ClusterRoute | None = None
+    # A batch write's own transaction id: with it, a commit in doubt after a reconnect is recognised.
+    write_id: str = ""
 
     @classmethod
     def build(
@@ -56,12 +64,13 @@ class SinkPlan:
         *,
         segmentation: bool,
         producer: str | None,
+        reconnect: tuple[ReconnectMode | None, timedelta] = (None, DEFAULT_RECONNECT_TIMEOUT),
         cluster: tuple[str, ...] = (),
         bind: str = "as_q_def",
         qmgr: str | None = None,
     ) -> SinkPlan:
         """Check the queue (or the cluster route) and the input columns before any task runs."""
-        qm = QueueManager.open(root)
+        qm, policy = Reconnect.open(root, *reconnect, f"put to queue {queue}")
         if cluster:
             route = workload.cluster_route(qm, cluster, queue, bind, qmgr)
             definition, checked = None, route.dead_letter
@@ -70,7 +79,17 @@ class SinkPlan:
             definition = checked = qm.resolve_for_put(queue)
         # The same validation as each row gets, on no rows: catches unknown columns and wrong types.
         prepare_put(checked, to_arrow_schema(schema, timezone="UTC").empty_table())
-        return cls(qm.root, queue, definition, segmentation, producer, route)
+        return cls(qm.root, queue, definition, segmentation, producer, policy, route, f"write:{uuid.uuid4().hex}")
+
+    def reconnects(self) -> bool:
+        """Whether a broken connection is retried (else it fails the write with 2009)."""
+        return self.reconnect is not None and self.reconnect.mode in (ReconnectMode.YES, ReconnectMode.QMGR)
+
+    def call(self, operation: Callable[[], _Result]) -> _Result:
+        """``operation()`` under the write's reconnect policy."""
+        if self.reconnect is None:
+            return operation()
+        return self.reconnect.call(operation, f"put to queue {self.queue}")
 
 
 # Where a share of a put goes: (queue manager root, local queue name).
@@ -136,22 +155,33 @@ class QueueShare:
 
 
 def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCommitMessage:
-    """Validate and write one task's rows, one Parquet file per target queue (executor side)."""
+    """Validate and write one task's rows, one Parquet file per target queue (executor side). With
+    reconnection on, the task keeps its rows until they are written, to write them again after a
+    reconnect."""
     context = TaskContext.get()
     partition = context.partitionId()
-    first_seq = partition << PARTITION_SHIFT
     producer = plan.producer or context.getLocalProperty("sql.streaming.queryId")
     if producer is None and plan.cluster is not None:
         producer = plan.cluster.write_id
+    batch_id = context.getLocalProperty("streaming.sql.batchId")
+    if not plan.reconnects() and plan.cluster is None:
+        return plan.call(lambda: _write_task(plan, partition, producer, batch_id, batches))
+    rows = [batch for batch in batches if batch.num_rows]
+    return plan.call(lambda: _write_task(plan, partition, producer, batch_id, iter(rows)))
+
+
+def _write_task(
+    plan: SinkPlan, partition: int, producer: str | None, batch_id: str | None, batches: Iterator[pa.RecordBatch]
+) -> PutCommitMessage:
+    first_seq = partition << PARTITION_SHIFT
     message = PutCommitMessage(producer)
     if plan.cluster is None:
         share = QueueShare(plan.root, plan.definition, plan.segmentation, first_seq)
         share.write(message, ((pa.Table.from_batches([batch]), None) for batch in batches))
         return message
-    rows = [batch for batch in batches if batch.num_rows]
+    rows = list(batches)
     if not rows:
         return message
-    batch_id = context.getLocalProperty("streaming.sql.batchId")
     routed = workload.route_task(
         plan.cluster,
         plan.queue,
@@ -170,12 +200,25 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
 
 
 def commit_batch(plan: SinkPlan, messages: list[PutCommitMessage | None], batch_id: int | None) -> None:
-    """Commit every task's files, once per target queue, then record how the rows were routed (driver side)."""
+    """Commit every task's files, once per target queue, then record how the rows were routed (driver
+    side). A commit in doubt after a reconnect is resolved by its transaction: a batch write that
+    may reconnect gets one of its own."""
+    if batch_id is None and plan.reconnects():
+        plan.call(lambda: _commit_batch(plan, messages, 0, plan.write_id))
+    else:
+        plan.call(lambda: _commit_batch(plan, messages, batch_id, None))
+
+
+def _commit_batch(
+    plan: SinkPlan, messages: list[PutCommitMessage | None], batch_id: int | None, write_id: str | None
+) -> None:
     # With commitInfo's own timestamp this gives the driver-side commit time of every batch.
     started_ms = int(time.time() * 1000)
     messages = [message for message in messages if message is not None]
     targets = sorted({target for message in messages for target in message.files})
-    producer = (plan.producer or (messages[0].producer if messages else None)) if batch_id is not None else None
+    producer = write_id or (
+        (plan.producer or (messages[0].producer if messages else None)) if batch_id is not None else None
+    )
     managers: dict[str, QueueManager] = {}
     for target in targets:
         root, queue = target

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -45,6 +46,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from ..connection import Reconnect
 from ..consumers import ConsumerState, consumed_rows
 from ..errors import MQError, Reason
 from ..ordering import DeliveryOptions
@@ -54,6 +56,7 @@ from ..services.maintenance import Maintenance
 from .browse import batch_rows
 
 OFFSET_KEYS = ("root", "queue", "consumer", "owner", "seq", "plan", "delivered", "version", "now")
+_Result = TypeVar("_Result")
 # A running get starts a maintenance run of its queue this often, unless option maintenanceInterval says.
 DEFAULT_MAINTENANCE_INTERVAL = timedelta(minutes=5)
 
@@ -73,6 +76,8 @@ class GetOptions:
     # The instance of a service this query runs for (see :mod:`mqspark.services.instances`): it, not
     # the checkpoint's owner, holds the group's lease, so instances sharing a checkpoint fence each other.
     instance: str | None = None
+    # How the query reconnects when the queue manager's storage breaks (options reconnect, reconnectTimeout).
+    reconnect: Reconnect | None = None
 
 
 def offset(values: dict) -> dict:
@@ -107,6 +112,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # Planner methods (driver)
 
     def initialOffset(self) -> dict:
+        return self._reconnecting("first offset", self._initial_offset)
+
+    def _initial_offset(self) -> dict:
         # Spark calls this again after a crash in the first micro-batch (to replay it), so it takes no
         # lease: the lease goes to the owner named by the offsets the query actually runs on.
         if self._initial is None:
@@ -136,16 +144,23 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = (QueueManager.open(self.options.root).queue_version(self.options.queue), datetime.now(UTC))
+        version = self._reconnecting(
+            "trigger", lambda: QueueManager.open(self.options.root).queue_version(self.options.queue)
+        )
+        self._target = (version, datetime.now(UTC))
         if self._group is not None:
             self._group.up_to = self._target[0]
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if self._handed_over:
             return start
-        group = self._join(start["owner"])
-        with group.state.pinned():
-            return self._next_offset(group, start, limit)
+
+        def plan() -> dict:
+            group = self._join(start["owner"])
+            with group.state.pinned():
+                return self._next_offset(group, start, limit)
+
+        return self._reconnecting("planning", plan)
 
     def _next_offset(self, group: Planner, start: dict, limit: ReadLimit) -> dict:
         group.consume(start["plan"], start["seq"])
@@ -208,6 +223,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if start == end or not end["plan"]:
             return []
+        return self._reconnecting("partitions", lambda: self._partitions(start, end))
+
+    def _partitions(self, start: dict, end: dict) -> list[InputPartition]:
         group = self._join(end["owner"])
         with group.state.pinned():
             # Spark replays a batch only once the one before it is done: this also loads the pending
@@ -225,9 +243,15 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ]
 
     def commit(self, end: dict) -> None:
-        if self._group is not None and end.get("plan"):
-            self._group.consume(end["plan"], end["seq"])
-            self._group.flush()
+        if end.get("plan"):
+
+            def consume() -> None:
+                group = self._join(end["owner"])
+                group.consume(end["plan"], end["seq"])
+                group.flush()
+
+            if self._group is not None:
+                self._reconnecting("commit", consume)
 
     def stop(self) -> None:
         """Release the group's lease. Spark does not call this for Python sources today (the planner
@@ -239,10 +263,27 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # Executor
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        table = partition.messages()
+        table = self._reconnecting("read", partition.messages, planner=False)
         yield from table.to_batches(max_chunksize=batch_rows(table))
 
     # Helpers
+
+    def _reconnecting(self, what: str, operation: Callable[[], _Result], planner: bool = True) -> _Result:
+        """``operation()`` under the query's reconnect policy. After a reconnect the planner is made
+        again from the state table, as after a restart: its memory may hold half of a failed step."""
+        tries = [0]
+
+        def attempt() -> _Result:
+            if tries[0] and planner and self._group is not None:
+                self._group.heartbeat.stop()
+                self._group = None
+            tries[0] += 1
+            return operation()
+
+        options = self.options
+        if options.reconnect is None:
+            return operation()
+        return options.reconnect.call(attempt, f"streaming get of queue {options.queue} ({what})")
 
     def _join(self, owner: str) -> Planner:
         """The planner of this run, taking the group's lease for ``owner`` on first use (waiting for
