@@ -50,7 +50,9 @@ spark = mqspark.session(
     **{"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"},
 )
 spark.range(1).write.format("delta").mode("overwrite").save(output + "-warm-up-" + str(os.getpid()))
-instance = Instance(QueueManager.open(root), "Q", "bench", lease_timeout=timedelta(seconds=int(lease)))
+instance = Instance(
+    QueueManager.open(root), "Q", "bench", lease_timeout=timedelta(seconds=int(lease)), spark=spark
+)
 print("standby", instance.id, flush=True)
 
 

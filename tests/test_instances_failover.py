@@ -61,7 +61,7 @@ import logging
 logging.basicConfig(level=logging.WARNING)
 # A warm standby: the JVM has written a Delta table once, so the first batch after a takeover is quick.
 spark.range(1).write.format("delta").mode("overwrite").save(output + "-warm-up-" + str(os.getpid()))
-instance = Instance(QueueManager.open(root), "Q", "ha", lease_timeout=timedelta(seconds={LEASE_S}))
+instance = Instance(QueueManager.open(root), "Q", "ha", lease_timeout=timedelta(seconds={LEASE_S}), spark=spark)
 print("standby", instance.id, flush=True)
 
 

@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.instance:
-            query = _run_instance(args, start)
+            query = _run_instance(args, spark, start)
         else:
             query = start()
     except MQError as error:
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _run_instance(args: argparse.Namespace, start):
+def _run_instance(args: argparse.Namespace, spark, start):
     from datetime import timedelta
 
     from mqspark import QueueManager
@@ -84,7 +84,8 @@ def _run_instance(args: argparse.Namespace, start):
     from mqspark.services.instances import Instance
 
     lease = DEFAULT_LEASE_TIMEOUT if args.lease_timeout is None else timedelta(seconds=args.lease_timeout)
-    instance = Instance(QueueManager.open(args.root), args.queue, args.consumer, service="forward", lease_timeout=lease)
+    qm = QueueManager.open(args.root)
+    instance = Instance(qm, args.queue, args.consumer, service="forward", lease_timeout=lease, spark=spark)
     print("standby", instance.id, flush=True)
     query = instance.run(start)
     print("active", instance.id, flush=True)
