@@ -159,7 +159,7 @@ def test_a_service_that_returns_neither_bytes_nor_str_fails_the_request_with_a_c
             upper,
             {"maxMessagesPerTriger": 5},
             "forward: queue REQUESTS: unknown option(s) maxMessagesPerTriger; options are maxMessagesPerTrigger, "
-            "maxBytesPerTrigger, leaseTimeout, maintenanceInterval",
+            "maxBytesPerTrigger, leaseTimeout, maintenanceInterval, instance, reconnect, reconnectTimeout",
         ),
         (upper, {"idle_interval": -1}, "forward: idle_interval must be a number of seconds >= 0, got -1"),
     ],
