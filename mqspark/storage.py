@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -254,15 +254,27 @@ def delete_removed_files(location: str, older_than: datetime) -> int:
     Only files such a commit names are deleted, never a file a put has written but not committed yet.
     Run it before the log clean-up that drops those entries.
     """
+    cutoff = older_than.timestamp()
+    versions = [version for version, mtime in _log_entry_times(location).items() if mtime < cutoff]
+    return _delete_files_removed_by(location, [log_entry(location, version) for version in versions])
+
+
+def _log_entry_times(location: str) -> dict[int, float]:
+    """Each commit entry's version and the time it was written."""
     filesystem, base = filesystem_of(location)
     listing = filesystem.get_file_info(pafs.FileSelector(f"{base}/_delta_log"))
-    cutoff = older_than.timestamp()
+    return {
+        int(info.path.rsplit("/", 1)[-1].split(".")[0]): info.mtime.timestamp()
+        for info in listing
+        if info.path.endswith(".json") and info.mtime is not None
+    }
+
+
+def _delete_files_removed_by(location: str, entries: Iterable[LogEntry]) -> int:
+    """Delete the files the maintenance or purge commits among ``entries`` removed that are still there."""
+    filesystem, base = filesystem_of(location)
     deleted = 0
-    for info in listing:
-        name = info.path.rsplit("/", 1)[-1]
-        if not name.endswith(".json") or info.mtime is None or info.mtime.timestamp() >= cutoff:
-            continue
-        entry = log_entry(location, int(name.split(".")[0]))
+    for entry in entries:
         for path in entry.removed if entry.rewrites else []:
             if filesystem.get_file_info(f"{base}/{path}").type == pafs.FileType.File:
                 filesystem.delete_file(f"{base}/{path}")
@@ -289,7 +301,7 @@ def trim_history(table: DeltaTable, keep_from: int, retention_seconds: int) -> t
         },
     )
     options = _options(table)
-    cleaned = clean_up_log(DeltaTable(location, version=keep_from, storage_options=options))
+    cleaned, _ = clean_up_log(DeltaTable(location, version=keep_from, storage_options=options))
     return cleaned, len(DeltaTable(location, storage_options=options).vacuum(dry_run=False, full=True))
 
 
@@ -301,13 +313,27 @@ def set_properties(table: DeltaTable, wanted: dict[str, str]) -> bool:
     return True
 
 
-def clean_up_log(table: DeltaTable) -> int:
+# Log clean-up judges an entry's age by its own clock, a moment after the vacuum before it did: an
+# entry that comes of age in between is read first, so the files it removed go with it.
+_COMING_OF_AGE_SECONDS = 60
+
+
+def clean_up_log(table: DeltaTable, retention: timedelta | None = None) -> tuple[int, int]:
     """Checkpoint at ``table``'s version and clean up the log entries before it that are older than the
-    table's log retention (as that version sets it); returns how many entries went."""
+    table's log retention (as that version sets it). With ``retention`` (the log retention), the files
+    removed by the maintenance or purge commits among the entries that go are deleted too, so none is
+    left behind unnamed. Returns how many entries and files went."""
     table.create_checkpoint()
-    before = log_entry_count(table.table_uri)
+    location = table.table_uri
+    before = _log_entry_times(location)
+    expiring: dict[int, LogEntry] = {}
+    if retention is not None:
+        soon = time.time() - retention.total_seconds() + _COMING_OF_AGE_SECONDS
+        expiring = {v: log_entry(location, v) for v, mtime in before.items() if v < table.version() and mtime < soon}
     table.cleanup_metadata()
-    return before - log_entry_count(table.table_uri)
+    after = _log_entry_times(location)
+    deleted = _delete_files_removed_by(location, [entry for version, entry in expiring.items() if version not in after])
+    return len(before) - len(after), deleted
 
 
 def log_entry_count(location: str) -> int:

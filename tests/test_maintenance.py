@@ -888,3 +888,24 @@ def test_a_snapshot_older_than_a_log_clean_up_is_read_again_newer(qm):
     assert qm.depth("Q") == 2
     qm.put("Q", [{"payload": "c"}])
     assert _browse(qm) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("retention, vacuumed", [(None, 0), (timedelta(hours=1), 2)])
+def test_log_clean_up_deletes_the_files_removed_by_the_entries_it_drops(qm, new_reader, retention, vacuumed):
+    """An entry that comes of age after the run's vacuum looked at it, but before the log clean-up
+    does, would leave the files it removed behind, named nowhere; told the retention, the clean-up
+    deletes them with the entry."""
+    qm.define_queue("Q")
+    _put_each(qm, ["a", "b"])
+    _drain(new_reader())
+    # Versions: 0 create, 1-2 puts, 3 retention properties, 4 maintenance (removes the two put files).
+    assert qm.maintain("Q").version == 4
+    qm.put("Q", [{"payload": "c"}])
+    location = storage.queue_location(qm.root, "Q")
+    two_hours_ago = time.time() - 7200
+    for entry in (Path(location) / "_delta_log").glob("0000000000000000000[0-4].*"):
+        os.utime(entry, (two_hours_ago, two_hours_ago))
+    assert len(_data_files(qm)) == 3
+    assert storage.clean_up_log(DeltaTable(location, version=5), retention) == (5, vacuumed)
+    assert len(_data_files(qm)) == 3 - vacuumed
+    assert _browse(qm) == ["c"]

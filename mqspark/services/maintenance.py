@@ -122,7 +122,7 @@ def maintain(qm: QueueManager, queue: str, retention: timedelta, now: datetime |
         # put wrote was rewritten, or there was none.
         unstamped = pc.any(pc.is_valid(files["version"])).as_py()
         clean_before = read_version if version is not None or not unstamped else None
-        cleaned, vacuumed = _tidy(location, qm.storage_options, version, clean_before, now - retention)
+        cleaned, vacuumed = _tidy(location, qm.storage_options, version, clean_before, now, retention)
         if version is None:
             removed[:] = False
             moved[:] = False
@@ -344,18 +344,20 @@ def _tidy(
     storage_options: storage.StorageOptions,
     version: int | None,
     clean_before: int | None,
-    older_than: datetime,
+    now: datetime,
+    retention: timedelta,
 ) -> tuple[int, int]:
-    """Delete the files that maintenance and purge commits older than ``older_than`` removed, clean up
-    the log entries before version ``clean_before`` older than the table's retention (None: keep
-    them all), and checkpoint at the maintenance commit ``version``. Returns the log entries and
-    files removed."""
-    vacuumed = storage.delete_removed_files(location, older_than)
+    """Delete the files that maintenance and purge commits older than ``retention`` removed, clean up
+    the log entries before version ``clean_before`` older than the retention (None: keep them all)
+    with the files the entries that go removed, and checkpoint at the maintenance commit
+    ``version``. Returns the log entries and files removed."""
+    vacuumed = storage.delete_removed_files(location, now - retention)
     table = storage.open_table(location, storage_options)
     cleaned = 0
     if clean_before is not None:
         table.load_as_version(clean_before)
-        cleaned = storage.clean_up_log(table)
+        cleaned, more = storage.clean_up_log(table, retention)
+        vacuumed += more
     if version is not None:
         table.load_as_version(version)
         table.create_checkpoint()
