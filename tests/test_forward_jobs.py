@@ -171,8 +171,9 @@ def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tm
 
 def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one_reply_per_request(qm, tmp_path):
     """Two forward jobs run as instances of the forwarding service; the active one is SIGKILLed
-    (its whole process tree) three times, and each time the standby takes over."""
-    expected = _requests(qm, 120)
+    (its whole process tree) three times, and each time the standby takes over. Enough requests
+    that the queue is not drained before the last kill, however fast the instances start."""
+    expected = _requests(qm, 400)
     replies = storage.queue_location(qm.root, "REPLIES")
     command = _submit(
         qm.root,
@@ -207,6 +208,7 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
             target = _version(replies) + 2
             deadline = time.monotonic() + 180
             while _version(replies) < target:
+                assert qm.depth("REQUESTS", consumer="forward"), "drained before the kill: put more requests"
                 assert time.monotonic() < deadline, f"no replies: {running[active][1].read_text()[-3000:]}"
                 time.sleep(0.01)
             kill_run(running[active][0], active)
