@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up everything mqspark needs (virtualenv, pinned packages, Delta jars), then runs one of:
+# Sets up everything mqspark needs (virtualenv, pinned packages, Delta jars, and the Azure Storage
+# emulator the object-store tests run against), then runs one of:
 #   ./dev.sh demo [--root DIR]   the demo pipeline on a local queue manager (./mq-data)
 #   ./dev.sh test [PYTEST ARGS]  the full test suite
 #   ./dev.sh bench [ARGS]        the benchmarks (JSON on stdout)
@@ -37,6 +38,15 @@ setup() {
     fi
     # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.
     "$VENV/bin/python" -m mqspark.spark.session > /dev/null
+    # Azurite and the Node.js it needs, pinned in tools/azurite/package-lock.json, from the npm registry.
+    command -v npm >/dev/null 2>&1 || die "needs npm (Node.js) to install the Azure Storage emulator the tests use"
+    azurite_stamp=tools/azurite/node_modules/.mqspark-setup
+    azurite_wanted=$(sha256sum tools/azurite/package-lock.json | cut -d' ' -f1)
+    if [ "$(cat "$azurite_stamp" 2>/dev/null)" != "$azurite_wanted" ]; then
+        echo "dev.sh: installing the Azure Storage emulator (Azurite) into tools/azurite" >&2
+        npm ci --prefix tools/azurite --no-audit --no-fund --loglevel=error >&2
+        echo "$azurite_wanted" > "$azurite_stamp"
+    fi
 }
 
 command="${1:-}"

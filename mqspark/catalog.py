@@ -19,7 +19,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from . import storage
+from . import filesystems, storage
 from .definitions import QueueDefinition, QueueManagerDefinition
 from .errors import MQError, Reason
 
@@ -103,6 +103,7 @@ class Catalog:
         self.root = root
         self.location = storage.catalog_location(root)
         self.storage_options = storage_options
+        filesystems.remember(root, storage_options)
 
     def create(self, qmgr: QueueManagerDefinition, queues: list[QueueDefinition]) -> None:
         table = storage.create_table(self.location, CATALOG_SCHEMA, self.storage_options)

@@ -128,7 +128,7 @@ class QueueManager:
         validate_name(name, "queue manager")
         location = storage.normalize_root(root)
         catalog = Catalog(location, storage_options)
-        if storage.table_exists(catalog.location, storage_options):
+        if _catalog_exists(catalog):
             existing = catalog.read().qmgr.name
             raise MQValidationError(f"queue manager {existing} already exists at {location}")
         dead_letter = QueueDefinition.build(DEAD_LETTER_QUEUE, description="dead-letter queue")
@@ -141,7 +141,7 @@ class QueueManager:
         """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
         location = storage.normalize_root(root)
         catalog = Catalog(location, storage_options)
-        if not storage.table_exists(catalog.location, storage_options):
+        if not _catalog_exists(catalog):
             raise MQError(f"no queue manager at {location}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
         return cls(location, catalog, catalog.read().qmgr)
 
@@ -659,6 +659,14 @@ class QueueManager:
             if for_get and item.get_inhibited:
                 raise MQError(f"queue {item.name} is get-inhibited", Reason.MQRC_GET_INHIBITED)
         return definition
+
+
+def _catalog_exists(catalog: Catalog) -> bool:
+    """Whether the root holds a queue manager; a store that refuses or does not answer is an error."""
+    try:
+        return storage.table_exists(catalog.location, catalog.storage_options)
+    except OSError as error:
+        raise storage.store_error(catalog.root, error) from None
 
 
 def _create_message_table(location: str, storage_options: storage.StorageOptions) -> None:

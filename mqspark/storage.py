@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction
 
 from .errors import MQError, Reason
+from .filesystems import filesystem_of, is_uri
 
 CATALOG_DIR = "_qmgr"
 STATE_DIR = "state"
@@ -45,11 +47,6 @@ CLOSED_PROPERTY = "mqspark.closed"
 QUEUES_DIR = "queues"
 
 StorageOptions = dict[str, str] | None
-
-
-def is_uri(location: str) -> bool:
-    """True for object-store URIs (``s3://``, ``abfss://``...), false for local paths."""
-    return len(urlparse(location).scheme) > 1
 
 
 def normalize_root(root: str | os.PathLike) -> str:
@@ -102,6 +99,23 @@ def reachable(root: str, storage_options: StorageOptions) -> bool:
         return False
 
 
+# The store's words for credentials it refused (Azure's error codes, HTTP 401/403).
+_REFUSED = ("401 Unauthorized", "403 Forbidden", "AuthenticationFailed", "AuthorizationFailure", "Invalid Access Key")
+
+
+def store_error(root: str, error: OSError) -> MQError:
+    """The error for a queue manager root whose store refused the credentials (2035) or did not
+    answer (2059), with the store's own words (delta-rs's chain of causes, without its markup)."""
+    text = re.sub(r"\x1b\[[0-9;]*m|↳", " ", str(error)).split("<?xml")[0]
+    code = re.search(r"<Code>(\w+)</Code>", str(error))
+    detail = " ".join(text.split()) + (f" ({code.group(1)})" if code else "")
+    if any(mark in str(error) for mark in _REFUSED):
+        return MQError(
+            f"queue manager root {root}: the store refused the credentials: {detail}", Reason.MQRC_NOT_AUTHORIZED
+        )
+    return MQError(f"queue manager root {root}: the store did not answer: {detail}", Reason.MQRC_Q_MGR_NOT_AVAILABLE)
+
+
 def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | None:
     """The Delta table at ``location``, or None when there is none."""
     try:
@@ -118,17 +132,10 @@ def create_table(
     )
 
 
-def filesystem_of(location: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's filesystem for ``location`` (credentials from the environment) and the path in it."""
-    if is_uri(location):
-        return pafs.FileSystem.from_uri(location)
-    return pafs.LocalFileSystem(), location
-
-
 def remove_tree(location: str) -> None:
     """Delete a table directory and everything below it.
 
-    Object stores are reached through pyarrow's filesystems, which take credentials from the environment.
+    Object stores are reached with the credentials ``filesystems`` finds for the location.
     """
     filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.NotFound:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import uuid
+
 import pytest
 
 from mqspark import QueueManager
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
+
+from .azurite import Azurite
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +58,20 @@ def new_reader(qm, readers):
         return reader
 
     return make
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """The Azure Storage emulator, running for the whole run (see ``tests/azurite.py``)."""
+    emulator = Azurite(tmp_path_factory.mktemp("azurite"))
+    emulator.start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def az_root(azurite, request) -> str:
+    """A fresh queue manager root on the emulator: a container of its own per test."""
+    name = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:40] + uuid.uuid4().hex[:8]
+    azurite.filesystem().create_dir(name)
+    return f"az://{name}/qm"

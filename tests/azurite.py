@@ -1,0 +1,87 @@
+"""Azurite, the Azure Storage emulator, as the object store of the object-store tests: installed by
+``./dev.sh setup`` into ``tools/azurite`` (with the Node.js it needs), started on 127.0.0.1 on a
+free port with its data in a temporary folder, and stopped or restarted by the tests that need an
+outage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools" / "azurite" / "node_modules"
+ACCOUNT = "devstoreaccount1"
+# The emulator's published well-known key: not a secret.
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Azurite:
+    """One emulator process (its blob service) and the settings that reach it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = _free_port()
+        self.process: subprocess.Popen | None = None
+        self.log = folder / "azurite.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs's storage options for the emulator (mqspark takes the same)."""
+        return {"account_name": ACCOUNT, "account_key": KEY, "endpoint": self.endpoint, "allow_http": "true"}
+
+    def start(self) -> None:
+        node = TOOLS / ".bin" / "node"
+        assert node.exists(), "Azurite is not installed: run ./dev.sh setup"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(node),
+            str(TOOLS / "azurite" / "dist" / "src" / "blob" / "main.js"),
+            *("--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.folder / "data")),
+            *("--disableTelemetry", "--skipApiVersionCheck", "--silent"),
+        ]
+        with self.log.open("a") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                assert self.process.poll() is None, f"Azurite ended: {self.log.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, (
+                    f"Azurite did not listen within 60 s: {self.log.read_text()[-2000:]}"
+                )
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Kill the emulator (its data stays in the folder for a restart)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+        self.process = None
+
+    def filesystem(self) -> pafs.AzureFileSystem:
+        authority = f"127.0.0.1:{self.port}"
+        return pafs.AzureFileSystem(
+            ACCOUNT,
+            account_key=KEY,
+            blob_storage_authority=authority,
+            blob_storage_scheme="http",
+            dfs_storage_authority=authority,
+            dfs_storage_scheme="http",
+        )

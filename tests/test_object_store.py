@@ -1,0 +1,117 @@
+"""Queue managers on an object store: Azure Blob Storage, as the Azurite emulator serves it.
+
+Every table and file is on the emulator: the catalog, the message tables, the state tables, a
+put's data files and the maintenance lease. Credentials come from storage options here; the Spark
+tests reach the same store through the environment variables.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from datetime import timedelta
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
+from mqspark.filesystems import filesystem_of
+
+from .samples import spec_example
+
+LOGICAL_ORDER = ["A", "Y1", "Y2", "Y3-1:", "Y3-2", "Z1", "Z2", "B"]
+
+
+def _payloads(table: pa.Table) -> list[str]:
+    return [payload.decode() for payload in table["payload"].to_pylist()]
+
+
+def test_a_queue_manager_on_the_object_store_puts_browses_gets_and_maintains(azurite, az_root):
+    qm = QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
+    spec_example(qm)
+    assert _payloads(qm.browse("Q")) == LOGICAL_ORDER
+    assert qm.depth("Q") == 8
+    assert _payloads(qm.get("Q", consumer="c", max_messages=3)) == ["A", "Y1", "Y2"]
+    # A queue manager opened again (a new process would do the same) goes on where the group is.
+    again = QueueManager.open(az_root, storage_options=azurite.storage_options)
+    assert _payloads(again.get("Q", consumer="c", max_messages=10)) == LOGICAL_ORDER[3:]
+    assert again.depth("Q", consumer="c") == 0
+    summary = again.maintain("Q", retention=timedelta(0))
+    assert (summary.removed_consumed, summary.files_after) == (8, 0)
+    assert again.depth("Q") == 0
+    filesystem, path = filesystem_of(storage.queue_location(az_root, "Q"))
+    assert isinstance(filesystem, type(azurite.filesystem()))
+    assert path == f"{az_root.removeprefix('az://')}/queues/Q"
+
+
+def test_commits_on_the_object_store_never_overwrite_each_other(azurite, az_root):
+    """Two writers that read the same version both commit: the store refuses the second log entry
+    of that version (put-if-absent), so the second writer commits at the next one."""
+    location = f"{az_root}/plain"
+    options = azurite.storage_options
+    write_deltalake(location, pa.table({"n": [0]}), storage_options=options)
+    first, second = DeltaTable(location, storage_options=options), DeltaTable(location, storage_options=options)
+    write_deltalake(first, pa.table({"n": [1]}), mode="append")
+    write_deltalake(second, pa.table({"n": [2]}), mode="append")
+    table = DeltaTable(location, storage_options=options)
+    assert table.version() == 2
+    assert sorted(table.to_pyarrow_table()["n"].to_pylist()) == [0, 1, 2]
+
+
+def test_concurrent_puts_and_a_repeated_transaction_on_the_object_store_are_exactly_once(azurite, az_root):
+    qm = QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
+    qm.define_queue("Q")
+    errors: list[BaseException] = []
+
+    def producer(name: str) -> None:
+        try:
+            for batch in range(3):
+                rows = [{"payload": f"{name}-{batch}-{n}"} for n in range(2)]
+                qm.put("Q", rows, producer=name, batch_id=batch)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=producer, args=(name,)) for name in ("P0", "P1", "P2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    # Each producer's transaction 1 again: already committed, so nothing is put.
+    for name in ("P0", "P1", "P2"):
+        qm.put("Q", [{"payload": f"{name}-again"}], producer=name, batch_id=1)
+        assert qm.committed_transaction("Q", name) == 2
+    payloads = _payloads(qm.browse("Q"))
+    assert sorted(payloads) == sorted(f"{p}-{b}-{n}" for p in ("P0", "P1", "P2") for b in range(3) for n in range(2))
+    for name in ("P0", "P1", "P2"):
+        mine = [payload for payload in payloads if payload.startswith(name)]
+        assert mine == [f"{name}-{b}-{n}" for b in range(3) for n in range(2)]
+
+
+def test_an_azure_root_without_an_account_is_refused_with_the_setting_to_give(azurite, az_root, monkeypatch):
+    for name in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(MQValidationError) as raised:
+        filesystem_of("az://nowhere/qm/queues/Q")
+    assert str(raised.value) == (
+        "an Azure location needs an account: storage option account_name, AZURE_STORAGE_ACCOUNT_NAME, "
+        "or abfss://container@account.dfs.core.windows.net/path"
+    )
+
+
+def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_root(azurite, az_root):
+    QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
+    wrong = {**azurite.storage_options, "account_key": base64.b64encode(bytes(64)).decode()}
+    with pytest.raises(MQError) as refused:
+        QueueManager.open(az_root, storage_options=wrong)
+    assert refused.value.reason == Reason.MQRC_NOT_AUTHORIZED
+    assert str(refused.value).startswith(f"MQRC_NOT_AUTHORIZED (2035): queue manager root {az_root}: the store refused")
+    assert str(refused.value).endswith("403 Forbidden (AuthorizationFailure)")
+    closed = {**azurite.storage_options, "endpoint": "http://127.0.0.1:1/devstoreaccount1"}
+    with pytest.raises(MQError) as unanswered:
+        QueueManager.open(az_root, storage_options=closed)
+    assert unanswered.value.reason == Reason.MQRC_Q_MGR_NOT_AVAILABLE
+    assert str(unanswered.value).startswith(
+        f"MQRC_Q_MGR_NOT_AVAILABLE (2059): queue manager root {az_root}: the store did not answer: "
+    )
