@@ -44,6 +44,16 @@ class Azurite:
         """delta-rs's storage options for the emulator (mqspark takes the same)."""
         return {"account_name": ACCOUNT, "account_key": KEY, "endpoint": self.endpoint, "allow_http": "true"}
 
+    @property
+    def environment(self) -> dict[str, str]:
+        """The same settings as the environment variables delta-rs and mqspark read."""
+        return {
+            "AZURE_STORAGE_ACCOUNT_NAME": ACCOUNT,
+            "AZURE_STORAGE_ACCOUNT_KEY": KEY,
+            "AZURE_STORAGE_ENDPOINT": self.endpoint,
+            "AZURE_ALLOW_HTTP": "true",
+        }
+
     def start(self) -> None:
         node = TOOLS / ".bin" / "node"
         assert node.exists(), "Azurite is not installed: run ./dev.sh setup"

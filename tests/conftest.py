@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,11 @@ from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
 from .azurite import Azurite
+
+# The emulator's port is chosen before Spark starts, so Spark's JVM and Python workers inherit the
+# AZURE_* variables that reach it: Spark jobs take object-store credentials from the environment.
+AZURITE = Azurite(Path(tempfile.mkdtemp(prefix="mqspark-azurite-")))
+os.environ.update(AZURITE.environment)
 
 
 @pytest.fixture(scope="session")
@@ -61,12 +70,13 @@ def new_reader(qm, readers):
 
 
 @pytest.fixture(scope="session")
-def azurite(tmp_path_factory):
-    """The Azure Storage emulator, running for the whole run (see ``tests/azurite.py``)."""
-    emulator = Azurite(tmp_path_factory.mktemp("azurite"))
-    emulator.start()
-    yield emulator
-    emulator.stop()
+def azurite():
+    """The Azure Storage emulator, started at the first test that needs it (see ``tests/azurite.py``)."""
+    if AZURITE.process is None:
+        AZURITE.start()
+    yield AZURITE
+    AZURITE.stop()
+    shutil.rmtree(AZURITE.folder, ignore_errors=True)
 
 
 @pytest.fixture
