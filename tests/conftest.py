@@ -15,7 +15,7 @@ from mqspark import QueueManager
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
-from .azurite import Azurite
+from .azurite import ACCOUNT, Azurite
 
 # The emulator's port is chosen before Spark starts, so Spark's JVM and Python workers inherit the
 # AZURE_* variables that reach it: Spark jobs take object-store credentials from the environment.
@@ -81,7 +81,8 @@ def azurite():
 
 @pytest.fixture
 def az_root(azurite, request) -> str:
-    """A fresh queue manager root on the emulator: a container of its own per test."""
+    """A fresh queue manager root on the emulator, a container of its own per test, in the form that
+    delta-rs, mqspark and Spark's ABFS driver all read."""
     name = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:40] + uuid.uuid4().hex[:8]
     azurite.filesystem().create_dir(name)
-    return f"az://{name}/qm"
+    return f"abfs://{name}@{ACCOUNT}.dfs.core.windows.net/qm"

@@ -42,16 +42,19 @@ def test_a_queue_manager_on_the_object_store_puts_browses_gets_and_maintains(azu
     assert _payloads(qm.browse("Q")) == LOGICAL_ORDER
     assert qm.depth("Q") == 8
     assert _payloads(qm.get("Q", consumer="c", max_messages=3)) == ["A", "Y1", "Y2"]
-    # A queue manager opened again (a new process would do the same) goes on where the group is.
-    again = QueueManager.open(az_root, storage_options=azurite.storage_options)
+    # The same queue manager opened again, as az://container/path (a new process would do the
+    # same), goes on where the group is.
+    container = az_root.removeprefix("abfs://").split("@")[0]
+    again = QueueManager.open(f"az://{container}/qm", storage_options=azurite.storage_options)
     assert _payloads(again.get("Q", consumer="c", max_messages=10)) == LOGICAL_ORDER[3:]
     assert again.depth("Q", consumer="c") == 0
     summary = again.maintain("Q", retention=timedelta(0))
     assert (summary.removed_consumed, summary.files_after) == (8, 0)
     assert again.depth("Q") == 0
-    filesystem, path = filesystem_of(storage.queue_location(az_root, "Q"))
-    assert isinstance(filesystem, type(azurite.filesystem()))
-    assert path == f"{az_root.removeprefix('az://')}/queues/Q"
+    for root in (az_root, again.root):
+        filesystem, path = filesystem_of(storage.queue_location(root, "Q"))
+        assert isinstance(filesystem, type(azurite.filesystem()))
+        assert path == f"{container}/qm/queues/Q"
 
 
 def test_commits_on_the_object_store_never_overwrite_each_other(azurite, az_root):

@@ -10,7 +10,7 @@ import time
 
 from chispa import assert_df_equality
 
-from mqspark import QueueManager
+from mqspark import QueueManager, storage
 
 from .test_stream_get import _expected_df, _reference
 
@@ -88,3 +88,15 @@ def test_a_batch_put_and_a_browse_on_the_object_store(spark, azurite, az_root):
         [("high", 9), ("high-2", 9), ("mid", 5), ("low", 1)], "payload string, priority int"
     )
     assert_df_equality(browsed, expected, ignore_nullable=True)
+
+
+def test_delta_spark_reads_the_queue_table_on_the_object_store(spark, azurite, az_root):
+    """The session reached the emulator through hadoop-azure's ABFS driver, set up from the same
+    AZURE_* variables (``mqspark.session``)."""
+    qm = QueueManager.create(az_root, "QM1")
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "a", "priority": 3}, {"payload": "b", "priority": 4}])
+    table = spark.read.format("delta").load(storage.queue_location(az_root, "Q"))
+    got = table.selectExpr("cast(payload as string) as payload", "priority").orderBy("payload")
+    expected = spark.createDataFrame([("a", 3), ("b", 4)], "payload string, priority int")
+    assert_df_equality(got, expected, ignore_nullable=True)

@@ -1,8 +1,12 @@
-"""Spark sessions with Delta and the ``mq`` data source, and the one-time resolution of Delta's JVM jars.
+"""Spark sessions with Delta and the ``mq`` data source, and the one-time resolution of their JVM jars.
 
-delta-spark names its Maven artifact (``configure_spark_with_delta_pip``); Spark's own Ivy resolves
-it from Maven Central. That resolution costs seconds at every start, so it is done once into a
-cache folder and later sessions load the cached jars directly.
+delta-spark names its Maven artifact (``configure_spark_with_delta_pip``); hadoop-azure, at the
+Hadoop version pyspark ships, lets Spark read queue tables on Azure (``abfs[s]://``). Spark's own
+Ivy resolves both from Maven Central. That resolution costs seconds at every start, so it is done
+once into a cache folder and later sessions load the cached jars directly.
+
+The Azure credentials come from the same ``AZURE_STORAGE_*`` environment variables delta-rs reads
+(see ``mqspark.filesystems``): a session made here passes them on to Hadoop's ABFS driver.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from delta import configure_spark_with_delta_pip
 from pyspark.sql import SparkSession
@@ -35,12 +41,22 @@ def jars_dir() -> Path:
 
 
 def delta_packages() -> str:
-    """The Maven coordinates delta-spark asks for, for the installed pyspark and delta-spark."""
-    return configure_spark_with_delta_pip(SparkSession.Builder())._options["spark.jars.packages"]
+    """The Maven coordinates delta-spark asks for, for the installed pyspark and delta-spark, and
+    hadoop-azure at the version of the Hadoop client jars pyspark ships."""
+    delta = configure_spark_with_delta_pip(SparkSession.Builder())._options["spark.jars.packages"]
+    return f"{delta},org.apache.hadoop:hadoop-azure:{_hadoop_version()}"
+
+
+def _hadoop_version() -> str:
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    client = next(jars.glob("hadoop-client-api-*.jar"))
+    return client.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
 
 
 def delta_jars() -> list[str]:
-    """Paths of the cached Delta jars, resolving them from Maven Central on first use."""
+    """Paths of the cached Delta and hadoop-azure jars, resolving them from Maven Central on first use."""
     packages = delta_packages()
     folder = jars_dir() / packages.replace(":", "_").replace(",", "+")
     manifest = folder / "manifest.json"
@@ -119,6 +135,7 @@ def session(app_name: str = "mqspark", master: str = "local[*]", **conf: Any) ->
     # Python workers (and the data-source planner, which reads only the environment) must run the
     # interpreter that has mqspark and its dependencies; the JVM inherits this variable.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings.update(azure_settings(os.environ))
     settings.update({key: str(value) for key, value in conf.items()})
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
@@ -126,6 +143,36 @@ def session(app_name: str = "mqspark", master: str = "local[*]", **conf: Any) ->
     spark = builder.getOrCreate()
     register(spark)
     return spark
+
+
+def azure_settings(environment: Mapping[str, str]) -> dict[str, str]:
+    """Hadoop's ABFS settings for the account the ``AZURE_STORAGE_*`` variables name, so Spark
+    reads ``abfs[s]://container@account.dfs.core.windows.net/...`` with the credentials delta-rs
+    uses. With ``AZURE_STORAGE_ENDPOINT`` (an emulator such as Azurite, which serves only the
+    blob endpoint): that host and scheme, through the blob endpoint of a flat-namespace account."""
+    account = environment.get("AZURE_STORAGE_ACCOUNT_NAME")
+    key = environment.get("AZURE_STORAGE_ACCOUNT_KEY")
+    if not account or not key:
+        return {}
+    host = f"{account}.dfs.core.windows.net"
+    settings = {
+        f"spark.hadoop.fs.azure.account.auth.type.{host}": "SharedKey",
+        f"spark.hadoop.fs.azure.account.key.{host}": key,
+    }
+    endpoint = environment.get("AZURE_STORAGE_ENDPOINT")
+    if endpoint:
+        url = urlparse(endpoint)
+        settings.update(
+            {
+                "spark.hadoop.fs.azure.abfs.endpoint": url.netloc,
+                "spark.hadoop.fs.azure.always.use.https": str(url.scheme == "https").lower(),
+                "spark.hadoop.fs.azure.fns.account.service.type": "BLOB",
+                "spark.hadoop.fs.azure.account.hns.enabled": "false",
+                "spark.hadoop.fs.azure.ssl.channel.mode": "Default_JSSE",
+                "spark.hadoop.fs.azure.networking.library": "JDK_HTTP_URL_CONNECTION",
+            }
+        )
+    return settings
 
 
 def register(spark: SparkSession) -> SparkSession:
