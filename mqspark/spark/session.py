@@ -48,10 +48,9 @@ def delta_packages() -> str:
 
 
 def _hadoop_version() -> str:
-    import pyspark
+    from pyspark.find_spark_home import _find_spark_home
 
-    jars = Path(pyspark.__file__).parent / "jars"
-    client = next(jars.glob("hadoop-client-api-*.jar"))
+    client = next((Path(_find_spark_home()) / "jars").glob("hadoop-client-api-*.jar"))
     return client.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
 
 
@@ -122,11 +121,15 @@ def _spark_defaults() -> dict[str, str]:
     return settings
 
 
-def session(app_name: str = "mqspark", master: str = "local[*]", **conf: Any) -> SparkSession:
+def session(app_name: str = "mqspark", master: str | None = None, **conf: Any) -> SparkSession:
     """A SparkSession with Delta's extension and catalog and the ``mq`` data source registered.
 
-    ``conf`` entries (``**{"spark.sql.shuffle.partitions": "4"}``) override ``conf/spark-defaults.conf``.
+    ``master`` defaults to ``local[*]``, except under ``spark-submit``, whose ``--master`` stands
+    (there, also give ``--jars "$(mqspark jars)"``: the driver's JVM is already running). ``conf``
+    entries (``**{"spark.sql.shuffle.partitions": "4"}``) override ``conf/spark-defaults.conf``.
     """
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = "local[*]"
     settings = {**_spark_defaults(), **DELTA_CONF}
     log4j = CONF_DIR / "log4j2.properties"
     if log4j.exists():
@@ -137,7 +140,9 @@ def session(app_name: str = "mqspark", master: str = "local[*]", **conf: Any) ->
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings.update(azure_settings(os.environ))
     settings.update({key: str(value) for key, value in conf.items()})
-    builder = SparkSession.builder.appName(app_name).master(master)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
