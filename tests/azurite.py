@@ -79,10 +79,15 @@ class Azurite:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        """Kill the emulator (its data stays in the folder for a restart)."""
+        """Stop the emulator: SIGTERM, so it saves its metadata (kept in memory, saved now and then)
+        and a restart finds the data; SIGKILL if it has not ended within 30 s."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(30)
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
         self.process = None
 
     def filesystem(self) -> pafs.AzureFileSystem:

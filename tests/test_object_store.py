@@ -10,17 +10,20 @@ from __future__ import annotations
 import base64
 import os
 import threading
+import time
 from datetime import timedelta
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
 from mqspark.filesystems import filesystem_of
 
 from .samples import spec_example
 
+OUTAGE = 4.0
 LOGICAL_ORDER = ["A", "Y1", "Y2", "Y3-1:", "Y3-2", "Z1", "Z2", "B"]
 
 
@@ -125,3 +128,30 @@ def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_
     assert str(unanswered.value).startswith(
         f"MQRC_Q_MGR_NOT_AVAILABLE (2059): queue manager root {az_root}: the store did not answer: "
     )
+
+
+def test_the_object_store_stopped_and_restarted_under_connections(azurite, az_root):
+    """Azurite stopped and started again on the same port with the same data: a connection in mode
+    ``no`` fails with 2009, one in mode ``yes`` waits and puts once the store answers again."""
+    options = azurite.storage_options
+    QueueManager.create(az_root, "QM1", storage_options=options).define_queue("Q")
+    broken = mqspark.connect(az_root, reconnect="no", storage_options=options)
+    riding = mqspark.connect(az_root, reconnect="yes", reconnect_timeout=120, storage_options=options)
+    azurite.stop()
+    restart = threading.Timer(OUTAGE, azurite.start)
+    try:
+        with pytest.raises(MQError) as raised:
+            broken.put("Q", [{"payload": b"lost"}])
+        assert raised.value.reason == Reason.MQRC_CONNECTION_BROKEN
+        started = time.monotonic()
+        restart.start()
+        ids = riding.put("Q", [{"payload": b"a"}, {"payload": b"b"}])
+        assert time.monotonic() - started >= OUTAGE
+    finally:
+        restart.join()
+        if azurite.process is None:
+            azurite.start()
+    qm = QueueManager.open(az_root, storage_options=options)
+    assert qm.browse("Q")["msg_id"].to_pylist() == ids
+    assert _payloads(qm.browse("Q")) == ["a", "b"]
+    assert _payloads(riding.get("Q", max_messages=2)) == ["a", "b"]
