@@ -31,6 +31,8 @@ setup(
             "ipykernel>=6.29",
             # The monitoring notebook plots the monitor history.
             "matplotlib>=3.9",
+            # The Spark Connect tests run a sc:// client.
+            "pyspark[connect]==4.2.0",
         ],
     },
     entry_points={"console_scripts": ["mqspark=mqspark.cli:entry"]},

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -196,8 +197,18 @@ def register(spark: SparkSession) -> SparkSession:
         listener = ConsumptionListener()
         spark.streams.addListener(listener)
         spark._mqspark_listener = listener
-        atexit.register(_drain_listener_events, spark)
+        if _is_connect(spark):
+            # A Spark Connect client receives listener events on a non-daemon thread that only ends
+            # when the last listener is removed; the interpreter joins such threads before it runs
+            # atexit handlers, so the hand-over must run at thread shutdown (as concurrent.futures does).
+            threading._register_atexit(_release_connect_listener, spark)
+        else:
+            atexit.register(_drain_listener_events, spark)
     return spark
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    return spark.__class__.__module__.startswith("pyspark.sql.connect")
 
 
 class ConsumptionListener(StreamingQueryListener):
@@ -211,9 +222,13 @@ class ConsumptionListener(StreamingQueryListener):
 
     def __init__(self) -> None:
         self._last_offsets: dict[str, list[str]] = {}
+        self._running: set[str] = set()
+        self._idle = threading.Condition()
 
     def onQueryStarted(self, event: Any) -> None:
-        pass
+        with self._idle:
+            self._running.add(str(event.id))
+            self._idle.notify_all()
 
     def onQueryProgress(self, event: Any) -> None:
         self._last_offsets[str(event.progress.id)] = [source.endOffset for source in event.progress.sources]
@@ -232,6 +247,28 @@ class ConsumptionListener(StreamingQueryListener):
                     f"mqspark: could not record the last batch of query {event.id} as consumed: {error}",
                     file=sys.stderr,
                 )
+        with self._idle:
+            self._running.discard(str(event.id))
+            self._idle.notify_all()
+
+    def wait_for_ends(self, still_active: set[str], timeout: float) -> None:
+        """Until every query whose start the listener saw, other than ``still_active``, has had its
+        end handled (or ``timeout``)."""
+        with self._idle:
+            self._idle.wait_for(lambda: not (self._running - still_active), timeout)
+
+
+def _release_connect_listener(spark: SparkSession) -> None:
+    """At exit of a Spark Connect client: let the listener handle the end of queries that ended just
+    before (their events arrive asynchronously from the server), then remove it so that the event
+    thread ends and the interpreter can exit. Queries still running on the server keep running."""
+    listener = spark._mqspark_listener
+    try:
+        active = {str(query.id) for query in spark.streams.active}
+        listener.wait_for_ends(active, 30)
+        spark.streams.removeListener(listener)
+    except Exception as error:
+        print(f"mqspark: could not remove the consumption listener: {error}", file=sys.stderr)
 
 
 def _drain_listener_events(spark: SparkSession) -> None:

@@ -1,0 +1,103 @@
+"""mqspark through Spark Connect: a Connect server started from the jars pyspark ships
+(``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``, with Delta's
+jars and mqspark on the server's Python path), and a client in a process of its own that reaches
+it at ``sc://127.0.0.1:<port>``, registers the ``mq`` source and runs a streaming put and a
+streaming get."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+
+import pytest
+from chispa import assert_df_equality
+
+from mqspark import QueueManager
+from mqspark.spark.session import DELTA_CONF, delta_jars
+
+from .processes import finish_driver, kill_run, start_driver, start_process
+from .standalone import SPARK_SUBMIT
+from .test_stream_get import _expected_df, _reference
+
+CLIENT = """
+import json, sys
+from pyspark.sql import SparkSession
+import mqspark
+
+url, root, source, checkpoints, output = sys.argv[1:6]
+spark = SparkSession.builder.remote(url).getOrCreate()
+mqspark.register(spark)
+schema = "payload string, group_id string, msg_seq_number int, last_in_group boolean"
+(spark.readStream.schema(schema).json(source)
+    .writeStream.format("mq").option("queue", "Q").option("checkpointLocation", checkpoints + "/put")
+    .trigger(availableNow=True).start(root).awaitTermination())
+(spark.readStream.format("mq").option("queue", "Q").option("consumer", "c").option("maxMessagesPerTrigger", 4)
+    .load(root).selectExpr("delivery_seq", "msg_id", "offset", "cast(payload as string) as payload")
+    .writeStream.format("delta").option("checkpointLocation", checkpoints + "/get")
+    .trigger(availableNow=True).start(output).awaitTermination())
+print("done", flush=True)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """The server's URL; the server runs for the module's tests."""
+    folder = tmp_path_factory.mktemp("connect")
+    port = _free_port()
+    conf = {
+        **DELTA_CONF,
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+    }
+    command = [
+        SPARK_SUBMIT,
+        *("--class", "org.apache.spark.sql.connect.service.SparkConnectServer"),
+        *("--master", "local[2]", "--jars", ",".join(delta_jars())),
+        *(argument for key, value in conf.items() for argument in ("--conf", f"{key}={value}")),
+        "spark-internal",
+    ]
+    token = uuid.uuid4().hex
+    log = folder / "server.log"
+    server = start_process(command, log, token)
+    deadline = time.monotonic() + 180
+    while "Spark Connect server started" not in log.read_text():
+        assert server.poll() is None, f"Connect server ended: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"Connect server did not start: {log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    try:
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        kill_run(server, token)
+
+
+def test_a_streaming_put_and_get_through_spark_connect_in_logical_order(spark, connect_server, qm, tmp_path):
+    qm.define_queue("Q", delivery_sequence="fifo")
+    source = tmp_path / "input"
+    source.mkdir()
+    rows = [{"payload": f"u{n}"} for n in range(3)]
+    rows += [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 3} for n in (3, 1, 2)]
+    (source / "part-0.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    output = tmp_path / "output"
+    token = uuid.uuid4().hex
+    log = tmp_path / "client.log"
+    client = start_driver(
+        [str(script), connect_server, qm.root, str(source), str(tmp_path / "checkpoints"), str(output)], log, token
+    )
+    assert finish_driver(client, token, timeout=300) == 0, log.read_text()[-3000:]
+    assert "done" in log.read_text().splitlines()
+    got = spark.read.format("delta").load(str(output)).orderBy("delivery_seq")
+    assert_df_equality(got, _expected_df(spark, _reference(qm)), ignore_nullable=True)
+    assert [row["payload"] for row in got.collect()] == ["u0", "u1", "u2", "g1", "g2", "g3"]
+    assert qm.depth("Q", consumer="c") == 0
