@@ -5,7 +5,20 @@ from __future__ import annotations
 import json
 import sys
 
-from . import backout, browse, cluster_put, forward, instances, maintenance, monitor, python_put, stream_get, stream_put
+from . import (
+    backout,
+    browse,
+    cluster_drain,
+    cluster_put,
+    forward,
+    instances,
+    maintenance,
+    monitor,
+    object_store,
+    python_put,
+    stream_get,
+    stream_put,
+)
 
 
 def _spark():
@@ -35,6 +48,8 @@ BENCHMARKS = {
     "monitor": lambda: monitor.run(),
     "monitor_quick": lambda: monitor.run(messages=100_000, waiting=1_000, points=5, history=20),
     "instances_takeover": lambda: instances.run(),
+    "object_store_put": lambda: object_store.run(),
+    "cluster_drain": lambda: cluster_drain.run(),
 }
 
 

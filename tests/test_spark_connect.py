@@ -14,7 +14,6 @@ import uuid
 import pytest
 from chispa import assert_df_equality
 
-from mqspark import QueueManager
 from mqspark.spark.session import DELTA_CONF, delta_jars
 
 from .processes import finish_driver, kill_run, start_driver, start_process

@@ -155,16 +155,18 @@ def azure_settings(environment: Mapping[str, str]) -> dict[str, str]:
     """Hadoop's ABFS settings for the account the ``AZURE_STORAGE_*`` variables name, so Spark
     reads ``abfs[s]://container@account.dfs.core.windows.net/...`` with the credentials delta-rs
     uses. With ``AZURE_STORAGE_ENDPOINT`` (an emulator such as Azurite, which serves only the
-    blob endpoint): that host and scheme, through the blob endpoint of a flat-namespace account."""
+    blob endpoint): that host and scheme, through the blob endpoint of a flat-namespace account.
+
+    Always: no ABFS metrics collection. hadoop-azure 3.5 runs it on non-daemon threads that keep a
+    ``spark-submit`` driver's JVM alive after its Python program has ended."""
+    settings = {"spark.hadoop.fs.azure.metrics.collection.enabled": "false"}
     account = environment.get("AZURE_STORAGE_ACCOUNT_NAME")
     key = environment.get("AZURE_STORAGE_ACCOUNT_KEY")
     if not account or not key:
-        return {}
+        return settings
     host = f"{account}.dfs.core.windows.net"
-    settings = {
-        f"spark.hadoop.fs.azure.account.auth.type.{host}": "SharedKey",
-        f"spark.hadoop.fs.azure.account.key.{host}": key,
-    }
+    settings[f"spark.hadoop.fs.azure.account.auth.type.{host}"] = "SharedKey"
+    settings[f"spark.hadoop.fs.azure.account.key.{host}"] = key
     endpoint = environment.get("AZURE_STORAGE_ENDPOINT")
     if endpoint:
         url = urlparse(endpoint)
