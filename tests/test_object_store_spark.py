@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import threading
 import time
 
+import pytest
 from chispa import assert_df_equality
+from pyspark.errors import StreamingQueryException
 
 from mqspark import QueueManager, storage
 
@@ -100,3 +104,110 @@ def test_delta_spark_reads_the_queue_table_on_the_object_store(spark, azurite, a
     got = table.selectExpr("cast(payload as string) as payload", "priority").orderBy("payload")
     expected = spark.createDataFrame([("a", 3), ("b", 4)], "payload string, priority int")
     assert_df_equality(got, expected, ignore_nullable=True)
+
+
+OUTAGE = 4.0
+
+
+def _fill(az_root: str) -> QueueManager:
+    qm = QueueManager.create(az_root, "QM1")
+    qm.define_queue("Q", delivery_sequence="fifo")
+    for put in range(3):
+        rows = [{"payload": f"u{put}-{n}"} for n in range(3)]
+        rows += [
+            {"payload": f"g{put}-{n}", "group_id": f"G{put}", "msg_seq_number": n, "last_in_group": n == 3}
+            for n in (3, 1, 2)
+        ]
+        qm.put("Q", rows)
+    return qm
+
+
+def _start_get(spark, qm, checkpoint, batches: dict, **options):
+    def collect(batch, batch_id: int) -> None:
+        rows = batch.select("delivery_seq", "msg_id", "offset", "payload").collect()
+        if rows:
+            # A batch replayed after a failure has the same id and the same rows.
+            batches[batch_id] = [(r.delivery_seq, r.msg_id, r.offset, r.payload.decode()) for r in rows]
+
+    return (
+        spark.readStream.format("mq")
+        .option("queue", "Q")
+        .option("maxMessagesPerTrigger", 4)
+        .options(**options)
+        .load(qm.root)
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def _wait(condition, query, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert query.isActive, f"the query ended: {query.exception()}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _delivered(spark, batches: dict):
+    rows = sorted(row for batch in batches.values() for row in batch)
+    return spark.createDataFrame(rows, "delivery_seq long, msg_id string, offset long, payload string")
+
+
+def test_a_streaming_get_with_reconnect_yes_rides_out_the_object_store_stopped_and_restarted(
+    spark, azurite, az_root, tmp_path
+):
+    qm = _fill(az_root)
+    expected = _reference(qm)
+    batches: dict[int, list] = {}
+    query = _start_get(spark, qm, tmp_path / "get", batches, reconnect="yes", reconnectTimeout="180")
+    try:
+        _wait(lambda: len(batches) >= 1, query)
+        azurite.stop()
+        restart = threading.Timer(OUTAGE, azurite.start)
+        restart.start()
+        try:
+            time.sleep(OUTAGE / 2)
+            during = sum(map(len, batches.values()))
+        finally:
+            restart.join()
+        _wait(lambda: sum(map(len, batches.values())) >= len(expected), query)
+        _wait(lambda: qm.depth("Q", consumer="default") == 0, query)
+        assert query.exception() is None
+    finally:
+        query.stop()
+        if azurite.process is None:
+            azurite.start()
+    assert during < len(expected)
+    assert_df_equality(_delivered(spark, batches), _expected_df(spark, expected))
+
+
+def test_a_streaming_get_in_mode_no_fails_with_2009_when_the_object_store_stops_and_resumes_exactly(
+    spark, azurite, az_root, tmp_path
+):
+    qm = _fill(az_root)
+    expected = _reference(qm)
+    batches: dict[int, list] = {}
+    query = _start_get(spark, qm, tmp_path / "get", batches, reconnect="no")
+    try:
+        _wait(lambda: len(batches) >= 1, query)
+        azurite.stop()
+        try:
+            with pytest.raises(StreamingQueryException) as caught:
+                query.awaitTermination(180)
+        finally:
+            azurite.start()
+    finally:
+        query.stop()
+    assert re.search(
+        r"MQRC_CONNECTION_BROKEN \(2009\): streaming get of queue Q \((planning|partitions|read|commit)\): "
+        rf"queue manager QM1 at {re.escape(qm.root)} cannot be reached \(.*\); reconnect is no",
+        str(caught.value),
+    ), str(caught.value)
+    again = _start_get(spark, qm, tmp_path / "get", batches, reconnect="no")
+    try:
+        _wait(lambda: sum(map(len, batches.values())) >= len(expected), again)
+    finally:
+        again.stop()
+    assert_df_equality(_delivered(spark, batches), _expected_df(spark, expected))
