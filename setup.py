@@ -33,6 +33,8 @@ setup(
             "matplotlib>=3.9",
             # The Spark Connect tests run a sc:// client.
             "pyspark[connect]==4.2.0",
+            # The S3 tests run moto's S3 server, which answers conditional puts.
+            "moto[server]==5.2.5",
         ],
     },
     entry_points={"console_scripts": ["mqspark=mqspark.cli:entry"]},

@@ -10,7 +10,11 @@ them the same credentials, under delta-rs's option names:
   ``endpoint`` (an emulator or a sovereign cloud, such as ``http://127.0.0.1:10000/devstoreaccount1``)
   and ``use_emulator``, or their ``AZURE_STORAGE_*`` environment variables (every alias delta-rs
   accepts);
-- other stores (``s3://``, ``gs://``): pyarrow's own resolution from the URI and the environment.
+- Amazon S3 and S3-compatible stores (``s3://bucket/path``, ``s3a://``): ``aws_access_key_id``,
+  ``aws_secret_access_key``, ``aws_session_token``, ``aws_region``, ``aws_endpoint_url`` (an
+  S3-compatible store or an emulator) and ``aws_allow_http``, or their ``AWS_*`` environment
+  variables;
+- other stores (``gs://``): pyarrow's own resolution from the URI and the environment.
 
 Options given to a queue manager are remembered by its root, so every file under the root is
 reached with them; a process that was given none (a Spark executor) uses the environment.
@@ -53,6 +57,16 @@ _AZURE_KEYS = {
     "use_emulator": ("azure_storage_use_emulator", "use_emulator"),
 }
 _AZURE_SCHEMES = ("az", "azure", "abfs", "abfss", "adl")
+# The same for S3 (the environment variables are the AWS_* ones of the AWS SDKs).
+_S3_KEYS = {
+    "access_key": ("aws_access_key_id", "access_key_id"),
+    "secret_key": ("aws_secret_access_key", "secret_access_key"),
+    "session_token": ("aws_session_token", "session_token", "token"),
+    "region": ("aws_region", "region", "aws_default_region"),
+    "endpoint": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
+    "allow_http": ("aws_allow_http", "allow_http"),
+}
+_S3_SCHEMES = ("s3", "s3a")
 # The Azurite emulator's well-known account, as delta-rs uses it with ``use_emulator``.
 _EMULATOR_ACCOUNT = "devstoreaccount1"
 _EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -83,20 +97,24 @@ def filesystem_of(location: str) -> tuple[pafs.FileSystem, str]:
     if not is_uri(location):
         return pafs.LocalFileSystem(), location
     url = urlparse(location)
+    if url.scheme in _S3_SCHEMES:
+        settings = _settings(_S3_KEYS, "AWS", options_for(location))
+        return _s3(tuple(sorted(settings.items()))), f"{url.netloc}{url.path}".rstrip("/")
     if url.scheme not in _AZURE_SCHEMES:
         return pafs.FileSystem.from_uri(location)
     container, _, host = url.netloc.partition("@")
-    settings = _azure_settings(options_for(location))
+    settings = _settings(_AZURE_KEYS, "AZURE", options_for(location))
     account = settings.get("account_name") or host.split(".")[0] or None
     return _azure(account, tuple(sorted(settings.items()))), f"{container}{url.path}".rstrip("/")
 
 
-def _azure_settings(options: dict[str, str]) -> dict[str, str]:
-    """Each Azure setting, from ``options`` first, then the environment."""
+def _settings(keys: dict[str, tuple[str, ...]], prefix: str, options: dict[str, str]) -> dict[str, str]:
+    """Each setting of ``keys``, from ``options`` first, then the environment variables that start
+    with ``prefix``."""
     given = {key.lower(): value for key, value in options.items()}
-    environment = {key.lower(): value for key, value in os.environ.items() if key.startswith("AZURE")}
+    environment = {key.lower(): value for key, value in os.environ.items() if key.startswith(prefix)}
     settings = {}
-    for setting, names in _AZURE_KEYS.items():
+    for setting, names in keys.items():
         for source in (given, environment):
             value = next((source[name] for name in names if name in source), None)
             if value is not None:
@@ -128,3 +146,16 @@ def _azure(account: str | None, settings: tuple[tuple[str, str], ...]) -> pafs.A
             "or abfss://container@account.dfs.core.windows.net/path"
         )
     return pafs.AzureFileSystem(account, **values)
+
+
+@functools.lru_cache(maxsize=16)
+def _s3(settings: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
+    values = dict(settings)
+    endpoint = values.pop("endpoint", None)
+    allow_http = values.pop("allow_http", "false").lower() in ("true", "1")
+    if endpoint is not None:
+        url = urlparse(endpoint)
+        values.update(
+            endpoint_override=url.netloc or url.path, scheme=url.scheme or ("http" if allow_http else "https")
+        )
+    return pafs.S3FileSystem(**values)

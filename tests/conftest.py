@@ -16,11 +16,15 @@ from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
 from .azurite import ACCOUNT, Azurite
+from .s3 import MotoS3
 
-# The emulator's port is chosen before Spark starts, so Spark's JVM and Python workers inherit the
-# AZURE_* variables that reach it: Spark jobs take object-store credentials from the environment.
+# The emulators' ports are chosen before Spark starts, so Spark's JVM and Python workers inherit the
+# AZURE_* and AWS_* variables that reach them: Spark jobs take object-store credentials from the
+# environment.
 AZURITE = Azurite(Path(tempfile.mkdtemp(prefix="mqspark-azurite-")))
 os.environ.update(AZURITE.environment)
+S3 = MotoS3(Path(tempfile.mkdtemp(prefix="mqspark-s3-")))
+os.environ.update(S3.environment)
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +90,21 @@ def az_root(azurite, request) -> str:
     name = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:40] + uuid.uuid4().hex[:8]
     azurite.filesystem().create_dir(name)
     return f"abfs://{name}@{ACCOUNT}.dfs.core.windows.net/qm"
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """moto's S3 server, started at the first test that needs it (see ``tests/s3.py``)."""
+    if S3.process is None:
+        S3.start()
+    yield S3
+    S3.stop()
+    shutil.rmtree(S3.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def s3_root(s3, request) -> str:
+    """A fresh queue manager root on the S3 server, a bucket of its own per test."""
+    name = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:40] + uuid.uuid4().hex[:8]
+    s3.filesystem().create_dir(name)
+    return f"s3://{name}/qm"

@@ -1,0 +1,93 @@
+"""moto's S3 server as the S3 store of the object-store tests: a PyPI package in the dev extras,
+started on 127.0.0.1 on a free port (its data in memory), answering conditional puts
+(``If-None-Match: *``) as S3 does, with 412 for a key that exists."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from .azurite import _free_port
+
+MOTO_SERVER = Path(sys.executable).with_name("moto_server")
+# moto accepts any credentials: these are not secrets.
+KEY_ID, SECRET, REGION = "testing", "testing", "us-east-1"
+
+
+class MotoS3:
+    """One moto server process and the settings that reach it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = _free_port()
+        self.process: subprocess.Popen | None = None
+        self.log = folder / "moto.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs's storage options for the server (mqspark takes the same)."""
+        return {
+            "aws_access_key_id": KEY_ID,
+            "aws_secret_access_key": SECRET,
+            "aws_region": REGION,
+            "aws_endpoint_url": self.endpoint,
+            "aws_allow_http": "true",
+        }
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The same settings as the environment variables delta-rs and mqspark read."""
+        return {name.upper(): value for name, value in self.storage_options.items()}
+
+    def start(self) -> None:
+        assert MOTO_SERVER.exists(), "moto is not installed: run ./dev.sh setup"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as out:
+            self.process = subprocess.Popen(
+                [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                assert self.process.poll() is None, f"moto ended: {self.log.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, f"moto did not listen within 60 s: {self.log.read_text()[-2000:]}"
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(30)
+        self.process = None
+
+    def filesystem(self) -> pafs.S3FileSystem:
+        return pafs.S3FileSystem(
+            access_key=KEY_ID,
+            secret_key=SECRET,
+            region=REGION,
+            endpoint_override=f"127.0.0.1:{self.port}",
+            scheme="http",
+            allow_bucket_creation=True,
+        )
+
+    def refused_log_entries(self, bucket: str) -> int:
+        """How many puts of a ``_delta_log`` entry in ``bucket`` the server refused (412)."""
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text())
+        return len(re.findall(rf'"PUT /{re.escape(bucket)}/\S*/_delta_log/\S+ HTTP/1\.1" 412 ', plain))
