@@ -15,7 +15,8 @@ from datetime import timedelta
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
@@ -60,18 +61,42 @@ def test_a_queue_manager_on_the_object_store_puts_browses_gets_and_maintains(azu
         assert path == f"{container}/qm/queues/Q"
 
 
-def test_commits_on_the_object_store_never_overwrite_each_other(azurite, az_root):
-    """Two writers that read the same version both commit: the store refuses the second log entry
-    of that version (put-if-absent), so the second writer commits at the next one."""
+def test_commits_on_the_object_store_are_put_if_absent_so_one_writer_of_a_version_wins(azurite, az_root):
+    """What every mqspark commit relies on: of two writers that read the same version and commit the
+    next one at the same moment without retrying, exactly one wins and the other gets delta-rs's
+    CommitFailedError. A store that overwrote log entries would let both win."""
     location = f"{az_root}/plain"
     options = azurite.storage_options
     write_deltalake(location, pa.table({"n": [0]}), storage_options=options)
-    first, second = DeltaTable(location, storage_options=options), DeltaTable(location, storage_options=options)
-    write_deltalake(first, pa.table({"n": [1]}), mode="append")
-    write_deltalake(second, pa.table({"n": [2]}), mode="append")
-    table = DeltaTable(location, storage_options=options)
-    assert table.version() == 2
-    assert sorted(table.to_pyarrow_table()["n"].to_pylist()) == [0, 1, 2]
+    rounds = 10
+
+    def commit(table: DeltaTable, name: str, together: threading.Barrier, outcomes: list[str]) -> None:
+        together.wait()
+        try:
+            table.create_write_transaction(
+                [],
+                mode="append",
+                schema=table.schema(),
+                commit_properties=CommitProperties(max_commit_retries=0, custom_metadata={"writer": name}),
+            )
+            outcomes.append("won")
+        except CommitFailedError:
+            outcomes.append("refused")
+
+    for number in range(rounds):
+        together, outcomes = threading.Barrier(2), []
+        threads = [
+            threading.Thread(
+                target=commit, args=(DeltaTable(location, storage_options=options), f"{number}-{n}", together, outcomes)
+            )
+            for n in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(outcomes) == ["refused", "won"], f"round {number}: {outcomes}"
+    assert DeltaTable(location, storage_options=options).version() == rounds
 
 
 def test_concurrent_puts_and_a_repeated_transaction_on_the_object_store_are_exactly_once(azurite, az_root):
