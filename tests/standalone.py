@@ -13,9 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pyspark
+
 SPARK_CLASS = str(Path(sys.executable).parent / "spark-class")
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 REPOSITORY = Path(__file__).resolve().parents[1]
+# spark-class looks for Spark with the interpreter it finds first on the PATH, unless told.
+SPARK_ENV = {"SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
 
 
 def _free_port() -> int:
@@ -57,7 +61,7 @@ class Standalone:
         return f"spark://127.0.0.1:{self.port}"
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
-        env = {**os.environ, "SPARK_LOG_DIR": str(self.folder), "SPARK_LOCAL_IP": "127.0.0.1"}
+        env = {**os.environ, **SPARK_ENV, "SPARK_LOG_DIR": str(self.folder), "SPARK_LOCAL_IP": "127.0.0.1"}
         with (self.folder / f"{name}.log").open("a") as out:
             return subprocess.Popen(
                 [SPARK_CLASS, *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -130,19 +134,25 @@ class Standalone:
                 process.wait(30)
 
     def submit(
-        self, script: Path, args: list[str], log: Path, jars: str, env: dict[str, str] | None = None
+        self,
+        script: Path,
+        args: list[str],
+        log: Path,
+        jars: str,
+        env: dict[str, str] | None = None,
+        master: str | None = None,
     ) -> subprocess.Popen:
-        """``spark-submit`` ``script`` to the cluster (client mode), with mqspark's jars and the
-        repository on the executors' Python path."""
+        """``spark-submit`` ``script`` to the cluster (client mode; or to ``master``), with mqspark's
+        jars and the repository on the executors' Python path."""
         command = [
             SPARK_SUBMIT,
-            *("--master", self.url, "--jars", jars),
+            *("--master", master or self.url, "--jars", jars),
             *("--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=512m"),
             *("--conf", f"spark.executorEnv.PYTHONPATH={REPOSITORY}"),
             *("--conf", f"spark.pyspark.python={sys.executable}"),
             str(script),
             *args,
         ]
-        full = {**os.environ, "PYTHONPATH": str(REPOSITORY), "PYSPARK_PYTHON": sys.executable, **(env or {})}
+        full = {**os.environ, **SPARK_ENV, "PYTHONPATH": str(REPOSITORY), **(env or {})}
         with log.open("w") as out:
             return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=full, start_new_session=True)

@@ -22,6 +22,7 @@ from mqspark.spark.session import delta_jars
 
 from .processes import finish_driver, kill_marked, kill_run
 from .standalone import Standalone
+from .test_forward_jobs import _job
 from .test_stream_get import _expected_df, _reference
 
 JOB = Path(__file__).with_name("cluster_job.py")
@@ -99,6 +100,25 @@ def test_a_routed_put_on_the_cluster_spreads_over_the_replicas(standalone, azuri
         f"b{batch}-m{number}" for batch in range(3) for number in range(6)
     )
     assert {name: len(payloads) for name, payloads in placed.items()} == {"QM2": 6, "QM3": 6, "QM4": 6}
+
+
+def test_the_forwarder_on_the_cluster_replies_once_to_every_request(standalone, azurite, az_root, tmp_path):
+    """The forwarding service's spark-submit job on the cluster, its checkpoint under the queue
+    manager root on the object store: its tasks call the service on the executors."""
+    qm = QueueManager.create(az_root, "QM1")
+    qm.define_queue("REQUESTS")
+    qm.define_queue("REPLIES")
+    qm.put("REQUESTS", [{"payload": f"r{i}", "correl_id": f"c{i}", "reply_to_queue": "REPLIES"} for i in range(12)])
+    token = uuid.uuid4().hex
+    log = tmp_path / "forward.log"
+    args = ["--root", az_root, "--queue", "REQUESTS", "--service", "tests.services:upper", "--exit-when-empty"]
+    process = standalone.submit(Path(_job()), args, log, ",".join(delta_jars()), {"MQSPARK_TEST_RUN": token})
+    assert finish_driver(process, token, timeout=600) == 0, log.read_text()[-4000:]
+    replies = qm.browse("REPLIES")
+    assert dict(zip(replies["correl_id"].to_pylist(), replies["payload"].to_pylist(), strict=True)) == {
+        f"c{i}": f"R{i}".encode() for i in range(12)
+    }
+    assert qm.depth("REQUESTS", consumer="forward") == 0
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ share the default checkpoint under the queue manager root.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -38,8 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import mqspark
     from mqspark.errors import MQError
+    from mqspark.spark.session import azure_settings
 
-    spark = mqspark.register(SparkSession.builder.appName(f"mqspark-forward-{args.queue}").getOrCreate())
+    builder = SparkSession.builder.appName(f"mqspark-forward-{args.queue}")
+    # The checkpoint lives under the root: on Azure, Spark's ABFS driver needs the credentials too.
+    for key, value in azure_settings(os.environ).items():
+        builder = builder.config(key, value)
+    spark = mqspark.register(builder.getOrCreate())
     options = {}
     if args.max_messages_per_trigger is not None:
         options["maxMessagesPerTrigger"] = args.max_messages_per_trigger

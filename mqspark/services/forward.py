@@ -41,6 +41,7 @@ import base64
 import importlib
 import json
 import pickle
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -179,7 +180,7 @@ def forward(
     ):
         raise MQValidationError(f"forward: call_timeout must be a number of seconds > 0, got {call_timeout!r}")
     load_service(service)
-    checkpoint = checkpoint_location or str(Path(storage.forward_location(qm.root, local, consumer)))
+    checkpoint = checkpoint_location or storage.forward_location(qm.root, local, consumer)
     batch = _Batch(qm.root, local, consumer, service, vectorized, call_timeout, checkpoint)
 
     from pyspark.sql import functions as F
@@ -337,7 +338,6 @@ class _Batch:
             cloudpickle.dumps(_Caller(root, service, vectorized, call_timeout))
         ).decode()
         self.checkpoint = checkpoint
-        self.outcomes = Path(checkpoint.removeprefix("file:")) / "outcomes"
         self._landed: set[tuple[str, int, str]] = set()
         # Kept from batch to batch: the queue manager keeps its tables open, the state its rows.
         self._qm: QueueManager | None = None
@@ -388,9 +388,9 @@ class _Batch:
     def _call(self, requests: DataFrame, batch_id: int) -> tuple[pa.Table, list[PutCommitMessage]]:
         """Run the batch's calls: each task calls the service on its requests and writes their
         replies; the write's commit (in a Python process of the driver) hands this process the
-        outcomes and files of the tasks that succeeded, through a file in the checkpoint."""
-        handover = self.outcomes / f"{batch_id}-{uuid.uuid4().hex}.pickle"
-        self.outcomes.mkdir(parents=True, exist_ok=True)
+        outcomes and files of the tasks that succeeded, through a file of this machine (the commit runs
+        on the driver, whatever storage the checkpoint is on)."""
+        handover = Path(tempfile.gettempdir()) / f"mqspark-forward-{batch_id}-{uuid.uuid4().hex}.pickle"
         from pyspark.sql import functions as F
 
         (
@@ -413,8 +413,9 @@ class _Batch:
         """The forwarder's producer id: queue manager, queue, group, and the query's id (kept in its
         checkpoint), so a new checkpoint starts new transactions."""
         if self._producer_id is None:
-            metadata = Path(self.checkpoint.removeprefix("file:")) / "metadata"
-            query_id = json.loads(metadata.read_text())["id"]
+            filesystem, path = storage.filesystem_of(f"{self.checkpoint.removeprefix('file:')}/metadata")
+            with filesystem.open_input_stream(path) as metadata:
+                query_id = json.loads(metadata.read().decode())["id"]
             self._producer_id = f"mqspark.forward/{qm.name}/{self.queue}/{self.consumer}/{query_id}"
         return self._producer_id
 
