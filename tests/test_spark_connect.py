@@ -1,8 +1,8 @@
 """mqspark through Spark Connect: a Connect server started from the jars pyspark ships
 (``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``, with Delta's
 jars and mqspark on the server's Python path), and a client in a process of its own that reaches
-it at ``sc://127.0.0.1:<port>``, registers the ``mq`` source and runs a streaming put and a
-streaming get."""
+it at ``sc://127.0.0.1:<port>``, registers the ``mq`` source and runs a streaming put, a
+streaming get and the forwarding service."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import uuid
 import pytest
 from chispa import assert_df_equality
 
+import mqspark
+from mqspark import MQValidationError
 from mqspark.spark.session import DELTA_CONF, delta_jars
 
 from .processes import finish_driver, kill_run, start_driver, start_process
@@ -36,6 +38,7 @@ schema = "payload string, group_id string, msg_seq_number int, last_in_group boo
     .load(root).selectExpr("delivery_seq", "msg_id", "offset", "cast(payload as string) as payload")
     .writeStream.format("delta").option("checkpointLocation", checkpoints + "/get")
     .trigger(availableNow=True).start(output).awaitTermination())
+mqspark.forward(spark, root, "REQUESTS", "tests.services:upper", exit_when_empty=True).awaitTermination()
 print("done", flush=True)
 """
 
@@ -79,8 +82,11 @@ def connect_server(tmp_path_factory):
         kill_run(server, token)
 
 
-def test_a_streaming_put_and_get_through_spark_connect_in_logical_order(spark, connect_server, qm, tmp_path):
+def test_a_streaming_put_a_streaming_get_in_logical_order_and_the_forwarder_through_spark_connect(spark, connect_server, qm, tmp_path):
     qm.define_queue("Q", delivery_sequence="fifo")
+    qm.define_queue("REQUESTS")
+    qm.define_queue("REPLIES")
+    qm.put("REQUESTS", [{"payload": f"r{i}", "correl_id": f"c{i}", "reply_to_queue": "REPLIES"} for i in range(4)])
     source = tmp_path / "input"
     source.mkdir()
     rows = [{"payload": f"u{n}"} for n in range(3)]
@@ -100,3 +106,19 @@ def test_a_streaming_put_and_get_through_spark_connect_in_logical_order(spark, c
     assert_df_equality(got, _expected_df(spark, _reference(qm)), ignore_nullable=True)
     assert [row["payload"] for row in got.collect()] == ["u0", "u1", "u2", "g1", "g2", "g3"]
     assert qm.depth("Q", consumer="c") == 0
+    replies = qm.browse("REPLIES")
+    assert dict(zip(replies["correl_id"].to_pylist(), replies["payload"].to_pylist(), strict=True)) == {
+        f"c{i}": f"R{i}".encode() for i in range(4)
+    }
+    assert qm.depth("REQUESTS", consumer="forward") == 0
+
+
+def test_mqspark_session_refuses_spark_connect_and_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:15002")
+    with pytest.raises(MQValidationError) as refused:
+        mqspark.session()
+    assert str(refused.value) == (
+        "mqspark.session() starts a Spark driver here, but SPARK_REMOTE=sc://127.0.0.1:15002 asks for Spark "
+        "Connect: use SparkSession.builder.remote('sc://127.0.0.1:15002').getOrCreate(), then "
+        "mqspark.register(spark) (the Connect server needs Delta's jars and mqspark installed)"
+    )

@@ -27,6 +27,8 @@ from delta import configure_spark_with_delta_pip
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
+from ..errors import MQValidationError
+
 CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -129,6 +131,13 @@ def session(app_name: str = "mqspark", master: str | None = None, **conf: Any) -
     (there, also give ``--jars "$(mqspark jars)"``: the driver's JVM is already running). ``conf``
     entries (``**{"spark.sql.shuffle.partitions": "4"}``) override ``conf/spark-defaults.conf``.
     """
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        raise MQValidationError(
+            f"mqspark.session() starts a Spark driver here, but SPARK_REMOTE={remote} asks for Spark Connect: "
+            f"use SparkSession.builder.remote({remote!r}).getOrCreate(), then mqspark.register(spark) "
+            "(the Connect server needs Delta's jars and mqspark installed)"
+        )
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         master = "local[*]"
     settings = {**_spark_defaults(), **DELTA_CONF}
