@@ -82,7 +82,9 @@ def connect_server(tmp_path_factory):
         kill_run(server, token)
 
 
-def test_a_streaming_put_a_streaming_get_in_logical_order_and_the_forwarder_through_spark_connect(spark, connect_server, qm, tmp_path):
+def test_a_streaming_put_a_streaming_get_in_logical_order_and_the_forwarder_through_spark_connect(
+    spark, connect_server, qm, tmp_path
+):
     qm.define_queue("Q", delivery_sequence="fifo")
     qm.define_queue("REQUESTS")
     qm.define_queue("REPLIES")
