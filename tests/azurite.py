@@ -5,14 +5,12 @@ outage."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
+
+from .processes import free_port, start_server, stop_server
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "azurite" / "node_modules"
 ACCOUNT = "devstoreaccount1"
@@ -20,18 +18,12 @@ ACCOUNT = "devstoreaccount1"
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class Azurite:
     """One emulator process (its blob service) and the settings that reach it."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen | None = None
         self.log = folder / "azurite.log"
 
@@ -64,30 +56,12 @@ class Azurite:
             *("--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.folder / "data")),
             *("--disableTelemetry", "--skipApiVersionCheck", "--silent"),
         ]
-        with self.log.open("a") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                assert self.process.poll() is None, f"Azurite ended: {self.log.read_text()[-2000:]}"
-                assert time.monotonic() < deadline, (
-                    f"Azurite did not listen within 60 s: {self.log.read_text()[-2000:]}"
-                )
-                time.sleep(0.1)
+        self.process = start_server(command, self.log, self.port, "Azurite")
 
     def stop(self) -> None:
         """Stop the emulator: SIGTERM, so it saves its metadata (kept in memory, saved now and then)
         and a restart finds the data; SIGKILL if it has not ended within 30 s."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(30)
+        stop_server(self.process)
         self.process = None
 
     def filesystem(self) -> pafs.AzureFileSystem:

@@ -73,6 +73,11 @@ def new_reader(qm, readers):
     return make
 
 
+def _store_name(request) -> str:
+    """A container or bucket name of the test's own: lower-case letters and digits, unique."""
+    return re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:40] + uuid.uuid4().hex[:8]
+
+
 @pytest.fixture(scope="session")
 def azurite():
     """The Azure Storage emulator, started at the first test that needs it (see ``tests/azurite.py``)."""
@@ -87,7 +92,7 @@ def azurite():
 def az_root(azurite, request) -> str:
     """A fresh queue manager root on the emulator, a container of its own per test, in the form that
     delta-rs, mqspark and Spark's ABFS driver all read."""
-    name = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:40] + uuid.uuid4().hex[:8]
+    name = _store_name(request)
     azurite.filesystem().create_dir(name)
     return f"abfs://{name}@{ACCOUNT}.dfs.core.windows.net/qm"
 
@@ -105,6 +110,6 @@ def s3():
 @pytest.fixture
 def s3_root(s3, request) -> str:
     """A fresh queue manager root on the S3 server, a bucket of its own per test."""
-    name = re.sub(r"[^a-z0-9]", "", request.node.name.lower())[:40] + uuid.uuid4().hex[:8]
+    name = _store_name(request)
     s3.filesystem().create_dir(name)
     return f"s3://{name}/qm"

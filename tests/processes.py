@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,3 +90,38 @@ def kill_marked(token: str) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(command: list[str], log: Path, port: int, name: str) -> subprocess.Popen:
+    """Start a server (an emulator) in a session of its own, its output appended to ``log``, and
+    wait until it listens on ``port`` of 127.0.0.1 (60 s at most)."""
+    with log.open("a") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return process
+        except OSError:
+            assert process.poll() is None, f"{name} ended: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"{name} did not listen within 60 s: {log.read_text()[-2000:]}"
+            time.sleep(0.1)
+
+
+def stop_server(process: subprocess.Popen | None) -> None:
+    """SIGTERM to a server's session, so it can save what it holds; SIGKILL if it has not ended
+    within 30 s."""
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)

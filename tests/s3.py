@@ -4,18 +4,14 @@ started on 127.0.0.1 on a free port (its data in memory), answering conditional 
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from .azurite import _free_port
+from .processes import free_port, start_server, stop_server
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 # moto accepts any credentials: these are not secrets.
@@ -27,7 +23,7 @@ class MotoS3:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen | None = None
         self.log = folder / "moto.log"
 
@@ -54,27 +50,11 @@ class MotoS3:
     def start(self) -> None:
         assert MOTO_SERVER.exists(), "moto is not installed: run ./dev.sh setup"
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self.log.open("a") as out:
-            self.process = subprocess.Popen(
-                [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                assert self.process.poll() is None, f"moto ended: {self.log.read_text()[-2000:]}"
-                assert time.monotonic() < deadline, f"moto did not listen within 60 s: {self.log.read_text()[-2000:]}"
-                time.sleep(0.1)
+        command = [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)]
+        self.process = start_server(command, self.log, self.port, "moto")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(30)
+        stop_server(self.process)
         self.process = None
 
     def filesystem(self) -> pafs.S3FileSystem:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,17 +14,13 @@ from pathlib import Path
 
 import pyspark
 
+from .processes import free_port
+
 SPARK_CLASS = str(Path(sys.executable).parent / "spark-class")
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 REPOSITORY = Path(__file__).resolve().parents[1]
 # spark-class looks for Spark with the interpreter it finds first on the PATH, unless told.
 SPARK_ENV = {"SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -51,7 +46,7 @@ class Standalone:
 
     def __init__(self, folder: Path, workers: int = 2) -> None:
         self.folder = folder
-        self.port = _free_port()
+        self.port = free_port()
         self.workers_wanted = workers
         self.master: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -77,7 +72,7 @@ class Standalone:
             "--port",
             str(self.port),
             "--webui-port",
-            str(_free_port()),
+            str(free_port()),
         )
         for number in range(self.workers_wanted):
             self.start_worker(number)
@@ -90,7 +85,7 @@ class Standalone:
                 f"worker-{number}",
                 "org.apache.spark.deploy.worker.Worker",
                 *("--host", "127.0.0.1", "--cores", "1", "--memory", "1g", "--work-dir", str(work)),
-                *("--webui-port", str(_free_port()), self.url),
+                *("--webui-port", str(free_port()), self.url),
             )
         )
 

@@ -28,12 +28,17 @@ OUTAGE = 4.0
 LOGICAL_ORDER = ["A", "Y1", "Y2", "Y3-1:", "Y3-2", "Z1", "Z2", "B"]
 
 
+def without_environment(monkeypatch, prefix: str) -> None:
+    """Remove the environment variables that start with ``prefix`` for the test."""
+    for name in list(os.environ):
+        if name.startswith(prefix):
+            monkeypatch.delenv(name)
+
+
 @pytest.fixture(autouse=True)
 def _options_only(monkeypatch):
     """These tests give credentials as storage options only: the session's AZURE_* variables go."""
-    for name in list(os.environ):
-        if name.startswith("AZURE"):
-            monkeypatch.delenv(name)
+    without_environment(monkeypatch, "AZURE")
 
 
 def _payloads(table: pa.Table) -> list[str]:
@@ -61,14 +66,11 @@ def test_a_queue_manager_on_the_object_store_puts_browses_gets_and_maintains(azu
         assert path == f"{container}/qm/queues/Q"
 
 
-def test_commits_on_the_object_store_are_put_if_absent_so_one_writer_of_a_version_wins(azurite, az_root):
+def one_writer_wins_each_version(location: str, options: dict[str, str], rounds: int = 10) -> None:
     """What every mqspark commit relies on: of two writers that read the same version and commit the
     next one at the same moment without retrying, exactly one wins and the other gets delta-rs's
-    CommitFailedError. A store that overwrote log entries would let both win."""
-    location = f"{az_root}/plain"
-    options = azurite.storage_options
+    CommitFailedError, ``rounds`` times. A store that overwrote log entries would let both win."""
     write_deltalake(location, pa.table({"n": [0]}), storage_options=options)
-    rounds = 10
 
     def commit(table: DeltaTable, name: str, together: threading.Barrier, outcomes: list[str]) -> None:
         together.wait()
@@ -99,8 +101,8 @@ def test_commits_on_the_object_store_are_put_if_absent_so_one_writer_of_a_versio
     assert DeltaTable(location, storage_options=options).version() == rounds
 
 
-def test_concurrent_puts_and_a_repeated_transaction_on_the_object_store_are_exactly_once(azurite, az_root):
-    qm = QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
+def producers_and_a_repeated_transaction_put_exactly_once(qm: QueueManager) -> None:
+    """Three producers put three transactions each at once, then each repeats its transaction 1."""
     qm.define_queue("Q")
     errors: list[BaseException] = []
 
@@ -127,6 +129,16 @@ def test_concurrent_puts_and_a_repeated_transaction_on_the_object_store_are_exac
     for name in ("P0", "P1", "P2"):
         mine = [payload for payload in payloads if payload.startswith(name)]
         assert mine == [f"{name}-{b}-{n}" for b in range(3) for n in range(2)]
+
+
+def test_commits_on_the_object_store_are_put_if_absent_so_one_writer_of_a_version_wins(azurite, az_root):
+    one_writer_wins_each_version(f"{az_root}/plain", azurite.storage_options)
+
+
+def test_concurrent_puts_and_a_repeated_transaction_on_the_object_store_are_exactly_once(azurite, az_root):
+    producers_and_a_repeated_transaction_put_exactly_once(
+        QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
+    )
 
 
 def test_an_azure_root_without_an_account_is_refused_with_the_setting_to_give():

@@ -4,8 +4,6 @@ Python workers inherited (see ``tests/conftest.py``). Checkpoints stay on the lo
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import threading
 import time
@@ -16,30 +14,16 @@ from pyspark.errors import StreamingQueryException
 
 from mqspark import QueueManager, storage
 
-from .test_stream_get import _expected_df, _reference
+from .test_reconnect_spark import _start_get, _wait
+from .test_stream_get import _expected_df, _orders, _reference
 
 
-def _orders(folder, files: int) -> None:
-    """``files`` JSON files of three ungrouped messages and a group of three, oldest first."""
-    folder.mkdir()
-    base = int(time.time()) - 100
-    for f in range(files):
-        rows = [{"payload": f"u{f}-{n}"} for n in range(3)]
-        rows += [
-            {"payload": f"g{f}-{n}", "group_id": f"G{f}", "msg_seq_number": n, "last_in_group": n == 3}
-            for n in (1, 2, 3)
-        ]
-        path = folder / f"part-{f:03d}.json"
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.utime(path, (base + f, base + f))
-
-
-def test_a_streaming_put_and_a_streaming_get_on_the_object_store_deliver_in_logical_order(
-    spark, azurite, az_root, tmp_path
-):
-    qm = QueueManager.create(az_root, "QM1")
+def put_then_drain_in_logical_order(spark, root: str, tmp_path, files: int) -> None:
+    """A streaming put of ``files`` order files into queue Q of a new queue manager at ``root``, then
+    a streaming get of group e2e that delivers every message once, in logical order."""
+    qm = QueueManager.create(root, "QM1")
     qm.define_queue("Q", delivery_sequence="fifo")
-    _orders(tmp_path / "input", 4)
+    _orders(tmp_path / "input", files)
     producer = (
         spark.readStream.schema("payload string, group_id string, msg_seq_number int, last_in_group boolean")
         .option("maxFilesPerTrigger", 1)
@@ -51,7 +35,7 @@ def test_a_streaming_put_and_a_streaming_get_on_the_object_store_deliver_in_logi
         .start(qm.root)
     )
     producer.awaitTermination()
-    assert qm.depth("Q") == 24
+    assert qm.depth("Q") == 6 * files
     delivered: list[tuple] = []
 
     def collect(batch, batch_id: int) -> None:
@@ -73,6 +57,12 @@ def test_a_streaming_put_and_a_streaming_get_on_the_object_store_deliver_in_logi
     got = spark.createDataFrame(sorted(delivered), "delivery_seq long, msg_id string, offset long, payload string")
     assert_df_equality(got, _expected_df(spark, _reference(qm)))
     assert qm.depth("Q", consumer="e2e") == 0
+
+
+def test_a_streaming_put_and_a_streaming_get_on_the_object_store_deliver_in_logical_order(
+    spark, azurite, az_root, tmp_path
+):
+    put_then_drain_in_logical_order(spark, az_root, tmp_path, 4)
 
 
 def test_a_batch_put_and_a_browse_on_the_object_store(spark, azurite, az_root):
@@ -122,32 +112,8 @@ def _fill(az_root: str) -> QueueManager:
     return qm
 
 
-def _start_get(spark, qm, checkpoint, batches: dict, **options):
-    def collect(batch, batch_id: int) -> None:
-        rows = batch.select("delivery_seq", "msg_id", "offset", "payload").collect()
-        if rows:
-            # A batch replayed after a failure has the same id and the same rows.
-            batches[batch_id] = [(r.delivery_seq, r.msg_id, r.offset, r.payload.decode()) for r in rows]
-
-    return (
-        spark.readStream.format("mq")
-        .option("queue", "Q")
-        .option("maxMessagesPerTrigger", 4)
-        .options(**options)
-        .load(qm.root)
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
-
-
-def _wait(condition, query, seconds: float = 180) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert query.isActive, f"the query ended: {query.exception()}"
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+# The columns each delivered batch keeps, for chispa against the reference model.
+COLUMNS = ("delivery_seq", "msg_id", "offset", "payload")
 
 
 def _delivered(spark, batches: dict):
@@ -161,9 +127,9 @@ def test_a_streaming_get_with_reconnect_yes_rides_out_the_object_store_stopped_a
     qm = _fill(az_root)
     expected = _reference(qm)
     batches: dict[int, list] = {}
-    query = _start_get(spark, qm, tmp_path / "get", batches, reconnect="yes", reconnectTimeout="180")
+    query = _start_get(spark, qm, tmp_path / "get", batches, COLUMNS, reconnect="yes", reconnectTimeout="180")
     try:
-        _wait(lambda: len(batches) >= 1, query)
+        _wait(lambda: len(batches) >= 1, query, 180)
         azurite.stop()
         restart = threading.Timer(OUTAGE, azurite.start)
         restart.start()
@@ -172,8 +138,8 @@ def test_a_streaming_get_with_reconnect_yes_rides_out_the_object_store_stopped_a
             during = sum(map(len, batches.values()))
         finally:
             restart.join()
-        _wait(lambda: sum(map(len, batches.values())) >= len(expected), query)
-        _wait(lambda: qm.depth("Q", consumer="default") == 0, query)
+        _wait(lambda: sum(map(len, batches.values())) >= len(expected), query, 180)
+        _wait(lambda: qm.depth("Q", consumer="default") == 0, query, 180)
         assert query.exception() is None
     finally:
         query.stop()
@@ -189,9 +155,9 @@ def test_a_streaming_get_in_mode_no_fails_with_2009_when_the_object_store_stops_
     qm = _fill(az_root)
     expected = _reference(qm)
     batches: dict[int, list] = {}
-    query = _start_get(spark, qm, tmp_path / "get", batches, reconnect="no")
+    query = _start_get(spark, qm, tmp_path / "get", batches, COLUMNS, reconnect="no")
     try:
-        _wait(lambda: len(batches) >= 1, query)
+        _wait(lambda: len(batches) >= 1, query, 180)
         azurite.stop()
         try:
             with pytest.raises(StreamingQueryException) as caught:
@@ -205,9 +171,9 @@ def test_a_streaming_get_in_mode_no_fails_with_2009_when_the_object_store_stops_
         rf"queue manager QM1 at {re.escape(qm.root)} cannot be reached \(.*\); reconnect is no",
         str(caught.value),
     ), str(caught.value)
-    again = _start_get(spark, qm, tmp_path / "get", batches, reconnect="no")
+    again = _start_get(spark, qm, tmp_path / "get", batches, COLUMNS, reconnect="no")
     try:
-        _wait(lambda: sum(map(len, batches.values())) >= len(expected), again)
+        _wait(lambda: sum(map(len, batches.values())) >= len(expected), again, 180)
     finally:
         again.stop()
     assert_df_equality(_delivered(spark, batches), _expected_df(spark, expected))

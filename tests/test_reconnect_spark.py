@@ -37,12 +37,15 @@ def _fill(qm) -> list[tuple]:
     return [(row["msg_id"], row["payload"].decode()) for row in delivered]
 
 
-def _start_get(spark, qm, checkpoint, batches: dict, **options):
+def _start_get(spark, qm, checkpoint, batches: dict, columns: tuple[str, ...] = ("msg_id", "payload"), **options):
+    """A streaming get of queue Q that keeps each micro-batch's ``columns`` (payload last, decoded)
+    in ``batches`` by batch id."""
+
     def collect(df, batch_id: int) -> None:
-        rows = df.orderBy("delivery_seq").select("msg_id", "payload").collect()
+        rows = df.orderBy("delivery_seq").select(*columns).collect()
         if rows:
             # A batch replayed after a failure has the same id and the same rows.
-            batches[batch_id] = [(r.msg_id, r.payload.decode()) for r in rows]
+            batches[batch_id] = [(*r[:-1], r[-1].decode()) for r in rows]
 
     return (
         spark.readStream.format("mq")

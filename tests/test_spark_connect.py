@@ -7,7 +7,6 @@ streaming get and the forwarding service."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 import uuid
 
@@ -18,7 +17,7 @@ import mqspark
 from mqspark import MQValidationError
 from mqspark.spark.session import DELTA_CONF, delta_jars
 
-from .processes import finish_driver, kill_run, start_driver, start_process
+from .processes import finish_driver, free_port, kill_run, start_driver, start_process
 from .standalone import SPARK_SUBMIT
 from .test_stream_get import _expected_df, _reference
 
@@ -43,17 +42,11 @@ print("done", flush=True)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
     """The server's URL; the server runs for the module's tests."""
     folder = tmp_path_factory.mktemp("connect")
-    port = _free_port()
+    port = free_port()
     conf = {
         **DELTA_CONF,
         "spark.connect.grpc.binding.address": "127.0.0.1",

@@ -11,6 +11,7 @@ import os
 import re
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
@@ -33,6 +34,21 @@ def _reference(qm, queue: str = "Q", **options) -> list[tuple]:
     sequence = qm.inquire_queue(queue).delivery_sequence
     delivered = reference_model.delivered(rows, sequence, datetime.now(UTC), **options)
     return [(row["msg_id"], row["offset"], row["payload"].decode()) for row in delivered]
+
+
+def _orders(folder: Path, files: int) -> None:
+    """``files`` JSON files of three ungrouped messages and a group of three, oldest first."""
+    folder.mkdir()
+    base = int(time.time()) - 100
+    for f in range(files):
+        rows = [{"payload": f"u{f}-{n}"} for n in range(3)]
+        rows += [
+            {"payload": f"g{f}-{n}", "group_id": f"G{f}", "msg_seq_number": n, "last_in_group": n == 3}
+            for n in (1, 2, 3)
+        ]
+        path = folder / f"part-{f:03d}.json"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        os.utime(path, (base + f, base + f))
 
 
 def _expected_df(spark, expected: list[tuple]):
@@ -251,17 +267,7 @@ def test_expiry_and_available_at_while_streaming(spark, qm, tmp_path):
 def test_streaming_put_and_get_together_deliver_every_message_once_in_order(spark, qm, tmp_path):
     qm.define_queue("Q", delivery_sequence="fifo")
     source = tmp_path / "input"
-    source.mkdir()
-    base = int(time.time()) - 100
-    for f in range(6):
-        rows = [{"payload": f"u{f}-{n}"} for n in range(3)]
-        rows += [
-            {"payload": f"g{f}-{n}", "group_id": f"G{f}", "msg_seq_number": n, "last_in_group": n == 3}
-            for n in (1, 2, 3)
-        ]
-        path = source / f"part-{f:03d}.json"
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.utime(path, (base + f, base + f))
+    _orders(source, 6)
     output = tmp_path / "out"
     consumer = (
         _reader(spark, qm, consumer="e2e", maxMessagesPerTrigger="4")
