@@ -15,7 +15,7 @@ from pyspark.errors import StreamingQueryException
 from mqspark import QueueManager, storage
 
 from .test_reconnect_spark import _start_get, _wait
-from .test_stream_get import _expected_df, _orders, _reference
+from .test_stream_get import _expected_df, _orders, _put_orders, _reference
 
 
 def put_then_drain_in_logical_order(spark, root: str, tmp_path, files: int) -> None:
@@ -24,17 +24,7 @@ def put_then_drain_in_logical_order(spark, root: str, tmp_path, files: int) -> N
     qm = QueueManager.create(root, "QM1")
     qm.define_queue("Q", delivery_sequence="fifo")
     _orders(tmp_path / "input", files)
-    producer = (
-        spark.readStream.schema("payload string, group_id string, msg_seq_number int, last_in_group boolean")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(tmp_path / "input"))
-        .writeStream.format("mq")
-        .option("queue", "Q")
-        .option("checkpointLocation", str(tmp_path / "put"))
-        .trigger(availableNow=True)
-        .start(qm.root)
-    )
-    producer.awaitTermination()
+    _put_orders(spark, tmp_path / "input", tmp_path / "put", qm.root).awaitTermination()
     assert qm.depth("Q") == 6 * files
     delivered: list[tuple] = []
 

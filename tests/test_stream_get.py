@@ -51,6 +51,20 @@ def _orders(folder: Path, files: int) -> None:
         os.utime(path, (base + f, base + f))
 
 
+def _put_orders(spark, source: Path, checkpoint: Path, root: str):
+    """The streaming put of the order files in ``source`` into queue Q, a file per micro-batch."""
+    return (
+        spark.readStream.schema("payload string, group_id string, msg_seq_number int, last_in_group boolean")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.format("mq")
+        .option("queue", "Q")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start(root)
+    )
+
+
 def _expected_df(spark, expected: list[tuple]):
     rows = [(seq, msg_id, offset, payload) for seq, (msg_id, offset, payload) in enumerate(expected)]
     return spark.createDataFrame(rows, "delivery_seq long, msg_id string, offset long, payload string")
@@ -276,16 +290,7 @@ def test_streaming_put_and_get_together_deliver_every_message_once_in_order(spar
         .trigger(processingTime="0 seconds")
         .start(str(output))
     )
-    producer = (
-        spark.readStream.schema("payload string, group_id string, msg_seq_number int, last_in_group boolean")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(source))
-        .writeStream.format("mq")
-        .option("queue", "Q")
-        .option("checkpointLocation", str(tmp_path / "put"))
-        .trigger(availableNow=True)
-        .start(qm.root)
-    )
+    producer = _put_orders(spark, source, tmp_path / "put", qm.root)
     producer.awaitTermination()
     deadline = time.monotonic() + 90
     while qm.depth("Q", consumer="e2e") and time.monotonic() < deadline:
