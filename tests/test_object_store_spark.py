@@ -5,8 +5,6 @@ Python workers inherited (see ``tests/conftest.py``). Checkpoints stay on the lo
 from __future__ import annotations
 
 import re
-import threading
-import time
 
 import pytest
 from chispa import assert_df_equality
@@ -86,9 +84,6 @@ def test_delta_spark_reads_the_queue_table_on_the_object_store(spark, azurite, a
     assert_df_equality(got, expected, ignore_nullable=True)
 
 
-OUTAGE = 4.0
-
-
 def _fill(az_root: str) -> QueueManager:
     qm = QueueManager.create(az_root, "QM1")
     qm.define_queue("Q", delivery_sequence="fifo")
@@ -109,34 +104,6 @@ COLUMNS = ("delivery_seq", "msg_id", "offset", "payload")
 def _delivered(spark, batches: dict):
     rows = sorted(row for batch in batches.values() for row in batch)
     return spark.createDataFrame(rows, "delivery_seq long, msg_id string, offset long, payload string")
-
-
-def test_a_streaming_get_with_reconnect_yes_rides_out_the_object_store_stopped_and_restarted(
-    spark, azurite, az_root, tmp_path
-):
-    qm = _fill(az_root)
-    expected = _reference(qm)
-    batches: dict[int, list] = {}
-    query = _start_get(spark, qm, tmp_path / "get", batches, COLUMNS, reconnect="yes", reconnectTimeout="180")
-    try:
-        _wait(lambda: len(batches) >= 1, query, 180)
-        azurite.stop()
-        restart = threading.Timer(OUTAGE, azurite.start)
-        restart.start()
-        try:
-            time.sleep(OUTAGE / 2)
-            during = sum(map(len, batches.values()))
-        finally:
-            restart.join()
-        _wait(lambda: sum(map(len, batches.values())) >= len(expected), query, 180)
-        _wait(lambda: qm.depth("Q", consumer="default") == 0, query, 180)
-        assert query.exception() is None
-    finally:
-        query.stop()
-        if azurite.process is None:
-            azurite.start()
-    assert during < len(expected)
-    assert_df_equality(_delivered(spark, batches), _expected_df(spark, expected))
 
 
 def test_a_streaming_get_in_mode_no_fails_with_2009_when_the_object_store_stops_and_resumes_exactly(
