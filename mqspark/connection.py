@@ -8,8 +8,10 @@ get reconnect through :class:`Reconnect`: one root, and only the same queue mana
 and offsets they hold (another one found there fails them with 2547 ``MQRC_RECONNECT_INCOMPATIBLE``
 in mode ``yes``, 2545 at the timeout in mode ``qmgr``).
 
-A failure counts as a broken connection when the queue manager's catalog cannot be read right after
-it. Any other failure belongs to the operation itself and reaches the caller unchanged.
+A failure counts as a broken connection when the store did not answer (the store's client gave up on
+a request it may retry: no connection, a timeout, a server error) or when the queue manager's
+catalog cannot be read right after it (a root or a mount gone). Any other failure belongs to the
+operation itself and reaches the caller unchanged.
 
 Modes:
 
@@ -226,7 +228,7 @@ class Reconnect:
                 qm = QueueManager.open(location)
                 return qm, cls(qm.root, qm.name, qm.qmid, mode_in_force(qm, asked), timeout, qm.storage_options)
             except Exception as error:
-                if isinstance(error, MQValidationError) or storage.reachable(location, None):
+                if not storage.broken(error, location, None):
                     raise
                 if asked not in (ReconnectMode.YES, ReconnectMode.QMGR):
                     raise MQError(
@@ -288,7 +290,7 @@ def _check_broken(
 ) -> float:
     """Raise ``error`` unless it broke the connection; raise 2009 when the mode does not reconnect;
     else the deadline of the reconnection (set at the first break)."""
-    if isinstance(error, MQValidationError) or storage.reachable(root, storage_options):
+    if not storage.broken(error, root, storage_options):
         raise error
     if mode in (ReconnectMode.NO, ReconnectMode.DISABLED):
         why = "reconnection is disabled on the queue manager" if mode is ReconnectMode.DISABLED else "reconnect is no"

@@ -732,8 +732,8 @@ class Heartbeat:
             except MQError as error:
                 self.lost = error
                 return
-            except Exception:
-                if storage.reachable(self.state.root, self.state.storage_options):
+            except Exception as error:
+                if not storage.broken(error, self.state.root, self.state.storage_options):
                     raise
                 # Out of reach: renewals go on once it is back (see :mod:`mqspark.connection`).
                 continue

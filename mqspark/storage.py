@@ -13,6 +13,7 @@ Queue names may hold ``/`` and ``%``; in directory names they become ``~2F`` and
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -33,7 +34,7 @@ from deltalake import CommitProperties, DeltaTable, Field, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from .errors import MQError, Reason
+from .errors import MQError, MQValidationError, Reason
 from .filesystems import filesystem_of, is_uri
 
 CATALOG_DIR = "_qmgr"
@@ -97,6 +98,43 @@ def reachable(root: str, storage_options: StorageOptions) -> bool:
         return table_exists(catalog_location(root), storage_options)
     except Exception:  # noqa: BLE001 - any failure to read the catalog means the root cannot be reached
         return False
+
+
+# What the stores' clients say when the store did not answer, as opposed to answering "no":
+# delta-rs's object_store gives up "after N retries" only on what it may retry (no connection,
+# a timeout, a 5xx); pyarrow's Azure and S3 clients say they could not connect.
+_UNANSWERED = re.compile(
+    r"after \d+ retries|error sending request|connection refused|connection reset|timed out"
+    r"|could not connect to server|NETWORK_CONNECTION",
+    re.IGNORECASE,
+)
+_UNANSWERED_ERRNOS = frozenset(
+    (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH)
+    + (errno.ENOTCONN, errno.ESTALE, errno.EIO)
+)
+
+
+def unanswered(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is the store not answering a request."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and (
+            isinstance(seen, ConnectionError | TimeoutError)
+            or seen.errno in _UNANSWERED_ERRNOS
+            or _UNANSWERED.search(str(seen))
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def broken(error: BaseException, root: str, storage_options: StorageOptions) -> bool:
+    """Whether ``error`` broke the connection to the queue manager at ``root``: its store did not
+    answer, or its catalog cannot be read right after. Checking only afterwards would miss a store
+    that came back in between, once its client had given up."""
+    if isinstance(error, MQValidationError):
+        return False
+    return unanswered(error) or not reachable(root, storage_options)
 
 
 # The store's words for credentials it refused (Azure's error codes, HTTP 401/403).

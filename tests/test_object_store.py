@@ -167,6 +167,26 @@ def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_
     )
 
 
+def test_a_call_that_gave_up_while_the_store_was_down_still_broke_the_connection_once_it_answers(azurite, az_root):
+    """delta-rs gives up on a store that does not answer after its own retries; by the time mqspark
+    looks, the store may answer again. The failure is still a broken connection; an answer that
+    is not about reaching the store is not."""
+    options = azurite.storage_options
+    qm = QueueManager.create(az_root, "QM1", storage_options=options)
+    qm.define_queue("Q")
+    azurite.stop()
+    try:
+        with pytest.raises(OSError) as raised:
+            qm.browse("Q")
+    finally:
+        azurite.start()
+    assert storage.reachable(qm.root, options)
+    assert storage.unanswered(raised.value)
+    assert storage.broken(raised.value, qm.root, options)
+    assert not storage.broken(FileNotFoundError(2, "No such file or directory", "x"), qm.root, options)
+    assert not storage.broken(MQValidationError("bad"), qm.root, options)
+
+
 def test_the_object_store_stopped_and_restarted_under_connections(azurite, az_root):
     """Azurite stopped and started again on the same port with the same data: a connection in mode
     ``no`` fails with 2009, one in mode ``yes`` waits and puts once the store answers again."""
