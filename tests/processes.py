@@ -37,6 +37,15 @@ def marked_processes(token: str) -> list[int]:
     return found
 
 
+def printed(log: Path, word: str) -> str | None:
+    """What follows ``word`` on the first whole line of ``log`` that starts with it (the process may
+    be writing the last line)."""
+    for line in log.read_text().split("\n")[:-1]:
+        if line.startswith(f"{word} "):
+            return line.split(maxsplit=1)[1]
+    return None
+
+
 def kill_run(process: subprocess.Popen, token: str) -> None:
     """SIGKILL the driver's process group (Python driver and JVM), then every Python daemon it started.
 

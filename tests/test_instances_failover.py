@@ -28,7 +28,7 @@ from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
 
 from . import reference_model
-from .processes import kill_marked, kill_run, marked_processes, start_driver
+from .processes import kill_marked, kill_run, marked_processes, printed, start_driver
 from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill, _tail
 
@@ -62,7 +62,7 @@ logging.basicConfig(level=logging.WARNING)
 # A warm standby: the JVM has written a Delta table once, so the first batch after a takeover is quick.
 spark.range(1).write.format("delta").mode("overwrite").save(output + "-warm-up-" + str(os.getpid()))
 instance = Instance(QueueManager.open(root), "Q", "ha", lease_timeout=timedelta(seconds={LEASE_S}), spark=spark)
-print("standby", instance.id, flush=True)
+print(f"standby {{instance.id}}", flush=True)
 
 
 def deliver(batch, batch_id):
@@ -90,7 +90,7 @@ def start(instance_id):
 
 
 query = instance.run(start)
-print("active", instance.id, flush=True)
+print(f"active {{instance.id}}", flush=True)
 query.awaitTermination()
 """
 
@@ -128,9 +128,8 @@ class Instances:
         process, log = self.running[token]
         deadline = time.monotonic() + timeout
         while True:
-            for line in log.read_text().splitlines():
-                if line.startswith(f"{role} "):
-                    return line.split()[1]
+            if (instance := printed(log, role)) is not None:
+                return instance
             assert process.poll() is None, f"instance ended (rc {process.returncode}): {_tail(log)}"
             assert time.monotonic() < deadline, f"instance not {role} within {timeout} s: {_tail(log)}"
             time.sleep(0.1)

@@ -92,9 +92,9 @@ def _run_instance(args: argparse.Namespace, spark, start):
     lease = DEFAULT_LEASE_TIMEOUT if args.lease_timeout is None else timedelta(seconds=args.lease_timeout)
     qm = QueueManager.open(args.root)
     instance = Instance(qm, args.queue, args.consumer, service="forward", lease_timeout=lease, spark=spark)
-    print("standby", instance.id, flush=True)
+    print(f"standby {instance.id}", flush=True)
     query = instance.run(start)
-    print("active", instance.id, flush=True)
+    print(f"active {instance.id}", flush=True)
     return query
 
 
