@@ -214,13 +214,16 @@ class Instance:
         """``function`` as a ``foreachBatch`` function that runs only while this instance holds the
         group's lease; otherwise the batch fails with ``MQRC_OBJECT_IN_USE`` (2042)."""
 
+        # Plain values only: through Spark Connect the function is pickled to the server, and this
+        # instance's threading state cannot be.
+        root, options, queue, consumer = self.qm.root, self.qm.storage_options, self.queue, self.consumer
+        instance, lease_timeout = self.id, self.lease_timeout
+
         def fenced(batch: DataFrame, batch_id: int) -> None:
-            holder = ConsumerState(self.qm.root, self.queue, self.qm.storage_options).lease(
-                self.consumer, self.lease_timeout
-            )
-            if holder is None or holder.owner != self.id:
+            holder = ConsumerState(root, queue, options).lease(consumer, lease_timeout)
+            if holder is None or holder.owner != instance:
                 raise MQError(
-                    f"queue {self.queue}: instance {self.id} no longer holds consumer group {self.consumer!r} "
+                    f"queue {queue}: instance {instance} no longer holds consumer group {consumer!r} "
                     f"(held by {holder.owner if holder else 'nobody'}); micro-batch {batch_id} is not delivered",
                     Reason.MQRC_OBJECT_IN_USE,
                 )
