@@ -154,12 +154,31 @@ def store_error(root: str, error: OSError) -> MQError:
     return MQError(f"queue manager root {root}: the store did not answer: {detail}", Reason.MQRC_Q_MGR_NOT_AVAILABLE)
 
 
+# Opening a table lists its log, then reads the newest checkpoint and the entries after it; a log
+# clean-up between the two can delete what was listed. Listing again finds the newer checkpoint.
+_OPEN_ATTEMPTS = 5
+_LOG_FILE = re.compile(r"_delta_log/(\d{20})\.(?:json|checkpoint\.parquet)")
+
+
+def log_file_gone(error: Exception) -> int | None:
+    """The version of the log entry or checkpoint that ``error`` says was not found, else None."""
+    text = str(error)
+    match = _LOG_FILE.search(text) if "not found" in text.lower() else None
+    return int(match.group(1)) if match else None
+
+
 def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | None:
     """The Delta table at ``location``, or None when there is none."""
-    try:
-        return DeltaTable(location, storage_options=storage_options)
-    except TableNotFoundError:
-        return None
+    attempts = 0
+    while True:
+        try:
+            return DeltaTable(location, storage_options=storage_options)
+        except TableNotFoundError:
+            return None
+        except DeltaError as error:
+            attempts += 1
+            if log_file_gone(error) is None or attempts == _OPEN_ATTEMPTS:
+                raise
 
 
 def create_table(
@@ -634,19 +653,28 @@ def commit_files(
             ),
         )
     except DeltaError as error:
-        if not read_back_failed(error, version):
+        if not read_back_failed(error, table.table_uri, version, _options(table)):
             raise
     return version
 
 
-def read_back_failed(error: DeltaError, version: int) -> bool:
-    """Whether ``error`` says that the log entry of ``version`` was not found.
+def read_back_failed(error: DeltaError, location: str, version: int, storage_options: StorageOptions) -> bool:
+    """Whether ``error`` is delta-rs failing to read the log back after committing ``version``.
 
-    delta-rs reads a commit's own entry back after writing it, to update the snapshot; the entry is
-    never read before it is written. Maintenance running in between (a checkpoint at a later version,
-    then a clean-up of older entries) can remove it first, so this error means the commit landed.
+    delta-rs reads the log back after writing a commit, to update the snapshot: the commit's own
+    entry, or the newest checkpoint and the entries after it. Maintenance running in between (a
+    checkpoint at a later version, then a clean-up of older entries and checkpoints) can remove
+    them first. A file of the commit's own version is never read before it is written, so its
+    absence means the commit landed; for an older file, the table must have reached ``version``. (A
+    commit that lost to another raises ``CommitFailedError`` instead.)
     """
-    return "File not found" in str(error) and f"_delta_log/{version:020d}.json" in str(error)
+    gone = log_file_gone(error)
+    if gone is None or gone > version:
+        return False
+    if gone == version:
+        return True
+    table = open_table(location, storage_options)
+    return table is not None and table.version() >= version
 
 
 def commit_until_landed(

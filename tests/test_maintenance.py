@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
@@ -909,3 +910,30 @@ def test_log_clean_up_deletes_the_files_removed_by_the_entries_it_drops(qm, new_
     assert storage.clean_up_log(DeltaTable(location, version=5), retention) == (5, vacuumed)
     assert len(_data_files(qm)) == 3 - vacuumed
     assert _browse(qm) == ["c"]
+
+
+# What delta-rs said when maintenance's log clean-up removed a log file it had listed (seen in a soak run).
+GONE_CHECKPOINT = (
+    "Kernel error: Arrow error: External: Object at location {log}/00000000000000000000.checkpoint.parquet "
+    "not found: No such file or directory (os error 2)"
+)
+GONE_ENTRY = "Kernel error: File not found: {log}/{version:020d}.json"
+
+
+@pytest.mark.parametrize(
+    ("text", "version", "landed"),
+    [
+        (GONE_CHECKPOINT, 1, True),  # an older checkpoint, and the table reached the commit's version
+        (GONE_CHECKPOINT, 5, False),  # an older checkpoint, but the table never reached version 5
+        (GONE_ENTRY, 5, True),  # the commit's own entry: only ever read after it was written
+        ("Kernel error: Generic delta kernel error: something else", 1, False),
+    ],
+)
+def test_a_commit_whose_log_read_back_failed_counts_as_landed_only_when_it_did(qm, text, version, landed):
+    """delta-rs reads the log back after a commit; a clean-up running then can delete what it reads."""
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"a"}])
+    location = storage.queue_location(qm.root, "Q")
+    error = DeltaError(text.format(log=f"{location}/_delta_log", version=version))
+    assert DeltaTable(location).version() == 1
+    assert storage.read_back_failed(error, location, version, None) is landed
