@@ -109,8 +109,16 @@ _UNANSWERED = re.compile(
     re.IGNORECASE,
 )
 _UNANSWERED_ERRNOS = frozenset(
-    (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH)
-    + (errno.ENOTCONN, errno.ESTALE, errno.EIO)
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENOTCONN,
+        errno.ESTALE,
+        errno.EIO,
+    }
 )
 
 

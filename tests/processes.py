@@ -37,13 +37,24 @@ def marked_processes(token: str) -> list[int]:
     return found
 
 
-def printed(log: Path, word: str) -> str | None:
+def log_tail(log: Path) -> str:
+    """The end of a run's log without the JVM's stack frames."""
+    lines = [line for line in log.read_text().splitlines() if not line.lstrip().startswith("at ")]
+    return "\n".join(lines)[-4000:]
+
+
+def wait_printed(process: subprocess.Popen, log: Path, word: str, timeout: float) -> str:
     """What follows ``word`` on the first whole line of ``log`` that starts with it (the process may
-    be writing the last line)."""
-    for line in log.read_text().split("\n")[:-1]:
-        if line.startswith(f"{word} "):
-            return line.split(maxsplit=1)[1]
-    return None
+    be writing the last line), once ``process`` printed it; fails if the process ends first or
+    ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in log.read_text().split("\n")[:-1]:
+            if line.startswith(f"{word} "):
+                return line.split(maxsplit=1)[1]
+        assert process.poll() is None, f"process ended (rc {process.returncode}) before {word!r}: {log_tail(log)}"
+        assert time.monotonic() < deadline, f"process printed no {word!r} within {timeout} s: {log_tail(log)}"
+        time.sleep(0.1)
 
 
 def kill_run(process: subprocess.Popen, token: str) -> None:

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from mqspark import storage
 from mqspark.consumers import ConsumerState
 
-from .processes import finish_driver, kill_marked, kill_run, last_spark_commit, printed, start_process
+from .processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process, wait_printed
 
 pytestmark = pytest.mark.slow
 
@@ -189,14 +189,7 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
         return token
 
     def reached(token: str, role: str, timeout: float = 180) -> str:
-        process, log = running[token]
-        deadline = time.monotonic() + timeout
-        while True:
-            if (instance := printed(log, role)) is not None:
-                return instance
-            assert process.poll() is None, f"instance ended: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"instance not {role} within {timeout} s: {log.read_text()[-3000:]}"
-            time.sleep(0.1)
+        return wait_printed(*running[token], role, timeout)
 
     try:
         active = start()

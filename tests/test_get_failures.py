@@ -26,7 +26,7 @@ from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
 
 from . import reference_model
-from .processes import kill_marked, kill_run, last_spark_commit, start_driver
+from .processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
 
 PRIORITIES = (0, 3, 5, 9)
 BATCH = 7
@@ -159,12 +159,6 @@ def _groups_in_flight(delivered: list[dict], group_sizes: Counter) -> list[str]:
     return sorted(group_id for group_id, count in got.items() if count < group_sizes[group_id])
 
 
-def _tail(log: Path) -> str:
-    """The end of a run's log without the JVM's stack frames."""
-    lines = [line for line in log.read_text().splitlines() if not line.lstrip().startswith("at ")]
-    return "\n".join(lines)[-4000:]
-
-
 @pytest.mark.slow
 def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark, qm, tmp_path, record_property):
     kills = 5
@@ -198,8 +192,10 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
     def wait_for(condition, process: subprocess.Popen, number: int, log: Path) -> None:
         deadline = time.monotonic() + 120
         while not condition():
-            assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill: {_tail(log)}"
-            assert time.monotonic() < deadline, f"run {number} made no progress in 120 s: {_tail(log)}"
+            assert process.poll() is None, (
+                f"run {number} ended (rc {process.returncode}) before its kill: {log_tail(log)}"
+            )
+            assert time.monotonic() < deadline, f"run {number} made no progress in 120 s: {log_tail(log)}"
             time.sleep(0.002)
 
     killed: list[dict] = []
@@ -225,7 +221,9 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
                 state_target = _delta_version(state_location) + state_commits
                 wait_for(lambda target=state_target: _delta_version(state_location) >= target, process, number, log)
             time.sleep(delay)
-            assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill: {_tail(log)}"
+            assert process.poll() is None, (
+                f"run {number} ended (rc {process.returncode}) before its kill: {log_tail(log)}"
+            )
             kill_run(process, token)
             delivered = _output_rows(output)
             pending = _pending_batches(checkpoint)
@@ -261,7 +259,7 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
             f"replayed batches: {replayed}; {time.monotonic() - started:.1f} s in all"
         )
 
-    assert final_rc == 0, _tail(log)
+    assert final_rc == 0, log_tail(log)
     assert killed[-1]["rows_out"] < len(rows), "the stream had drained before the last kill"
     assert any(kill["groups_in_flight"] for kill in killed), "no kill landed with a group partly delivered"
 

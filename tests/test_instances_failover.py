@@ -28,9 +28,9 @@ from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
 
 from . import reference_model
-from .processes import kill_marked, kill_run, marked_processes, printed, start_driver
+from .processes import kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
 from .test_cli import mqspark
-from .test_get_failures import OUTPUT, _fill, _tail
+from .test_get_failures import OUTPUT, _fill
 
 LEASE_S = 5
 BATCH = 5
@@ -125,14 +125,7 @@ class Instances:
 
     def instance_id(self, token: str, role: str = "standby", timeout: float = 120) -> str:
         """The instance id the process printed on reaching ``role``."""
-        process, log = self.running[token]
-        deadline = time.monotonic() + timeout
-        while True:
-            if (instance := printed(log, role)) is not None:
-                return instance
-            assert process.poll() is None, f"instance ended (rc {process.returncode}): {_tail(log)}"
-            assert time.monotonic() < deadline, f"instance not {role} within {timeout} s: {_tail(log)}"
-            time.sleep(0.1)
+        return wait_printed(*self.running[token], role, timeout)
 
     def delivered(self) -> list[tuple[str, int, int, float]]:
         """(instance, micro-batch id, rows, time) of every micro-batch delivered, in order."""
@@ -283,7 +276,7 @@ def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(s
         # (Spark's own fence on a shared checkpoint).
         process.wait(timeout=120)
         fences = ("MQRC_OBJECT_IN_USE (2042)", "Multiple streaming queries are concurrently using")
-        assert any(fence in log.read_text() for fence in fences), _tail(log)
+        assert any(fence in log.read_text() for fence in fences), log_tail(log)
         _wait_until_drained(qm, instances, len(expected))
     finally:
         instances.stop_all()
@@ -312,7 +305,7 @@ def test_switchover_hands_over_at_a_batch_boundary_with_nothing_redelivered(spar
         taken_over = instances.wait_for_deliveries(standby, 1, timeout=60)
         process, log = instances.running[active_token]
         # The old active instance stopped its query cleanly.
-        assert process.wait(timeout=60) == 0, _tail(log)
+        assert process.wait(timeout=60) == 0, log_tail(log)
         _wait_until_drained(qm, instances, len(expected))
     finally:
         instances.stop_all()

@@ -14,6 +14,7 @@ from pyspark.errors import StreamingQueryException
 
 from mqspark import QueueManager, storage
 
+from .test_object_store import OUTAGE
 from .test_reconnect_spark import _start_get, _wait
 from .test_stream_get import _expected_df, _orders, _put_orders, _reference
 
@@ -106,9 +107,6 @@ COLUMNS = ("delivery_seq", "msg_id", "offset", "payload")
 def _delivered(spark, batches: dict):
     rows = sorted(row for batch in batches.values() for row in batch)
     return spark.createDataFrame(rows, "delivery_seq long, msg_id string, offset long, payload string")
-
-
-OUTAGE = 4.0
 
 
 def test_a_streaming_get_with_reconnect_yes_rides_out_the_object_store_stopped_and_restarted(
