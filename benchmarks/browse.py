@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 
-from mqspark import QueueManager, storage
-from mqspark.messages import MESSAGE_SCHEMA
-from mqspark.ordering import DeliveryOptions, deliver
+from mqspark import QueueManager, store
+from mqspark.engine.ordering import DeliveryOptions, deliver
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 PUTS = 10
 
@@ -70,11 +70,11 @@ def run(spark, shape: str, messages: int = 1_000_000, payload_bytes: int = 1024)
         qm = QueueManager.create(f"{root}/qm", "BENCH")
         qm.define_queue("Q")
         _fill(qm, shape, messages, payload_bytes)
-        location = storage.queue_location(qm.root, "Q")
-        table = storage.open_table(location, None)
+        location = store.queue_location(qm.root, "Q")
+        table = store.open_table(location, None)
 
         start = time.perf_counter()
-        committed = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
+        committed = store.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
         read_s = time.perf_counter() - start
         start = time.perf_counter()
         engine = deliver(committed, "priority", DeliveryOptions(), datetime.now(UTC)).messages

@@ -25,7 +25,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 import mqspark
-from mqspark import QueueManager, storage
+from mqspark import QueueManager, store
 from mqspark.cluster.repository import Cluster
 
 from .stream_put import _commits, _progress_fields, _run_stream, _summary, _write_input, check_run
@@ -137,9 +137,9 @@ def run(
                     records = [c for c in _commits(cluster.location) if c["version"] > repository_before]
 
             # A broken run must not report a number.
-            plain_commits = _commits(storage.queue_location(producer.root, f"PLAIN_{name}"))
+            plain_commits = _commits(store.queue_location(producer.root, f"PLAIN_{name}"))
             replica_commits = {
-                replica: _commits(storage.queue_location(qms[replica].root, f"ORDERS_{name}")) for replica in REPLICAS
+                replica: _commits(store.queue_location(qms[replica].root, f"ORDERS_{name}")) for replica in REPLICAS
             }
             spread = {replica: qms[replica].depth(f"ORDERS_{name}") for replica in REPLICAS}
             query_id = json.loads((root / f"ckpt-cluster-{name}" / "metadata").read_text())["id"]

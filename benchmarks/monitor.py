@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from mqspark import QueueManager, storage
-from mqspark.monitor import Monitor
+from mqspark import QueueManager, store
+from mqspark.services.monitor import Monitor
 
 from .maintenance import GROUP, _consume_all_but
 from .stream_get import _Contention, _p
@@ -75,7 +75,7 @@ def run(messages: int = 1_000_000, puts: int = 20, waiting: int = 10_000, points
         # Watching only (watch_count above the backlog): the judgement itself costs nothing measurable.
         monitor = Monitor(qm, "Q", GROUP, watch_interval=1.0, watch_count=waiting + 1, expected_count=1)
         before = _points(monitor, points)
-        native, rows = _native_count(storage.queue_location(qm.root, "Q"), points)
+        native, rows = _native_count(store.queue_location(qm.root, "Q"), points)
         check_run("monitor", {"backlog": (monitor.window[-1].backlog, waiting), "rows": (rows, messages)})
         for _ in range(history):
             (msg_id,) = qm.put("Q", [{"payload": b"x"}])

@@ -14,7 +14,8 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from mqspark import QueueManager
-from mqspark.messages import MESSAGE_SCHEMA, prepare_put
+from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.model.put import prepare_put
 from tests.azurite import ACCOUNT, Azurite
 
 from .stream_get import _p

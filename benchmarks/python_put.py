@@ -11,7 +11,8 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from mqspark import QueueManager
-from mqspark.messages import MESSAGE_SCHEMA, prepare_put
+from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.model.put import prepare_put
 
 
 def run(messages: int = 200_000, put_size: int = 10_000, payload_bytes: int = 1024) -> dict:

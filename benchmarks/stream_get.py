@@ -69,8 +69,8 @@ from pathlib import Path
 import numpy as np
 
 import mqspark
-from mqspark import QueueManager, storage
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark import QueueManager, store
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 from .arrow_source import ArrowFilesSource
 from .stream_put import _write_input, check_run, random_payloads
@@ -224,8 +224,8 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
         fill_s = time.perf_counter() - fill_start
         for path in sorted((root / "warmup-input").glob("*.parquet")):
             spark.read.parquet(str(path)).write.format("mq").option("queue", "WARMUP").mode("append").save(qm.root)
-        location = storage.queue_location(qm.root, "Q")
-        table = storage.open_table(location, None)
+        location = store.queue_location(qm.root, "Q")
+        table = store.open_table(location, None)
         files = len(table.file_uris())
         if qm.depth("Q") != messages or table.version() != puts:
             raise RuntimeError(f"fill is broken: depth {qm.depth('Q')}, table version {table.version()}")
@@ -235,14 +235,14 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
 
         def ceiling(location: str):
             files = json.dumps(
-                [f"{location}/{path}" for path in storage.live_paths(storage.open_table(location, None))]
+                [f"{location}/{path}" for path in store.live_paths(store.open_table(location, None))]
             )
             return spark.readStream.format("arrowfiles").option("files", files).option("columns", columns).load()
 
         # The fill leaves gigabytes to write back: flushed here, so no reader's run pays for it.
         os.sync()
         # Warm-up: JVM code paths, Python workers and the planners of every source, on a small queue.
-        warmup = storage.queue_location(qm.root, "WARMUP")
+        warmup = store.queue_location(qm.root, "WARMUP")
         _drain_stream(spark, _mq(spark, qm.root, "WARMUP", "warmup"), root / "ckpt-warmup-mq")
         _drain_stream(spark, spark.readStream.format("delta").load(warmup), root / "ckpt-warmup-delta")
         _drain_stream(spark, ceiling(warmup), root / "ckpt-warmup-ceiling")
@@ -277,11 +277,11 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
                 # Both groups consumed every message: none waits, and none was removed (no maintenance ran).
                 "queue depth afterwards": (qm.depth("Q"), 0),
                 "messages still in the queue table": (
-                    storage.live_counts(storage.open_table(location, None))[1],
+                    store.live_counts(store.open_table(location, None))[1],
                     messages,
                 ),
                 "mq to delta rows written": (
-                    storage.live_counts(storage.open_table(str(root / "out-mq"), None))[1],
+                    store.live_counts(store.open_table(str(root / "out-mq"), None))[1],
                     messages,
                 ),
             }
@@ -629,8 +629,8 @@ def _read_profile(messages: int, puts: int, payload_bytes: int) -> dict:
             for part in parts:
                 yield from reader.read(part)
 
-        location = storage.queue_location(qm.root, "Q")
-        paths = [f"{location}/{path}" for path in storage.live_paths(storage.open_table(location, None))]
+        location = store.queue_location(qm.root, "Q")
+        paths = [f"{location}/{path}" for path in store.live_paths(store.open_table(location, None))]
 
         def ceiling_batches():
             for path in paths:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import mqspark
-from mqspark import QueueManager, storage
+from mqspark import QueueManager, store
 
 INPUT_SCHEMA = "payload binary"
 
@@ -192,7 +192,7 @@ def run(
         # A broken run must not report a number.
         depth = qm.depth("Q")
         delta_count = spark.read.format("delta").load(delta_location).count()
-        mq_commits = _commits(storage.queue_location(qm.root, "Q"))
+        mq_commits = _commits(store.queue_location(qm.root, "Q"))
         delta_commits = _commits(delta_location)
         batches = messages // batch_rows
         checks = {

@@ -1,9 +1,9 @@
 """mqspark: transactional message queues on Delta tables for Apache Spark."""
 
-from .cluster.repository import Cluster
-from .definitions import QueueDefinition, QueueManagerDefinition
-from .errors import MQError, MQValidationError, Reason
-from .qmgr import QueueManager
+from mqspark.cluster.repository import Cluster
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition
+from mqspark.qmgr import QueueManager
 
 __all__ = [
     "Cluster",
@@ -30,23 +30,23 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # Spark is imported only by those who use it: the CLI and plain puts start in well under a second.
     if name in ("session", "register"):
-        from .spark import session as spark
+        from mqspark.spark import session as spark
 
         return getattr(spark, name)
     if name in ("connect", "Connection"):
-        from . import connection
+        from mqspark import reconnect
 
-        return getattr(connection, name)
+        return getattr(reconnect, name)
     if name == "backout":
-        from .services.backout import backout
+        from mqspark.engine.backout import backout
 
         return backout
     if name in ("forward", "request", "ServiceError"):
-        from .services import forward
+        from mqspark.services import forward
 
         return getattr(forward, name)
     if name == "route":
-        from .spark.workload import route
+        from mqspark.spark.routing import route
 
         return route
     raise AttributeError(name)

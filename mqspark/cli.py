@@ -16,16 +16,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import jobs
-from .cluster.repository import ROUTE_STATES, Cluster
-from .definitions import ATTRIBUTE_NAMES, RECONNECT_MODES, QueueDefinition
-from .errors import MQError, Reason
-from .messages import DEAD_LETTER_FIELDS
-from .monitor import Monitor, Verdict, group_health
-from .ordering import ORDERS, DeliveryOptions
-from .qmgr import QueueManager
-from .services.instances import instances, switchover
-from .services.maintenance import DEFAULT_RETENTION
+from mqspark import jobs
+from mqspark.cluster.repository import ROUTE_STATES, Cluster
+from mqspark.engine.maintenance import DEFAULT_RETENTION
+from mqspark.engine.ordering import ORDERS, DeliveryOptions
+from mqspark.errors import MQError, Reason
+from mqspark.model.definitions import ATTRIBUTE_NAMES, RECONNECT_MODES, QueueDefinition
+from mqspark.model.messages import DEAD_LETTER_FIELDS
+from mqspark.qmgr import QueueManager
+from mqspark.services.instances import instances, switchover
+from mqspark.services.monitor import Monitor, Verdict, group_health
 
 DEFAULT_ROOT = "./mq-data"
 # Job files under mqspark/jobs, for spark-submit.
@@ -458,7 +458,7 @@ def run(args: argparse.Namespace) -> Any:
     if args.command == "apply":
         return _apply(args.root, args.file)
     if args.command == "jars":
-        from .spark.session import delta_jars
+        from mqspark.spark.session import delta_jars
 
         return ",".join(delta_jars())
     if args.command == "job":

@@ -15,9 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from . import storage
-from .cli import render
-from .qmgr import QueueManager
+from mqspark import store
+from mqspark.cli import render
+from mqspark.qmgr import QueueManager
 
 DEMO_QMGR = "DEMO.QM"
 CONSUMER = "fulfilment"
@@ -81,12 +81,12 @@ class _SparkLog:
 
 
 def run(root: str) -> None:
-    location = storage.normalize_root(root)
-    if storage.table_exists(storage.catalog_location(location), None):
+    location = store.normalize_root(root)
+    if store.table_exists(store.catalog_location(location), None):
         existing = QueueManager.open(location)
         if existing.name != DEMO_QMGR:
             sys.exit(f"{location} holds queue manager {existing.name}; the demo only replaces its own ({DEMO_QMGR})")
-        storage.remove_tree(location)
+        store.remove_tree(location)
 
     qm = QueueManager.create(location, DEMO_QMGR)
     qm.define_queue("ORDERS", default_priority=4, max_depth=10_000, description="incoming orders")
@@ -94,7 +94,7 @@ def run(root: str) -> None:
     work = Path(location) / "demo"
     _write_input(work / "input")
 
-    from .spark.session import delta_jars, session
+    from mqspark.spark.session import delta_jars, session
 
     delta_jars()
     spark_log = _SparkLog(work / "spark.log")

@@ -18,25 +18,20 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from . import storage
-from .catalog import Catalog, CatalogState
-from .cluster.repository import AdvertisedQueue, Cluster
-from .consumers import DEFAULT_LEASE_TIMEOUT, ConsumerState
-from .definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
-from .depth import live_messages, waiting
-from .errors import MQError, MQValidationError, Reason
-from .messages import (
-    GROUP_COLUMNS,
-    MESSAGE_SCHEMA,
-    QUEUE_TABLE_SCHEMA,
-    check_group_items,
-    group_items,
-    prepare_put,
-    rows_to_table,
-)
-from .ordering import DeliveryOptions, deliver
-from .services.backout import redrive
-from .services.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
+from mqspark import store
+from mqspark.cluster.repository import AdvertisedQueue, Cluster
+from mqspark.engine.backout import redrive
+from mqspark.engine.catalog import Catalog, CatalogState
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.depth import live_messages, waiting
+from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
+from mqspark.engine.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
+from mqspark.engine.ordering import DeliveryOptions, deliver
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
+from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
+from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
+from mqspark.model.put import prepare_put, rows_to_table
 
 MESSAGE_TABLE_CONFIGURATION = {
     "delta.enableChangeDataFeed": "true",
@@ -117,7 +112,7 @@ class QueueManager:
         return self._definition
 
     @property
-    def storage_options(self) -> storage.StorageOptions:
+    def storage_options(self) -> store.StorageOptions:
         return self._catalog.storage_options
 
     @classmethod
@@ -126,20 +121,20 @@ class QueueManager:
     ) -> QueueManager:
         """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue."""
         validate_name(name, "queue manager")
-        location = storage.normalize_root(root)
+        location = store.normalize_root(root)
         catalog = Catalog(location, storage_options)
         if _catalog_exists(catalog):
             existing = catalog.read().qmgr.name
             raise MQValidationError(f"queue manager {existing} already exists at {location}")
         dead_letter = QueueDefinition.build(DEAD_LETTER_QUEUE, description="dead-letter queue")
-        _create_message_table(storage.queue_location(location, DEAD_LETTER_QUEUE), storage_options)
+        _create_message_table(store.queue_location(location, DEAD_LETTER_QUEUE), storage_options)
         catalog.create(QueueManagerDefinition(name=name), [dead_letter])
         return cls(location, catalog, catalog.read().qmgr)
 
     @classmethod
     def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> QueueManager:
         """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
-        location = storage.normalize_root(root)
+        location = store.normalize_root(root)
         catalog = Catalog(location, storage_options)
         if not _catalog_exists(catalog):
             raise MQError(f"no queue manager at {location}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
@@ -217,12 +212,12 @@ class QueueManager:
         try:
             self._catalog.change(apply)
         except MQError:
-            storage.close_table(self._message_table(name), closed=False)
+            store.close_table(self._message_table(name), closed=False)
             raise
         self._tables.pop(name, None)
-        storage.remove_tree(self._location(name))
-        storage.remove_tree(storage.state_location(self.root, name))
-        storage.remove_tree(storage.maintenance_location(self.root, name))
+        store.remove_tree(self._location(name))
+        store.remove_tree(store.state_location(self.root, name))
+        store.remove_tree(store.maintenance_location(self.root, name))
 
     def _close(self, name: str, purge: bool) -> None:
         """Check the depth and close the message table in one step, so no put can land in between."""
@@ -234,7 +229,7 @@ class QueueManager:
                     f"queue {name} holds {depth} messages; delete with purge to discard them", Reason.MQRC_Q_NOT_EMPTY
                 )
             try:
-                storage.close_table(table)
+                store.close_table(table)
                 return
             except CommitFailedError:
                 time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
@@ -291,7 +286,7 @@ class QueueManager:
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
         definition = self.resolve_for_put(queue)
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
-        file = storage.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
+        file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
         if file is not None:
             if before_commit is not None:
                 before_commit(msg_ids)
@@ -313,7 +308,7 @@ class QueueManager:
     def commit_put(
         self,
         queue: str,
-        files: list[storage.DataFile],
+        files: list[store.DataFile],
         groups: pa.Table,
         targets: Sequence[str] = (),
         *,
@@ -350,9 +345,9 @@ class QueueManager:
                     Reason.MQRC_BACKED_OUT,
                 )
             table = self._message_table(local)
-            if storage.is_closed(table):
+            if store.is_closed(table):
                 raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
-            if storage.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
+            if store.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
                 # A queue table of an earlier mqspark: migrated before its first put of this one.
                 table = self._message_table(local)
             committed = table.transaction_version(producer) if producer is not None else None
@@ -360,7 +355,7 @@ class QueueManager:
                 return None
             # CURDEPTH is at most the live messages: count those from statistics, and only when they
             # would not fit find which still wait.
-            live_files[0], depth = storage.live_counts(table)
+            live_files[0], depth = store.live_counts(table)
             if depth + rows > resolved.max_depth:
                 depth = self._curdepth(local, table)
             if depth + rows > resolved.max_depth:
@@ -373,12 +368,12 @@ class QueueManager:
             info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
             if producer is not None:
                 info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
-            return lambda: storage.commit_files(
+            return lambda: store.commit_files(
                 table, files, QUEUE_TABLE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
             )
 
         live_files = [0]
-        version = storage.commit_until_landed(
+        version = store.commit_until_landed(
             location,
             files,
             prepare,
@@ -509,7 +504,7 @@ class QueueManager:
         group ``consumer`` as they are returned, waiting up to ``wait`` seconds for the first. Matches
         msg_id, correl_id and group_id. Empty when nothing matched in time. Columns as :meth:`browse`.
         See :mod:`mqspark.get` for how it shares a group with a streaming query."""
-        from .get import get
+        from mqspark.engine.get import get
 
         return get(self, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
 
@@ -526,7 +521,7 @@ class QueueManager:
         """MQGET under syncpoint, as a context manager: ``with qm.syncpoint_get(Q) as messages:``. The
         messages are consumed when the block succeeds, and backed out (one failed delivery each) when
         it raises."""
-        from .get import syncpoint_get
+        from mqspark.engine.get import syncpoint_get
 
         return syncpoint_get(self, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
 
@@ -571,7 +566,7 @@ class QueueManager:
         definition = self._resolve(queue)
         messages = self._with_snapshot(
             definition.name,
-            lambda table: storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA, version),
+            lambda table: store.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA, version),
             retry=version is None,
         )
         delivery = deliver(messages, definition.delivery_sequence, options, now or datetime.now(UTC))
@@ -589,7 +584,7 @@ class QueueManager:
     # Helpers
 
     def _location(self, queue: str) -> str:
-        return storage.queue_location(self.root, queue)
+        return store.queue_location(self.root, queue)
 
     def _message_table(self, queue: str) -> DeltaTable:
         """The message table of ``queue`` at its latest version. Not for concurrent use by threads."""
@@ -600,7 +595,7 @@ class QueueManager:
                 return table
             except Exception:  # noqa: BLE001 - deleted, or deleted and defined again: open it afresh
                 del self._tables[queue]
-        table = storage.open_table(self._location(queue), self.storage_options)
+        table = store.open_table(self._location(queue), self.storage_options)
         if table is not None:
             self._tables[queue] = table
         if table is None:
@@ -626,7 +621,7 @@ class QueueManager:
         for _ in range(_READ_ATTEMPTS - 1):
             try:
                 return read(self._message_table(queue))
-            except storage.LogEntryGone:
+            except store.LogEntryGone:
                 if not retry:
                     raise
         return read(self._message_table(queue))
@@ -664,16 +659,16 @@ class QueueManager:
 def _catalog_exists(catalog: Catalog) -> bool:
     """Whether the root holds a queue manager; a store that refuses or does not answer is an error."""
     try:
-        return storage.table_exists(catalog.location, catalog.storage_options)
+        return store.table_exists(catalog.location, catalog.storage_options)
     except OSError as error:
-        raise storage.store_error(catalog.root, error) from None
+        raise store.store_error(catalog.root, error) from None
 
 
-def _create_message_table(location: str, storage_options: storage.StorageOptions) -> None:
-    existing = storage.open_table(location, storage_options)
+def _create_message_table(location: str, storage_options: store.StorageOptions) -> None:
+    existing = store.open_table(location, storage_options)
     if existing is None:
-        storage.create_table(location, QUEUE_TABLE_SCHEMA, storage_options, MESSAGE_TABLE_CONFIGURATION)
-    elif storage.live_counts(existing)[1]:
+        store.create_table(location, QUEUE_TABLE_SCHEMA, storage_options, MESSAGE_TABLE_CONFIGURATION)
+    elif store.live_counts(existing)[1]:
         # A table left behind by a delete that stopped half-way: never adopt its messages silently.
         raise MQError(f"a message table with data already exists at {location}; remove it first")
 

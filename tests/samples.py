@@ -24,8 +24,11 @@ def spec_example(qm) -> None:
 def dead_letters(qm, queue: str, rows: list[dict], original: str = "Q") -> None:
     """Put messages on ``queue`` as earlier moves from queue ``original`` would have left them there:
     each row gives ``payload``, the message ``fields`` and the dead-letter ``reason``."""
-    from mqspark import storage
-    from mqspark.messages import QUEUE_TABLE_SCHEMA, dead_letter, group_items, prepare_put, rows_to_table
+    from mqspark import store
+    from mqspark.model.dead_letter import dead_letter
+    from mqspark.model.groups import group_items
+    from mqspark.model.messages import QUEUE_TABLE_SCHEMA
+    from mqspark.model.put import prepare_put, rows_to_table
 
     definition = qm.inquire_queue(queue)
     prepared = prepare_put(definition, rows_to_table(queue, [{"payload": r["payload"], **r["fields"]} for r in rows]))
@@ -37,5 +40,5 @@ def dead_letters(qm, queue: str, rows: list[dict], original: str = "Q") -> None:
         qm.name,
         datetime.now(UTC),
     )
-    file = storage.write_data_file(storage.queue_location(qm.root, queue), messages.to_batches(), QUEUE_TABLE_SCHEMA)
+    file = store.write_data_file(store.queue_location(qm.root, queue), messages.to_batches(), QUEUE_TABLE_SCHEMA)
     qm.commit_put(queue, [file], group_items(messages))

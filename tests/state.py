@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from mqspark import MQError, QueueDefinition, QueueManager, Reason, storage
+from mqspark import MQError, QueueDefinition, QueueManager, Reason, store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,10 +29,10 @@ def snapshot(qm: QueueManager) -> State:
     queues = qm.queues()
     return State(
         queues=queues,
-        catalog_version=DeltaTable(storage.catalog_location(qm.root)).version(),
-        queue_dirs=sorted(os.listdir(Path(qm.root) / storage.QUEUES_DIR)),
+        catalog_version=DeltaTable(store.catalog_location(qm.root)).version(),
+        queue_dirs=sorted(os.listdir(Path(qm.root) / store.QUEUES_DIR)),
         messages={
-            q.name: (DeltaTable(storage.queue_location(qm.root, q.name)).version(), qm.browse(q.name).to_pylist())
+            q.name: (DeltaTable(store.queue_location(qm.root, q.name)).version(), qm.browse(q.name).to_pylist())
             for q in queues
             if q.type == "local"
         },

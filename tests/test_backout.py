@@ -15,8 +15,8 @@ import pytest
 
 import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason
-from mqspark.consumers import ConsumerState
-from mqspark.services.backout import BackoutPolicy, failures
+from mqspark.engine.backout import BackoutPolicy, failures
+from mqspark.engine.consumer_groups import ConsumerState
 
 from .samples import dead_letters
 

@@ -17,8 +17,8 @@ import time
 import pytest
 
 import mqspark
-from mqspark import storage
-from mqspark.consumers import ConsumerState
+from mqspark import store
+from mqspark.engine.consumer_groups import ConsumerState
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_sigkill_between_the_backout_put_and_its_consumption_moves_each_message_
     qm.define_queue("BOQ")
     qm.define_queue("Q", backout_threshold=1, backout_queue="BOQ")
     state = ConsumerState(qm.root, "Q")
-    boq = storage.queue_location(qm.root, "BOQ")
+    boq = store.queue_location(qm.root, "BOQ")
     offset = _plan(qm.root, None)
     in_window, attempts = 0, 0
     while in_window < 5 and attempts < 40:

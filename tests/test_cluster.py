@@ -22,11 +22,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, storage
-from mqspark.catalog import CATALOG_SCHEMA, Catalog, rewrite_until_landed
+from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, store
 from mqspark.cli import main
 from mqspark.cluster.repository import REPOSITORY_SCHEMA, AdvertisedQueue, Binding, Cluster, ClusterSnapshot, Member
-from mqspark.consumers import ConsumerState
+from mqspark.engine.catalog import CATALOG_SCHEMA, Catalog, rewrite_until_landed
+from mqspark.engine.consumer_groups import ConsumerState
 
 from .state import refused, unchanged
 
@@ -138,7 +138,7 @@ def test_join_records_the_member_and_the_cluster_in_the_catalog(cluster: Cluster
     state = Catalog(qm1.root).read()
     assert (state.qmgr.cluster, state.clusters) == (("C1",), {"C1": cluster.root})
     [row] = [
-        r for r in DeltaTable(storage.catalog_location(qm1.root)).to_pyarrow_table().to_pylist() if r["name"] == "C1"
+        r for r in DeltaTable(store.catalog_location(qm1.root)).to_pyarrow_table().to_pylist() if r["name"] == "C1"
     ]
     assert (row["object_type"], row["repository"]) == ("cluster", cluster.root)
 
@@ -911,11 +911,11 @@ def test_checkpoints_keep_every_snapshot_readable(cluster: Cluster, qm1: QueueMa
 
 def old_catalog(qm: QueueManager) -> None:
     """Rewrite the catalog as a version without the ``repository`` column wrote it."""
-    location = storage.catalog_location(qm.root)
+    location = store.catalog_location(qm.root)
     schema = pa.schema([f for f in CATALOG_SCHEMA if f.name != "repository"])
     rows = DeltaTable(location).to_pyarrow_table().select(schema.names).cast(schema)
     shutil.rmtree(location)
-    storage.create_table(location, schema, None)
+    store.create_table(location, schema, None)
     write_deltalake(location, rows, mode="append")
     assert "repository" not in DeltaTable(location).schema().to_arrow().names
 
@@ -937,7 +937,7 @@ def test_a_catalog_written_before_clusters_opens_and_joins(cluster: Cluster, qm1
     assert QueueManager.open(qm1.root).inquire_queue("ORDERS") == QueueDefinition(
         "ORDERS", default_priority=2, description="kept"
     )
-    assert "repository" in DeltaTable(storage.catalog_location(qm1.root)).schema().to_arrow().names
+    assert "repository" in DeltaTable(store.catalog_location(qm1.root)).schema().to_arrow().names
 
 
 def test_inquire_of_a_cluster_queue_defined_elsewhere_shows_advertised_attributes(

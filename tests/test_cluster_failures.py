@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from mqspark import QueueManager, storage
+from mqspark import QueueManager, store
 from mqspark.cluster.repository import Cluster
 
 from .processes import finish_driver, kill_run, last_spark_commit, start_driver
@@ -136,7 +136,7 @@ def test_routed_producer_killed_with_sigkill_puts_each_message_once(bind, tmp_pa
     for name in REPLICAS:
         qms[name].define_queue("ORDERS")
         cluster.advertise(qms[name], "ORDERS")
-    locations = {name: storage.queue_location(qms[name].root, "ORDERS") for name in REPLICAS}
+    locations = {name: store.queue_location(qms[name].root, "ORDERS") for name in REPLICAS}
 
     rng = random.Random(20261122)
     expected, sizes = _write_input(tmp_path / "input", files, rows, rng)

@@ -15,7 +15,7 @@ from pyspark.errors import AnalysisException
 
 from mqspark import QueueManager
 from mqspark.cluster.repository import Cluster
-from mqspark.spark.workload import route
+from mqspark.spark.routing import route
 
 from .test_sink import _stream, _write_json_batch
 

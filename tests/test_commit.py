@@ -9,33 +9,35 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from mqspark import MQError, MQValidationError, qmgr, storage
-from mqspark.messages import GROUP_COLUMNS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, prepare_put
+from mqspark import MQError, MQValidationError, qmgr, store
+from mqspark.model.groups import GROUP_COLUMNS
+from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
+from mqspark.model.put import prepare_put
 
 
 def _parquet_files(qm, queue: str) -> list[str]:
-    return sorted(f for f in os.listdir(storage.queue_location(qm.root, queue)) if f.endswith(".parquet"))
+    return sorted(f for f in os.listdir(store.queue_location(qm.root, queue)) if f.endswith(".parquet"))
 
 
 def _rival_put(qm, queue: str) -> None:
     """Another producer's put, committed straight through delta-rs so it does not re-enter the hook."""
     rows = prepare_put(qm.inquire_queue(queue), pa.table({"payload": ["rival"]})).messages
     rows = rows.append_column(QUEUE_TABLE_SCHEMA.field("commit_version"), pa.nulls(rows.num_rows, pa.int64()))
-    write_deltalake(storage.queue_location(qm.root, queue), rows, mode="append")
+    write_deltalake(store.queue_location(qm.root, queue), rows, mode="append")
 
 
 @pytest.fixture
 def before_commit(monkeypatch) -> list:
     """Actions run just before each real commit attempt, so the attempt meets a real concurrent change."""
     actions: list = []
-    real = storage.commit_files
+    real = store.commit_files
 
     def commit_files(*args, **kwargs):
         for action in list(actions):
             action()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(storage, "commit_files", commit_files)
+    monkeypatch.setattr(store, "commit_files", commit_files)
     return actions
 
 
@@ -78,20 +80,20 @@ def test_commit_put_argument_errors(qm):
     assert qm.commit_put("Q", [], groups) is None
     with pytest.raises(MQValidationError, match=re.escape("queue Q: a commit with producer 'p' needs a batch_id")):
         qm.commit_put("Q", [], groups, producer="p")
-    assert storage.open_table(storage.queue_location(qm.root, "Q"), None).version() == 0
+    assert store.open_table(store.queue_location(qm.root, "Q"), None).version() == 0
 
 
 def test_put_landing_during_a_delete_keeps_the_queue(qm, monkeypatch):
     qm.define_queue("Q")
-    real = storage.close_table
+    real = store.close_table
 
     def close_table(table, closed=True):
         # Another producer commits after the delete checked the depth, before it closes the table.
         _rival_put(qm, "Q")
-        monkeypatch.setattr(storage, "close_table", real)
+        monkeypatch.setattr(store, "close_table", real)
         return real(table, closed)
 
-    monkeypatch.setattr(storage, "close_table", close_table)
+    monkeypatch.setattr(store, "close_table", close_table)
     with pytest.raises(
         MQError, match=re.escape("MQRC_Q_NOT_EMPTY (2055): queue Q holds 1 messages; delete with purge to discard them")
     ):
@@ -104,7 +106,7 @@ def test_put_landing_during_a_delete_keeps_the_queue(qm, monkeypatch):
 
 def test_put_to_a_queue_being_deleted_is_refused(qm):
     qm.define_queue("Q")
-    storage.close_table(storage.open_table(storage.queue_location(qm.root, "Q"), None))
+    store.close_table(store.open_table(store.queue_location(qm.root, "Q"), None))
     with pytest.raises(MQError, match=re.escape("MQRC_Q_DELETED (2052): queue Q is being deleted")):
         qm.put("Q", [{"payload": "late"}])
     assert _parquet_files(qm, "Q") == []

@@ -12,8 +12,8 @@ import pytest
 from deltalake import DeltaTable
 
 import mqspark
-from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
-from mqspark.connection import Connection
+from mqspark import MQError, MQValidationError, QueueManager, Reason, store
+from mqspark.reconnect import Connection
 
 from .outages import break_root_for, outage
 
@@ -105,7 +105,7 @@ def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmi
         with pytest.raises(MQError) as caught:
             connection.put("Q", [{"payload": b"x"}])
         timer.join()
-        storage.remove_tree(q.root)
+        store.remove_tree(q.root)
         open(q.root, "w").close()
     assert created[0].qmid != q.qmid
     assert caught.value.reason is Reason.MQRC_RECONNECT_QMID_MISMATCH
@@ -144,7 +144,7 @@ def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=la
     """The root goes away at the first commit to a ``table`` (``queues`` or ``state``) table that
     ``wanted`` picks: just before it (so it does not land), or just after it (it landed, but the
     client's next read fails)."""
-    real = storage.commit_files
+    real = store.commit_files
     broke: list[str] = []
 
     def commit(delta_table, files, *args, **kwargs):
@@ -159,7 +159,7 @@ def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=la
         # What the client does next after a commit fails: the answer never reaches it.
         return DeltaTable(delta_table.table_uri).version()
 
-    monkeypatch.setattr(storage, "commit_files", commit)
+    monkeypatch.setattr(store, "commit_files", commit)
     return broke
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from mqspark import storage
-from mqspark.consumers import ConsumerState
+from mqspark import store
+from mqspark.engine.consumer_groups import ConsumerState
 
 from .processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process, wait_printed
 
@@ -94,8 +94,8 @@ def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm
     kills = 5
     rng = random.Random(20261124)
     expected = _requests(qm, 150)
-    replies = storage.queue_location(qm.root, "REPLIES")
-    state = storage.state_location(qm.root, "REQUESTS")
+    replies = store.queue_location(qm.root, "REPLIES")
+    state = store.state_location(qm.root, "REQUESTS")
     token = uuid.uuid4().hex
     command = _submit(
         qm.root, "--service", "tests.services:upper", "--max-messages-per-trigger", "7", "--idle-interval", "0.1"
@@ -138,8 +138,8 @@ def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tm
     it done: the next run gives the batch up and delivers its requests again in new batches, whose
     transactions are new. The reply records keep them from being answered twice."""
     expected = _requests(qm, 10)
-    replies = storage.queue_location(qm.root, "REPLIES")
-    checkpoint = Path(storage.forward_location(qm.root, "REQUESTS", "forward"))
+    replies = store.queue_location(qm.root, "REPLIES")
+    checkpoint = Path(store.forward_location(qm.root, "REQUESTS", "forward"))
     rows = ConsumerState(qm.root, "REQUESTS")
     token = uuid.uuid4().hex
     command = _submit(qm.root, "--service", "tests.services:upper", "--idle-interval", "0.1")
@@ -174,7 +174,7 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
     (its whole process tree) three times, and each time the standby takes over. Enough requests
     that the queue is not drained before the last kill, however fast the instances start."""
     expected = _requests(qm, 400)
-    replies = storage.queue_location(qm.root, "REPLIES")
+    replies = store.queue_location(qm.root, "REPLIES")
     command = _submit(
         qm.root,
         *("--service", "tests.services:upper", "--max-messages-per-trigger", "5", "--idle-interval", "0.1"),

@@ -22,8 +22,8 @@ import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 
-from mqspark import storage
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark import store
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 from . import reference_model
 from .processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
@@ -165,8 +165,8 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
     rng = random.Random(20261122)
     qm.define_queue("Q", delivery_sequence="priority")
     puts = _fill(qm, rng, groups=24, plain=110)
-    location = storage.queue_location(qm.root, "Q")
-    committed = storage.read_committed(DeltaTable(location), MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
+    location = store.queue_location(qm.root, "Q")
+    committed = store.read_committed(DeltaTable(location), MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
     rows = committed.to_pylist()
     expected = reference_model.delivered(rows, "priority", datetime.now(UTC))
     assert len(expected) == len(rows), "every message of the filled queue is deliverable"
@@ -181,7 +181,7 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
     script = tmp_path / "consumer.py"
     script.write_text(CONSUMER_SCRIPT)
     output, checkpoint = tmp_path / "output", tmp_path / "checkpoint"
-    state_location = Path(storage.state_location(qm.root, "Q"))
+    state_location = Path(store.state_location(qm.root, "Q"))
     token = uuid.uuid4().hex
     started = time.monotonic()
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from mqspark import MQError, Reason
-from mqspark.consumers import ConsumerState
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.services.instances import Instance, instances
 
 from .test_cli import mqspark

@@ -24,8 +24,8 @@ import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 
-from mqspark import storage
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark import store
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 from . import reference_model
 from .processes import kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
@@ -172,8 +172,8 @@ def _filled(qm, seed: int, groups: int, plain: int) -> list[dict]:
     """Define and fill queue Q (groups in flight across puts); the messages in their logical order."""
     qm.define_queue("Q", delivery_sequence="priority")
     _fill(qm, random.Random(seed), groups=groups, plain=plain)
-    location = storage.queue_location(qm.root, "Q")
-    rows = storage.read_committed(DeltaTable(location), MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
+    location = store.queue_location(qm.root, "Q")
+    rows = store.read_committed(DeltaTable(location), MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
     expected = reference_model.delivered(rows, "priority", datetime.now(UTC))
     assert len(expected) == len(rows)
     return expected

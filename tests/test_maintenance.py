@@ -19,12 +19,13 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
+from mqspark import MQError, MQValidationError, QueueManager, Reason, store
 from mqspark.cli import main
-from mqspark.consumers import MAINTENANCE, ConsumerState
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.leases import MAINTENANCE
+from mqspark.engine.maintenance import EXPIRY_GRACE, maintain
+from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.qmgr import MAINTAIN_AT_FILES
-from mqspark.services.maintenance import EXPIRY_GRACE, maintain
 from mqspark.spark.stream import QueueStreamReader
 
 from .planner import read_batch
@@ -52,16 +53,16 @@ def _browse(qm: QueueManager, order: str = "logical") -> list[str]:
 
 
 def _version(qm: QueueManager, queue: str = "Q") -> int:
-    return DeltaTable(storage.queue_location(qm.root, queue)).version()
+    return DeltaTable(store.queue_location(qm.root, queue)).version()
 
 
 def _data_files(qm: QueueManager) -> list[str]:
     """Every Parquet file in the queue's folder, live or not."""
-    return sorted(name for name in os.listdir(storage.queue_location(qm.root, "Q")) if name.endswith(".parquet"))
+    return sorted(name for name in os.listdir(store.queue_location(qm.root, "Q")) if name.endswith(".parquet"))
 
 
 def _log(qm: QueueManager) -> list[str]:
-    return sorted(os.listdir(Path(storage.queue_location(qm.root, "Q")) / "_delta_log"))
+    return sorted(os.listdir(Path(store.queue_location(qm.root, "Q")) / "_delta_log"))
 
 
 def _summary(summary) -> tuple:
@@ -115,12 +116,12 @@ def test_a_batch_planned_before_maintenance_moved_its_messages_reads_them_where_
     first = reader.latestOffset(start, ReadMaxRows(1))
     assert read_batch(reader, start, first) == [(0, "m0")]
     end = reader.latestOffset(first, ReadMaxRows(2))
-    before = storage.live_paths(storage.open_table(storage.queue_location(qm.root, "Q"), None))
+    before = store.live_paths(store.open_table(store.queue_location(qm.root, "Q"), None))
     maintain(qm, "Q", timedelta(0))
     time.sleep(0.01)
     maintain(qm, "Q", timedelta(0))  # deletes the files the first run removed
-    location = storage.queue_location(qm.root, "Q")
-    after = storage.live_paths(storage.open_table(location, None))
+    location = store.queue_location(qm.root, "Q")
+    after = store.live_paths(store.open_table(location, None))
     assert len(before) == 4 and len(after) == 1 and after[0] not in before
     assert not any(Path(location, path).exists() for path in before)
     assert read_batch(reader, first, end) == [(1, "m1"), (2, "m2")]
@@ -146,9 +147,9 @@ def test_depth_follows_the_slower_of_two_groups(qm, new_reader):
 def test_a_declared_group_keeps_its_messages_until_it_reads_them(qm, new_reader):
     qm.define_queue("Q")
     qm.declare_consumer("Q", "B")
-    state_version = DeltaTable(storage.state_location(qm.root, "Q")).version()
+    state_version = DeltaTable(store.state_location(qm.root, "Q")).version()
     qm.declare_consumer("Q", "B")  # declaring again changes nothing
-    assert DeltaTable(storage.state_location(qm.root, "Q")).version() == state_version
+    assert DeltaTable(store.state_location(qm.root, "Q")).version() == state_version
     assert qm.consumers("Q") == ["B"]
     _put_each(qm, ["m0", "m1", "m2", "m3"])
     rows, _ = _drain(new_reader(consumer="A"))
@@ -190,7 +191,7 @@ def test_deleting_a_group_releases_its_messages(qm, new_reader):
     assert qm.depth("Q") == 0
     assert _summary(qm.maintain("Q", retention=ZERO)) == (3, 0, 0, 3, 0)
     assert _browse(qm) == []
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 0
 
 
 def test_deleting_an_unknown_group_is_refused(qm):
@@ -332,7 +333,7 @@ def test_maintenance_removes_what_every_group_consumed_and_keeps_the_order(qm, n
     assert _browse(qm) == logical[3:]
     assert _browse(qm, "physical") == [p for p in physical if p not in logical[:3]]
     assert (qm.depth("Q"), qm.depth("Q", consumer="fast"), qm.depth("Q", consumer="slow")) == (7, 4, 7)
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 7
+    assert DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 7
     # Both groups go on where they were, through the moved files.
     assert read_batch(fast, fast_end, fast_next) == [(6, "p0-b")]
     assert read_batch(slow, slow_end, slow_next) == [(3, "top")]
@@ -357,7 +358,7 @@ def test_many_small_puts_are_compacted_into_one_file_in_the_same_order(qm):
     assert _summary(summary) == (0, 0, 30, 30, 1)
     # One commit sets the retention properties, one rewrites the files.
     assert summary.version == version + 2 == _version(qm)
-    assert len(DeltaTable(storage.queue_location(qm.root, "Q")).file_uris()) == 1
+    assert len(DeltaTable(store.queue_location(qm.root, "Q")).file_uris()) == 1
     assert _browse(qm) == _browse(qm, "physical") == payloads
     # Put after maintenance: behind the compacted messages, whose put versions are older.
     qm.put("Q", [{"payload": "after"}])
@@ -443,7 +444,7 @@ def test_a_running_reader_goes_on_after_maintenance_cleaned_up_the_log_behind_it
     # Put while the reader is idle; maintenance cleans up the log entry of that put (version 2).
     qm.put("Q", [{"payload": "m1"}])
     assert _summary(qm.maintain("Q", retention=ZERO)) == (1, 0, 1, 2, 1)
-    assert not storage.version_exists(storage.queue_location(qm.root, "Q"), 2)
+    assert not store.version_exists(store.queue_location(qm.root, "Q"), 2)
     qm.put("Q", [{"payload": "m2"}])
     rows, _ = _drain(reader, end)
     assert rows == [(1, "m1"), (2, "m2")]
@@ -459,10 +460,10 @@ def test_expired_messages_are_removed_only_after_the_grace_period(qm):
     assert qm.depth("Q") == 1
     summary = maintain(qm, "Q", ZERO, now=expiry + EXPIRY_GRACE - timedelta(microseconds=1))
     assert _summary(summary) == (0, 0, 2, 2, 1)
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 2
+    assert DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 2
     summary = maintain(qm, "Q", ZERO, now=expiry + EXPIRY_GRACE)
     assert _summary(summary) == (0, 1, 1, 1, 1)
-    assert _payloads(DeltaTable(storage.queue_location(qm.root, "Q")).to_pyarrow_table()) == ["kept"]
+    assert _payloads(DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table()) == ["kept"]
     assert _browse(qm) == ["kept"]
     assert qm.depth("Q") == 1
 
@@ -518,7 +519,7 @@ def test_maintenance_checkpoints_cleans_up_the_log_and_vacuums_on_the_next_run(q
         "00000000000000000008.json",
         "_last_checkpoint",
     ]
-    configuration = DeltaTable(storage.queue_location(qm.root, "Q")).metadata().configuration
+    configuration = DeltaTable(store.queue_location(qm.root, "Q")).metadata().configuration
     assert {key: configuration.get(key) for key in sorted(configuration) if key.startswith("delta.")} == {
         "delta.deletedFileRetentionDuration": "interval 0 seconds",
         "delta.enableChangeDataFeed": "true",
@@ -538,7 +539,7 @@ def test_maintenance_checkpoints_cleans_up_the_log_and_vacuums_on_the_next_run(q
     assert [name for name in _log(qm) if name.endswith(".json")] == ["00000000000000000008.json"]
     assert "00000000000000000008.checkpoint.parquet" in _log(qm)
     # The table reads the same with delta-rs alone, and a restarted query replays its planned batch.
-    assert _payloads(DeltaTable(storage.queue_location(qm.root, "Q")).to_pyarrow_table()) == ["m4", "m5"]
+    assert _payloads(DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table()) == ["m4", "m5"]
     reader.stop()
     restarted = new_reader()
     restarted.initialOffset()
@@ -557,7 +558,7 @@ def test_a_long_retention_keeps_removed_files_and_log_entries(qm, new_reader):
     assert (_summary(second), second.log_entries_removed, second.files_vacuumed) == ((0, 0, 0, 0, 0), 0, 0)
     assert len(_data_files(qm)) == 2
     assert [name for name in _log(qm) if name.endswith(".json")] == [f"{v:020d}.json" for v in range(5)]
-    configuration = DeltaTable(storage.queue_location(qm.root, "Q")).metadata().configuration
+    configuration = DeltaTable(store.queue_location(qm.root, "Q")).metadata().configuration
     assert configuration["delta.logRetentionDuration"] == "interval 3600 seconds"
 
 
@@ -572,18 +573,18 @@ def test_the_state_table_stays_small_after_many_batches_and_maintenance(qm, new_
         delivered += read_batch(reader, start, end)
         start = end
     assert delivered == [(i, f"m{i}") for i in range(31)]
-    state = DeltaTable(storage.state_location(qm.root, "Q"))
+    state = DeltaTable(store.state_location(qm.root, "Q"))
     # A lease, 31 plans and 30 consumption records.
     assert state.to_pyarrow_table().num_rows == 62
     assert _summary(qm.maintain("Q", retention=ZERO)) == (30, 0, 10, 40, 1)
-    rows = DeltaTable(storage.state_location(qm.root, "Q")).to_pyarrow_table().to_pylist()
+    rows = DeltaTable(store.state_location(qm.root, "Q")).to_pyarrow_table().to_pylist()
     mine = sorted(row["event"] for row in rows if row["consumer"] == "default")
     # The bound: the group's lease, its plan in flight, and at most one checkpoint row of its position.
     assert len(mine) <= 3
     assert mine.count("lease") == 1 and mine.count("plan") == 1
     # The maintenance lease is kept apart, in a table of its own.
     assert {row["consumer"] for row in rows} == {"default"}
-    lease = DeltaTable(storage.maintenance_location(qm.root, "Q")).to_pyarrow_table()
+    lease = DeltaTable(store.maintenance_location(qm.root, "Q")).to_pyarrow_table()
     assert sorted(zip(lease["consumer"].to_pylist(), lease["event"].to_pylist(), strict=True)) == [
         (MAINTENANCE, "lease"),
         (MAINTENANCE, "release"),
@@ -625,7 +626,7 @@ def test_spark_free_reads_agree_with_the_live_messages(qm, new_reader):
     start = (b := new_reader(consumer="B")).initialOffset()
     b.latestOffset(b.latestOffset(start, ReadMaxRows(2)), ReadMaxRows(2))
     assert _summary(qm.maintain("Q", retention=ZERO)) == (2, 0, 3, 5, 1)
-    table = DeltaTable(storage.queue_location(qm.root, "Q")).to_pyarrow_table()
+    table = DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table()
     assert table.num_rows == 3
     assert sorted(_payloads(table)) == ["m2", "m3", "m4"]
     assert table["commit_version"].null_count == 0
@@ -636,7 +637,7 @@ def test_only_one_maintenance_runs_at_a_time(qm):
     qm.define_queue("Q")
     _put_each(qm, ["m0", "m1"])
     version = _version(qm)
-    state = ConsumerState(qm.root, "Q", location=storage.maintenance_location(qm.root, "Q"))
+    state = ConsumerState(qm.root, "Q", location=store.maintenance_location(qm.root, "Q"))
     state.acquire(MAINTENANCE, "someone", timedelta(seconds=30))
     in_use = re.escape(
         "MQRC_OBJECT_IN_USE (2042): queue Q: maintenance is already running (another process holds its lease)"
@@ -668,7 +669,7 @@ def test_purge_removes_every_message_for_every_group(qm, new_reader):
     assert qm.purge("Q") == 4
     assert (qm.depth("Q"), qm.depth("Q", consumer="B")) == (0, 0)
     assert _browse(qm) == []
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 0
     assert qm.purge("Q") == 0
     # Later messages are delivered, to every group; the group rules start afresh.
     qm.put(
@@ -745,11 +746,11 @@ def test_a_bad_retention_is_refused_and_changes_nothing(qm, new_reader, retentio
     _put_each(qm, ["m0", "m1"])
     _drain(new_reader())
     version = _version(qm)
-    state_version = DeltaTable(storage.state_location(qm.root, "Q")).version()
+    state_version = DeltaTable(store.state_location(qm.root, "Q")).version()
     with pytest.raises(MQValidationError, match=f"^{re.escape(text)}$"):
         qm.maintain("Q", retention=retention)
     assert _version(qm) == version
-    assert DeltaTable(storage.state_location(qm.root, "Q")).version() == state_version
+    assert DeltaTable(store.state_location(qm.root, "Q")).version() == state_version
     assert len(_data_files(qm)) == 2
 
 
@@ -759,7 +760,7 @@ def test_maintenance_of_an_unknown_queue_is_refused(qm):
     ) as refused:
         qm.maintain("NOPE", retention=ZERO)
     assert refused.value.reason == Reason.MQRC_UNKNOWN_OBJECT_NAME
-    assert not os.path.exists(storage.state_location(qm.root, "NOPE"))
+    assert not os.path.exists(store.state_location(qm.root, "NOPE"))
 
 
 # The command line
@@ -866,10 +867,10 @@ def test_a_put_that_leaves_many_files_compacts_them(qm):
     payloads = [f"m{i}" for i in range(MAINTAIN_AT_FILES)]
     for payload in payloads[:-1]:
         qm.put("Q", [{"payload": payload}])
-    assert len(DeltaTable(storage.queue_location(qm.root, "Q")).file_uris()) == MAINTAIN_AT_FILES - 1
+    assert len(DeltaTable(store.queue_location(qm.root, "Q")).file_uris()) == MAINTAIN_AT_FILES - 1
     # The put that makes MAINTAIN_AT_FILES files runs maintenance: nothing is consumed, all is merged.
     qm.put("Q", [{"payload": payloads[-1]}])
-    assert len(DeltaTable(storage.queue_location(qm.root, "Q")).file_uris()) == 1
+    assert len(DeltaTable(store.queue_location(qm.root, "Q")).file_uris()) == 1
     assert _browse(qm) == _browse(qm, "physical") == payloads
     assert qm.depth("Q") == MAINTAIN_AT_FILES
 
@@ -877,13 +878,13 @@ def test_a_put_that_leaves_many_files_compacts_them(qm):
 def test_a_snapshot_older_than_a_log_clean_up_is_read_again_newer(qm):
     qm.define_queue("Q")
     _put_each(qm, ["a", "b"])
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     before = DeltaTable(location)
     ConsumerState(qm.root, "Q").declare("keeper")
     assert _summary(qm.maintain("Q", retention=ZERO)) == (0, 0, 2, 2, 1)
     # The old snapshot's put files need their add versions, whose log entries are gone now.
-    with pytest.raises(storage.LogEntryGone, match=r"log entry of version \d+ is gone \(log clean-up\?\)"):
-        storage.read_committed(before, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
+    with pytest.raises(store.LogEntryGone, match=r"log entry of version \d+ is gone \(log clean-up\?\)"):
+        store.read_committed(before, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
     # A queue manager that opened the table before the clean-up reads the newer snapshot instead.
     assert _browse(qm) == ["a", "b"]
     assert qm.depth("Q") == 2
@@ -902,12 +903,12 @@ def test_log_clean_up_deletes_the_files_removed_by_the_entries_it_drops(qm, new_
     # Versions: 0 create, 1-2 puts, 3 retention properties, 4 maintenance (removes the two put files).
     assert qm.maintain("Q").version == 4
     qm.put("Q", [{"payload": "c"}])
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     two_hours_ago = time.time() - 7200
     for entry in (Path(location) / "_delta_log").glob("0000000000000000000[0-4].*"):
         os.utime(entry, (two_hours_ago, two_hours_ago))
     assert len(_data_files(qm)) == 3
-    assert storage.clean_up_log(DeltaTable(location, version=5), retention) == (5, vacuumed)
+    assert store.clean_up_log(DeltaTable(location, version=5), retention) == (5, vacuumed)
     assert len(_data_files(qm)) == 3 - vacuumed
     assert _browse(qm) == ["c"]
 
@@ -933,7 +934,7 @@ def test_a_commit_whose_log_read_back_failed_counts_as_landed_only_when_it_did(q
     """delta-rs reads the log back after a commit; a clean-up running then can delete what it reads."""
     qm.define_queue("Q")
     qm.put("Q", [{"payload": b"a"}])
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     error = DeltaError(text.format(log=f"{location}/_delta_log", version=version))
     assert DeltaTable(location).version() == 1
-    assert storage.read_back_failed(error, location, version, None) is landed
+    assert store.read_back_failed(error, location, version, None) is landed

@@ -42,8 +42,8 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from mqspark import MQError, QueueManager, Reason, storage
-from mqspark.services.maintenance import LEASE_TIMEOUT
+from mqspark import MQError, QueueManager, Reason, store
+from mqspark.engine.maintenance import LEASE_TIMEOUT
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
@@ -142,7 +142,7 @@ def _producer(root: str, producer: str, puts: int, size: int, seed: int, record:
     again only if they did not: what a careful producer does, so that every message is put once."""
     plan = _put_plan(producer, puts, size, seed)
     qm = QueueManager.open(root)
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     go.wait(120)
     started = time.monotonic()
     slowest = 0.0
@@ -387,8 +387,9 @@ def _profile() -> dict[str, list[float]]:
     that lost to a concurrent commit (``CommitFailedError``)."""
     from deltalake.exceptions import CommitFailedError
 
-    from mqspark import consumers, depth
-    from mqspark.services import maintenance as module
+    from mqspark import consumers
+    from mqspark.engine import depth
+    from mqspark.engine import maintenance as module
 
     totals: dict[str, list[float]] = {}
     steps = [
@@ -401,9 +402,9 @@ def _profile() -> dict[str, list[float]]:
         (module, "_write"),
         (module, "_commit"),
         (module, "_tidy"),
-        (storage, "delete_removed_files"),
+        (store, "delete_removed_files"),
         (consumers.ConsumerState, "compact"),
-        (storage, "commit_files"),
+        (store, "commit_files"),
     ]
     for owner, name in steps:
         setattr(owner, name, _timed(getattr(owner, name), name, totals, CommitFailedError))
@@ -431,7 +432,7 @@ def _maintainer(root: str, retention_s: float, interval: float, stop, log: str) 
     then its summary (with the files its commit removed, the table's stats after it, and the time its
     steps took: calls, seconds, lost commits), a 2042 refusal, or any other error."""
     qm = QueueManager.open(root)
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     steps = _profile()
     with open(log, "a") as out:
 
@@ -454,7 +455,7 @@ def _maintainer(root: str, retention_s: float, interval: float, stop, log: str) 
             except Exception:  # noqa: BLE001 - recorded for the test to judge
                 note(event="error", run=run, error=_failure())
             else:
-                removed = len(storage.log_entry(location, summary.version).removed) if summary.version else 0
+                removed = len(store.log_entry(location, summary.version).removed) if summary.version else 0
                 stats = _table_stats(location)
                 note(event="done", run=run, summary=summary.as_dict(), removed=removed, stats=stats, steps=steps)
             stop.wait(interval)
@@ -574,7 +575,7 @@ SOAK_INTERVAL = 2.0
 @pytest.mark.slow
 def test_soak_producers_consumer_and_maintenance_every_two_seconds(qm, tmp_path, record_property):
     qm.define_queue("Q", delivery_sequence="priority")
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     names = [f"P{n}" for n in range(SOAK_PRODUCERS)]
     expected = sum(len(rows) for name in names for rows in _put_plan(name, SOAK_PUTS, SOAK_PUT_SIZE, seed=_seed(name)))
     go, done, stop = CONTEXT.Event(), CONTEXT.Event(), CONTEXT.Event()
@@ -789,7 +790,7 @@ def _browser(root: str, stop, report: str, pause: float = 0.2) -> None:
 @pytest.mark.slow
 def test_producers_two_groups_browse_and_a_maintenance_process_killed_mid_run(qm, tmp_path, record_property):
     qm.define_queue("Q", delivery_sequence="priority")
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     names = [f"P{n}" for n in range(BUSY_PRODUCERS)]
     expected = sum(len(rows) for name in names for rows in _put_plan(name, BUSY_PUTS, BUSY_PUT_SIZE, seed=_seed(name)))
     # Both groups declared up front, so maintenance never removes what one of them has not consumed yet.
@@ -981,7 +982,7 @@ def _racing_maintainer(root: str, barrier, rounds: int, seed: int, log: str) -> 
 @pytest.mark.slow
 def test_two_maintenance_processes_started_at_once_never_both_compact(qm, tmp_path, record_property):
     qm.define_queue("Q")
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     barrier = CONTEXT.Barrier(3)
     logs = [tmp_path / f"maintainer-{n}.jsonl" for n in range(2)]
     racers = [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from chispa import assert_df_equality
 
-from mqspark import QueueManager, storage
+from mqspark import QueueManager, store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qm-before-failure-queue"
 
@@ -22,8 +22,8 @@ def _old_root(tmp_path: Path) -> str:
 
 def test_a_queue_table_without_failure_queue_is_read_got_and_put_to(spark, tmp_path):
     qm = QueueManager.open(_old_root(tmp_path))
-    location = storage.queue_location(qm.root, "REQUESTS")
-    assert "failure_queue" not in storage.open_table(location, None).schema().to_arrow().names
+    location = store.queue_location(qm.root, "REQUESTS")
+    assert "failure_queue" not in store.open_table(location, None).schema().to_arrow().names
 
     browsed = qm.browse("REQUESTS")
     # REQUESTS delivers by priority: r2 (priority 7) first.
@@ -37,7 +37,7 @@ def test_a_queue_table_without_failure_queue_is_read_got_and_put_to(spark, tmp_p
     assert got["correl_id"].to_pylist() == [None, "c1"]
 
     qm.put("REQUESTS", [{"payload": "new", "failure_queue": "REQUESTS.FAILED"}])
-    assert "failure_queue" in storage.open_table(location, None).schema().to_arrow().names
+    assert "failure_queue" in store.open_table(location, None).schema().to_arrow().names
     rest = qm.get("REQUESTS", max_messages=10)
     assert [p.decode() for p in rest["payload"].to_pylist()] == ["g1", "g2", "new"]
     assert rest["failure_queue"].to_pylist() == [None, None, "REQUESTS.FAILED"]

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from chispa import assert_df_equality
 
-from mqspark import MQError, MQValidationError, Reason, storage
-from mqspark.consumers import ConsumerState
-from mqspark.monitor import GroupStatus, Monitor, Verdict, group_health
+from mqspark import MQError, MQValidationError, Reason, store
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.services.monitor import GroupStatus, Monitor, Verdict, group_health
 
 from .test_cli import mqspark
 
@@ -286,7 +286,7 @@ def test_every_point_is_in_the_history_table(qm, spark):
     monitor.point()
     qm.get("Q", "G", max_messages=1)
     monitor.point()
-    history = spark.read.format("delta").load(storage.monitor_location(qm.root, "Q"))
+    history = spark.read.format("delta").load(store.monitor_location(qm.root, "Q"))
     columns = ["consumer", "backlog", "still_waiting", "processed", "state", "verdict", "judged", "status"]
     expected = spark.createDataFrame(
         [
@@ -345,7 +345,7 @@ def test_a_slow_consumer_gets_warn_points_then_abort_stops_its_query(qm, spark, 
     assert str(aborting.error).startswith(
         "MQRC_Q_SERVICE_INTERVAL_HIGH (2226): queue Q: consumer group 'G' is falling behind: it processed A="
     )
-    history = spark.read.format("delta").load(storage.monitor_location(qm.root, "Q"))
+    history = spark.read.format("delta").load(store.monitor_location(qm.root, "Q"))
     points = {row["monitor"]: row["count"] for row in history.groupBy("monitor").count().collect()}
     assert points == {warn.id: warn.taken, aborting.id: aborting.taken}
     verdicts = [row.verdict for row in history.filter(history.monitor == aborting.id).orderBy("at").collect()]

@@ -19,8 +19,8 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 import mqspark
-from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
-from mqspark.filesystems import filesystem_of
+from mqspark import MQError, MQValidationError, QueueManager, Reason, store
+from mqspark.store.filesystems import filesystem_of
 
 from .samples import spec_example
 
@@ -61,7 +61,7 @@ def test_a_queue_manager_on_the_object_store_puts_browses_gets_and_maintains(azu
     assert (summary.removed_consumed, summary.files_after) == (8, 0)
     assert again.depth("Q") == 0
     for root in (az_root, again.root):
-        filesystem, path = filesystem_of(storage.queue_location(root, "Q"))
+        filesystem, path = filesystem_of(store.queue_location(root, "Q"))
         assert isinstance(filesystem, type(azurite.filesystem()))
         assert path == f"{container}/qm/queues/Q"
 
@@ -180,11 +180,11 @@ def test_a_call_that_gave_up_while_the_store_was_down_still_broke_the_connection
             qm.browse("Q")
     finally:
         azurite.start()
-    assert storage.reachable(qm.root, options)
-    assert storage.unanswered(raised.value)
-    assert storage.broken(raised.value, qm.root, options)
-    assert not storage.broken(FileNotFoundError(2, "No such file or directory", "x"), qm.root, options)
-    assert not storage.broken(MQValidationError("bad"), qm.root, options)
+    assert store.reachable(qm.root, options)
+    assert store.unanswered(raised.value)
+    assert store.broken(raised.value, qm.root, options)
+    assert not store.broken(FileNotFoundError(2, "No such file or directory", "x"), qm.root, options)
+    assert not store.broken(MQValidationError("bad"), qm.root, options)
 
 
 def test_the_object_store_stopped_and_restarted_under_connections(azurite, az_root):

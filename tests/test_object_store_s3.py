@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from mqspark import QueueManager, storage
-from mqspark.filesystems import filesystem_of
+from mqspark import QueueManager, store
+from mqspark.store.filesystems import filesystem_of
 
 from .samples import spec_example
 from .test_object_store import (
@@ -43,7 +43,7 @@ def test_a_queue_manager_on_s3_puts_browses_gets_and_maintains(s3, s3_root):
     summary = again.maintain("Q", retention=timedelta(0))
     assert (summary.removed_consumed, summary.files_after) == (8, 0)
     assert again.depth("Q") == 0
-    filesystem, path = filesystem_of(storage.queue_location(s3_root, "Q"))
+    filesystem, path = filesystem_of(store.queue_location(s3_root, "Q"))
     assert filesystem.type_name == "s3"
     assert path == f"{_bucket(s3_root)}/qm/queues/Q"
 

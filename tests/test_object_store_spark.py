@@ -12,7 +12,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.errors import StreamingQueryException
 
-from mqspark import QueueManager, storage
+from mqspark import QueueManager, store
 
 from .test_object_store import OUTAGE
 from .test_reconnect_spark import _start_get, _wait
@@ -81,7 +81,7 @@ def test_delta_spark_reads_the_queue_table_on_the_object_store(spark, azurite, a
     qm = QueueManager.create(az_root, "QM1")
     qm.define_queue("Q")
     qm.put("Q", [{"payload": "a", "priority": 3}, {"payload": "b", "priority": 4}])
-    table = spark.read.format("delta").load(storage.queue_location(az_root, "Q"))
+    table = spark.read.format("delta").load(store.queue_location(az_root, "Q"))
     got = table.selectExpr("cast(payload as string) as payload", "priority").orderBy("payload")
     expected = spark.createDataFrame([("a", 3), ("b", 4)], "payload string, priority int")
     assert_df_equality(got, expected, ignore_nullable=True)

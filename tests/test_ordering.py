@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqspark import MQValidationError, QueueDefinition, storage
-from mqspark.messages import MESSAGE_SCHEMA, prepare_put, rows_to_table
-from mqspark.ordering import DeliveryOptions, deliver
+from mqspark import MQValidationError, QueueDefinition, store
+from mqspark.engine.ordering import DeliveryOptions, deliver
+from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.model.put import prepare_put, rows_to_table
 
 from . import reference_model
 from .samples import spec_example
@@ -156,8 +157,8 @@ def test_browse_matches_reference_model_through_delta(tmp_path_factory, transact
     qm.define_queue("Q")
     for rows in transactions:
         qm.put("Q", rows)
-    table = storage.open_table(storage.queue_location(qm.root, "Q"), None)
-    rows = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
+    table = store.open_table(store.queue_location(qm.root, "Q"), None)
+    rows = store.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
     for order, all_available, complete in OPTION_SETS:
         browsed = qm.browse("Q", order, all_messages_available=all_available, complete_message=complete, now=NOW)
         expected = reference_model.delivered(rows, "priority", NOW, order, all_available, complete)
@@ -271,11 +272,11 @@ def test_bad_browse_options(qm, kwargs, message):
 
 def test_browse_changes_nothing(qm):
     spec_example(qm)
-    location = storage.queue_location(qm.root, "Q")
-    version = storage.open_table(location, None).version()
+    location = store.queue_location(qm.root, "Q")
+    version = store.open_table(location, None).version()
     for options in ({}, {"complete_message": True}, {"all_messages_available": True}):
         qm.browse("Q", **options)
-    assert storage.open_table(location, None).version() == version
+    assert store.open_table(location, None).version() == version
     assert qm.depth("Q") == 8
 
 
@@ -343,11 +344,11 @@ def test_bad_ordering_overrides(qm, row, message, reason):
     qm.put(
         "Q", [{"payload": "a", "msg_id": "A"}, {"payload": "g", "msg_id": "G1", "group_id": "G", "msg_seq_number": 1}]
     )
-    version = storage.open_table(storage.queue_location(qm.root, "Q"), None).version()
+    version = store.open_table(store.queue_location(qm.root, "Q"), None).version()
     with pytest.raises(MQError, match=re.escape(message)) as raised:
         qm.put("Q", [row], segmentation=True)
     assert (raised.value.reason or None) == reason
-    assert storage.open_table(storage.queue_location(qm.root, "Q"), None).version() == version
+    assert store.open_table(store.queue_location(qm.root, "Q"), None).version() == version
 
 
 def test_before_msg_id_ignores_a_namesake_put_with_it(qm):

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
-from mqspark.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA
+from mqspark import MQError, MQValidationError, QueueManager, Reason, store
+from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA
 
 from .state import refused, unchanged
 
@@ -24,8 +24,8 @@ FIELDS = (
 
 def stored(qm: QueueManager, queue: str) -> pa.Table:
     """The queue table's rows in physical (commit, put_seq) order, as stored: no delivery rules applied."""
-    table = storage.open_table(storage.queue_location(qm.root, queue), None)
-    rows = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
+    table = store.open_table(store.queue_location(qm.root, queue), None)
+    rows = store.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
     return rows.sort_by([("commit_version", "ascending"), ("put_seq", "ascending")]).drop_columns(["commit_version"])
 
 

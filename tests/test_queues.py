@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, storage
+from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, store
 
 from .state import refused, unchanged
 
@@ -40,7 +40,7 @@ def test_open_relative_root_is_made_absolute(qm: QueueManager, tmp_path: Path, m
 
 
 def test_dead_letter_queue_is_an_empty_local_queue(qm: QueueManager) -> None:
-    assert DeltaTable(storage.queue_location(qm.root, DLQ)).version() == 0
+    assert DeltaTable(store.queue_location(qm.root, DLQ)).version() == 0
     assert qm.depth(DLQ) == 0
     assert qm.browse(DLQ).num_rows == 0
     assert qm.put(DLQ, [{"payload": "dead", "msg_id": "m1"}]) == ["m1"]

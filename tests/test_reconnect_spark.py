@@ -12,8 +12,8 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.errors import AnalysisException, StreamingQueryException
 
-from mqspark import storage
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark import store
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 from . import reference_model
 from .outages import break_root, outage, restore_root
@@ -31,8 +31,8 @@ def _fill(qm) -> list[tuple]:
             for n in (1, 2, 3)
         ]
         qm.put("Q", rows)
-    table = DeltaTable(storage.queue_location(qm.root, "Q"))
-    rows = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
+    table = DeltaTable(store.queue_location(qm.root, "Q"))
+    rows = store.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
     delivered = reference_model.delivered(rows, "fifo", datetime.now(UTC))
     return [(row["msg_id"], row["payload"].decode()) for row in delivered]
 

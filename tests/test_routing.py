@@ -15,7 +15,7 @@ import pytest
 from mqspark import MQValidationError
 from mqspark.cluster.repository import AdvertisedQueue, Binding, ClusterSnapshot, Member
 from mqspark.cluster.routing import BIND_MODES, RouteRequest, route_messages
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 A = "INVENTORY"
 B = "PAYMENTS"

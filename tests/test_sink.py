@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import functions as F
 
-from mqspark import storage
+from mqspark import store
 
 GIVEN = (
     "msg_id string, correl_id string, priority int, group_id string, msg_seq_number int, "
@@ -34,12 +34,12 @@ def _rows() -> list[tuple]:
 
 def _table_state(qm, queue: str) -> tuple[int, list[str]]:
     """The queue table's Delta version and the data files in its folder (committed or not)."""
-    location = storage.queue_location(qm.root, queue)
+    location = store.queue_location(qm.root, queue)
     return DeltaTable(location).version(), sorted(f for f in os.listdir(location) if f.endswith(".parquet"))
 
 
 def _queue_table(spark, qm, queue: str):
-    return spark.read.format("delta").load(storage.queue_location(qm.root, queue))
+    return spark.read.format("delta").load(store.queue_location(qm.root, queue))
 
 
 def _write_json_batch(folder, name: str, rows: list[dict]) -> None:
@@ -76,7 +76,7 @@ def test_batch_put_lands_exactly_the_input_rows(spark, qm):
     stored = _queue_table(spark, qm, "Q").select(given.columns).withColumn("payload", F.col("payload").cast("string"))
     expected = given.fillna({"priority": 3, "msg_seq_number": 1, "last_in_group": False})
     assert_df_equality(stored.orderBy("msg_id"), expected.orderBy("msg_id"), ignore_nullable=True)
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).version() == 1
+    assert DeltaTable(store.queue_location(qm.root, "Q")).version() == 1
 
 
 def test_batch_put_is_one_commit_in_partition_order(spark, qm):
@@ -84,7 +84,7 @@ def test_batch_put_is_one_commit_in_partition_order(spark, qm):
     spark.range(40).repartition(4).selectExpr("cast(id as string) as payload").sortWithinPartitions(
         "payload"
     ).write.format("mq").option("queue", "Q").mode("append").save(qm.root)
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).version() == 1
+    assert DeltaTable(store.queue_location(qm.root, "Q")).version() == 1
     browsed = qm.browse("Q")
     put_seq = browsed["put_seq"].to_pylist()
     assert put_seq == sorted(put_seq) and len(set(put_seq)) == 40
@@ -109,7 +109,7 @@ def test_streaming_put_lands_exactly_the_input_rows(spark, qm, tmp_path):
     browsed = qm.browse("Q")
     assert browsed["payload"].to_pylist() == [f"a{n}".encode() for n in range(5)] + [f"b{n}".encode() for n in range(3)]
     assert browsed["msg_seq_number"].to_pylist() == [1] * 5 + [1, 2, 3]
-    table = DeltaTable(storage.queue_location(qm.root, "Q"))
+    table = DeltaTable(store.queue_location(qm.root, "Q"))
     assert table.version() == 2
     assert table.transaction_version(str(query.id)) == 1
 
@@ -125,7 +125,7 @@ def test_group_spans_micro_batches_and_restarts(spark, qm, tmp_path):
     browsed = qm.browse("Q")
     assert browsed["payload"].to_pylist() == [b"x1", b"x2", b"x3"]
     assert browsed["last_in_group"].to_pylist() == [False, False, True]
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).version() == 3
+    assert DeltaTable(store.queue_location(qm.root, "Q")).version() == 3
 
 
 def test_replayed_batch_commits_nothing_twice(spark, qm, tmp_path):
@@ -134,16 +134,16 @@ def test_replayed_batch_commits_nothing_twice(spark, qm, tmp_path):
     for n in range(3):
         _write_json_batch(source, str(n), [{"payload": f"p{n}"}])
     _stream(spark, source, qm, checkpoint)
-    version = DeltaTable(storage.queue_location(qm.root, "Q")).version()
+    version = DeltaTable(store.queue_location(qm.root, "Q")).version()
     # Forget that batch 2 finished: on restart Spark runs it again with the same offsets.
     os.remove(checkpoint / "commits" / "2")
     os.remove(checkpoint / "commits" / ".2.crc")
     _stream(spark, source, qm, checkpoint)
     assert (checkpoint / "commits" / "2").exists()
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).version() == version
+    assert DeltaTable(store.queue_location(qm.root, "Q")).version() == version
     assert qm.browse("Q")["payload"].to_pylist() == [b"p0", b"p1", b"p2"]
     assert _table_state(qm, "Q")[1] == sorted(
-        os.path.basename(path) for path in DeltaTable(storage.queue_location(qm.root, "Q")).file_uris()
+        os.path.basename(path) for path in DeltaTable(store.queue_location(qm.root, "Q")).file_uris()
     )
 
 
@@ -155,7 +155,7 @@ def test_explicit_producer_id_survives_a_new_checkpoint(spark, qm, tmp_path):
     # A new checkpoint restarts batch ids at 0: the same producer's batch 0 is recognised.
     _stream(spark, source, qm, tmp_path / "ckpt2", producerId="loader")
     assert qm.browse("Q")["payload"].to_pylist() == [b"once"]
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).transaction_version("loader") == 0
+    assert DeltaTable(store.queue_location(qm.root, "Q")).transaction_version("loader") == 0
 
 
 def test_empty_batch_commits_nothing(spark, qm, tmp_path):
@@ -165,7 +165,7 @@ def test_empty_batch_commits_nothing(spark, qm, tmp_path):
     (source / "0.json").write_text("")
     query = _stream(spark, source, qm, tmp_path / "ckpt")
     assert query.exception() is None
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).version() == 0
+    assert DeltaTable(store.queue_location(qm.root, "Q")).version() == 0
     assert _table_state(qm, "Q") == (0, [])
 
 
@@ -175,7 +175,7 @@ def test_segmentation_keeps_the_pieces_together(spark, qm, tmp_path):
         "segmentation", "allowed"
     ).mode("append").save(qm.root)
     browsed = qm.browse("Q")
-    assert DeltaTable(storage.queue_location(qm.root, "Q")).version() == 1
+    assert DeltaTable(store.queue_location(qm.root, "Q")).version() == 1
     segments = browsed.filter(browsed["segmented"]).to_pylist()
     assert [(s["payload"], s["offset"], s["last_segment"]) for s in segments] == [
         (b"0123", 0, False),
@@ -359,7 +359,7 @@ def test_streaming_bad_row_stops_the_query_and_writes_nothing(spark, qm, tmp_pat
     assert qm.browse("Q")["payload"].to_pylist() == [b"fine"]
     assert _table_state(qm, "Q") == (
         1,
-        [os.path.basename(p) for p in DeltaTable(storage.queue_location(qm.root, "Q")).file_uris()],
+        [os.path.basename(p) for p in DeltaTable(store.queue_location(qm.root, "Q")).file_uris()],
     )
 
 

@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from mqspark import QueueManager, storage
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark import QueueManager, store
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 from .processes import finish_driver, kill_run, last_spark_commit, start_driver
 
@@ -86,7 +86,7 @@ def _delta_log(location: str, version: int) -> Path:
 def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, record_property):
     files, rows, kills = 30, 25, 5
     qm.define_queue("Q")
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     expected = _write_input(tmp_path / "input", "f{f}-r{r}", files, rows)
     script = tmp_path / "producer.py"
     script.write_text(PRODUCER_SCRIPT)
@@ -155,7 +155,7 @@ def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, reco
     # two input files into one micro-batch, whose tasks Spark orders (by file size). So: commits
     # follow the input files' order, and inside a commit each file's rows are together and in order.
     columns = pa.schema([MESSAGE_SCHEMA.field("payload"), MESSAGE_SCHEMA.field("put_seq")])
-    committed = storage.read_committed(DeltaTable(location), columns.names, columns)
+    committed = store.read_committed(DeltaTable(location), columns.names, columns)
     committed = committed.sort_by([("commit_version", "ascending"), ("put_seq", "ascending")])
     assert _payloads(committed) == _payloads(messages)
     files_in_order = []
@@ -207,7 +207,7 @@ def _maintain(root: str, stop, result: str) -> None:
 @pytest.mark.slow
 def test_four_producers_and_a_maintenance_commit_lose_nothing(spark, qm, tmp_path, record_property):
     qm.define_queue("Q")
-    location = storage.queue_location(qm.root, "Q")
+    location = store.queue_location(qm.root, "Q")
     inputs = {name: _write_input(tmp_path / name, name + "-{f}-{r}", STREAM_FILES, STREAM_ROWS) for name in STREAMS}
     put_payloads = [f"P-{i}-{n}" for i in range(PUTS) for n in range(PUT_SIZE)]
     total = len(STREAMS) * STREAM_FILES * STREAM_ROWS + len(put_payloads)

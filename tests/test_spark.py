@@ -12,8 +12,8 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-from mqspark import storage
-from mqspark.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
+from mqspark import store
+from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.spark.browse import batch_rows
 
 from .samples import spec_example
@@ -81,7 +81,7 @@ def test_spark_read_mq_unknown_queue(spark, qm):
 
 def test_queue_table_written_by_put_reads_with_delta_spark(spark, qm):
     _put_sample(qm)
-    table = spark.read.format("delta").load(storage.queue_location(qm.root, "ORDERS"))
+    table = spark.read.format("delta").load(store.queue_location(qm.root, "ORDERS"))
     # commit_version stays null until maintenance rewrites a row.
     assert table.schema.fieldNames() == QUEUE_TABLE_SCHEMA.names
     browsed = qm.browse("ORDERS").select(MESSAGE_SCHEMA.names)
@@ -94,7 +94,7 @@ def test_queue_table_written_by_put_reads_with_delta_spark(spark, qm):
 
 def test_rows_appended_with_delta_spark_are_browsed(spark, qm):
     _put_sample(qm)
-    location = storage.queue_location(qm.root, "ORDERS")
+    location = store.queue_location(qm.root, "ORDERS")
     template = spark.read.format("delta").load(location).where("correl_id = 'C1'")
     replaced = {"msg_id": F.lit("from-spark"), "priority": F.lit(9).cast("int"), "payload": F.lit(b"spark")}
     appended = template.select(*[replaced.get(c, F.col(c)).alias(c) for c in template.columns])
@@ -107,7 +107,7 @@ def test_rows_appended_with_delta_spark_are_browsed(spark, qm):
 
 def test_delta_spark_refuses_rows_without_required_fields(spark, qm):
     qm.define_queue("ORDERS")
-    location = storage.queue_location(qm.root, "ORDERS")
+    location = store.queue_location(qm.root, "ORDERS")
     bad = spark.createDataFrame([("x",)], "msg_id string")
     with pytest.raises(
         Py4JJavaError,

@@ -18,8 +18,8 @@ from chispa import assert_df_equality
 from deltalake import DeltaTable
 from pyspark.errors import AnalysisException, StreamingQueryException
 
-from mqspark import QueueManager, storage
-from mqspark.messages import MESSAGE_SCHEMA
+from mqspark import QueueManager, store
+from mqspark.model.messages import MESSAGE_SCHEMA
 
 from . import reference_model
 from .samples import spec_example
@@ -29,8 +29,8 @@ COLUMNS = "delivery_seq long, msg_id string, group_id string, msg_seq_number int
 
 def _reference(qm, queue: str = "Q", **options) -> list[tuple]:
     """(msg_id, offset, payload) of every message in the reference model's order."""
-    table = DeltaTable(storage.queue_location(qm.root, queue))
-    rows = storage.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
+    table = DeltaTable(store.queue_location(qm.root, queue))
+    rows = store.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA).to_pylist()
     sequence = qm.inquire_queue(queue).delivery_sequence
     delivered = reference_model.delivered(rows, sequence, datetime.now(UTC), **options)
     return [(row["msg_id"], row["offset"], row["payload"].decode()) for row in delivered]
@@ -365,4 +365,4 @@ def test_depth_and_oldest_age_per_consumer_group(spark, qm, tmp_path):
     never = qm.backlog("Q", consumer="never")
     assert never.depth == 2 and never.oldest_put_time < fast.oldest_put_time
     QueueManager.open(qm.root).delete_queue("Q", purge=True)
-    assert not os.path.exists(storage.state_location(qm.root, "Q"))
+    assert not os.path.exists(store.state_location(qm.root, "Q"))

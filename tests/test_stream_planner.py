@@ -15,10 +15,10 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from mqspark import MQError, Reason, storage
+from mqspark import MQError, Reason, store
 from mqspark.cli import main
-from mqspark.consumers import COMPACT_EVERY, ConsumerState
-from mqspark.pending import is_in_runs
+from mqspark.engine.consumer_groups import COMPACT_EVERY, ConsumerState
+from mqspark.engine.pending import is_in_runs
 from mqspark.spark.stream import OFFSET_KEYS
 
 from .planner import read_batch
@@ -26,7 +26,7 @@ from .samples import spec_example
 
 
 def _state_version(qm) -> int:
-    return DeltaTable(storage.state_location(qm.root, "Q")).version()
+    return DeltaTable(store.state_location(qm.root, "Q")).version()
 
 
 def test_offsets_have_one_fixed_key_order(qm, new_reader):
@@ -175,14 +175,14 @@ def test_cli_depth_shows_each_consumer_group(qm, capsys, new_reader):
 def test_a_delete_behind_mqspark_s_back_stops_the_get(qm, new_reader):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": "one"}])
-    DeltaTable(storage.queue_location(qm.root, "Q")).delete()
+    DeltaTable(store.queue_location(qm.root, "Q")).delete()
     reader = new_reader()
     with pytest.raises(MQError, match=r"version 2 removed data; queue tables are append-only"):
         reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
 
 
 def _state_rows(qm) -> list[tuple]:
-    table = DeltaTable(storage.state_location(qm.root, "Q")).to_pyarrow_table()
+    table = DeltaTable(store.state_location(qm.root, "Q")).to_pyarrow_table()
     return sorted(
         (
             r["event"],
@@ -239,7 +239,7 @@ def test_the_state_table_stays_small_as_batches_go_by(qm, new_reader):
         delivered += read_batch(reader, start, end)
         start = end
     assert delivered == [(i, f"m{i}") for i in range(3 * COMPACT_EVERY)]
-    table = DeltaTable(storage.state_location(qm.root, "Q"))
+    table = DeltaTable(store.state_location(qm.root, "Q"))
     assert table.version() >= 3 * COMPACT_EVERY
     # Compacted at every COMPACT_EVERY versions: what is left is at most one round of batches.
     assert len(table.file_uris()) <= COMPACT_EVERY

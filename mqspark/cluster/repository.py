@@ -31,16 +31,16 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from .. import storage
-from ..catalog import Catalog, rewrite_until_landed
-from ..consumers import ConsumerState
-from ..definitions import QueueDefinition, _int_in, _one_of, validate_name
-from ..errors import MQError, MQValidationError, Reason
-from ..messages import TIMESTAMP
-from ..services.maintenance import DEFAULT_RETENTION, check_retention
+from mqspark import store
+from mqspark.engine.catalog import Catalog, rewrite_until_landed
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.maintenance import DEFAULT_RETENTION, check_retention
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.definitions import QueueDefinition, _int_in, _one_of, validate_name
+from mqspark.model.messages import TIMESTAMP
 
 if TYPE_CHECKING:
-    from ..qmgr import QueueManager
+    from mqspark.qmgr import QueueManager
 
 ROUTE_STATES = ("running", "stopped", "retrying", "unavailable")
 
@@ -251,7 +251,7 @@ class Cluster:
     The health check and :meth:`leave` reach members' roots with the repository's storage options.
     """
 
-    def __init__(self, root: str, name: str, storage_options: storage.StorageOptions = None) -> None:
+    def __init__(self, root: str, name: str, storage_options: store.StorageOptions = None) -> None:
         self._root = root
         self._name = name
         self.storage_options = storage_options
@@ -274,8 +274,8 @@ class Cluster:
     def create(cls, root: str | os.PathLike, name: str, *, storage_options: dict[str, str] | None = None) -> Cluster:
         """Create the repository of cluster ``name`` at ``root``; raises MQRC_OBJECT_IN_USE when one is there."""
         validate_name(name, "cluster")
-        cluster = cls(storage.normalize_root(root), name, storage_options)
-        existing = storage.open_table(cluster.location, storage_options)
+        cluster = cls(store.normalize_root(root), name, storage_options)
+        existing = store.open_table(cluster.location, storage_options)
         if existing is not None:
             raise MQError(
                 f"cluster {_from_table(existing).name} already exists at {cluster.root}", Reason.MQRC_OBJECT_IN_USE
@@ -292,7 +292,7 @@ class Cluster:
     @classmethod
     def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> Cluster:
         """Open the repository at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
-        location = storage.normalize_root(root)
+        location = store.normalize_root(root)
         return cls(location, _from_table(_open_table(location, storage_options)).name, storage_options)
 
     # Membership and advertisements
@@ -605,7 +605,7 @@ class Cluster:
         repository = _from_table(table)
         needed = [v for j in repository.producers.values() for v in (j.routed_with, j.next_snapshot) if v is not None]
         keep_from = min([*needed, repository.version])
-        cleaned, vacuumed = storage.trim_history(table, keep_from, int(retention.total_seconds()))
+        cleaned, vacuumed = store.trim_history(table, keep_from, int(retention.total_seconds()))
         return {
             "version": repository.version,
             "kept_from": keep_from,
@@ -650,8 +650,8 @@ class Cluster:
         return repository.members[name]
 
 
-def _open_table(root: str, storage_options: storage.StorageOptions) -> DeltaTable:
-    table = storage.open_table(f"{root}/{CLUSTER_DIR}", storage_options)
+def _open_table(root: str, storage_options: store.StorageOptions) -> DeltaTable:
+    table = store.open_table(f"{root}/{CLUSTER_DIR}", storage_options)
     if table is None:
         raise MQError(f"no cluster repository at {root}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
     return table

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..definitions import BINDS
-from ..errors import MQValidationError, Reason
-from .repository import ROUTE_STATES, Binding, ClusterSnapshot
+from mqspark.cluster.repository import ROUTE_STATES, Binding, ClusterSnapshot
+from mqspark.errors import MQValidationError, Reason
+from mqspark.model.definitions import BINDS
 
 BIND_MODES = ("as_q_def", *BINDS)
 

@@ -86,7 +86,7 @@ def _run_instance(args: argparse.Namespace, spark, start):
     from datetime import timedelta
 
     from mqspark import QueueManager
-    from mqspark.consumers import DEFAULT_LEASE_TIMEOUT
+    from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
     from mqspark.services.instances import Instance
 
     lease = DEFAULT_LEASE_TIMEOUT if args.lease_timeout is None else timedelta(seconds=args.lease_timeout)

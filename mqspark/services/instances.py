@@ -61,16 +61,17 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
-from .. import storage
-from ..consumers import DEFAULT_LEASE_TIMEOUT, ConsumerState, event_rows
-from ..definitions import validate_name
-from ..errors import MQError, Reason
+from mqspark import store
+from mqspark.engine.consumer_groups import ConsumerState, event_rows
+from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
+from mqspark.errors import MQError, Reason
+from mqspark.model.definitions import validate_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from ..qmgr import QueueManager
+    from mqspark.qmgr import QueueManager
 
 _log = logging.getLogger(__name__)
 # How often a standby looks whether the group's lease lapsed: a read of the state table, so often
@@ -117,7 +118,7 @@ class InstanceInfo:
 
 
 def registry_location(root: str, queue: str, consumer: str) -> str:
-    return f"{root}/{storage.INSTANCES_DIR}/{storage.queue_dir_name(queue)}/{consumer}"
+    return f"{root}/{store.INSTANCES_DIR}/{store.queue_dir_name(queue)}/{consumer}"
 
 
 class Instance:
@@ -271,7 +272,7 @@ class Instance:
             "active_since": None if self.active_since is None else self.active_since.isoformat(),
             "heartbeat": datetime.now(UTC).isoformat(),
         }
-        filesystem, path = storage.filesystem_of(self._registry)
+        filesystem, path = store.filesystem_of(self._registry)
         filesystem.create_dir(path, recursive=True)
         with filesystem.open_output_stream(f"{path}/{_file_name(self.id)}") as out:
             out.write(json.dumps(entry).encode())
@@ -299,7 +300,7 @@ def instances(
     day are removed."""
     local = qm.resolve_for_get(queue).name
     holder = ConsumerState(qm.root, local, qm.storage_options).lease(consumer, lease_timeout)
-    filesystem, path = storage.filesystem_of(registry_location(qm.root, local, consumer))
+    filesystem, path = store.filesystem_of(registry_location(qm.root, local, consumer))
     selector = pafs.FileSelector(path, allow_not_found=True)
     now = datetime.now(UTC)
     found = []

@@ -13,8 +13,8 @@ from datetime import datetime
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from ..ordering import DeliveryOptions
-from ..qmgr import QueueManager
+from mqspark.engine.ordering import DeliveryOptions
+from mqspark.qmgr import QueueManager
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,16 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from ..connection import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode, reconnect_mode
-from ..consumers import DEFAULT_LEASE_TIMEOUT
-from ..definitions import validate_name
-from ..errors import MQValidationError
-from ..ordering import DeliveryOptions
-from ..qmgr import BROWSE_SCHEMA, QueueManager
-from .browse import BrowsePlan, BrowseReader
-from .sink import QueueStreamWriter, QueueWriter, SinkPlan
-from .stream import DEFAULT_MAINTENANCE_INTERVAL, GetOptions, QueueStreamReader
-from .workload import cluster_names
+from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
+from mqspark.engine.ordering import DeliveryOptions
+from mqspark.errors import MQValidationError
+from mqspark.model.definitions import validate_name
+from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
+from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode, reconnect_mode
+from mqspark.spark.browse import BrowsePlan, BrowseReader
+from mqspark.spark.routing import cluster_names
+from mqspark.spark.sink import QueueStreamWriter, QueueWriter, SinkPlan
+from mqspark.spark.stream import DEFAULT_MAINTENANCE_INTERVAL, GetOptions, QueueStreamReader
 
 SEGMENTATION = {"allowed": True, "not_allowed": False}
 # Browse options that select or cap messages; the streaming get has its own limits instead.

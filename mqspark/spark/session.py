@@ -27,7 +27,7 @@ from delta import configure_spark_with_delta_pip
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-from ..errors import MQValidationError
+from mqspark.errors import MQValidationError
 
 CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
 DELTA_CONF = {
@@ -195,7 +195,7 @@ def azure_settings(environment: Mapping[str, str]) -> dict[str, str]:
 def register(spark: SparkSession) -> SparkSession:
     """Register mqspark's data sources (format ``mq``) on an existing session, and the listener
     that records the last micro-batch of a streaming get as consumed when its query ends."""
-    from .datasource import MQDataSource
+    from mqspark.spark.datasource import MQDataSource
 
     spark.dataSource.register(MQDataSource)
     if not getattr(spark, "_mqspark_listener", None):
@@ -203,7 +203,6 @@ def register(spark: SparkSession) -> SparkSession:
         # pyarrow.dataset does, through concurrent.futures) can no longer be imported.
         import pyarrow.dataset  # noqa: F401
 
-        from . import stream  # noqa: F401
 
         listener = ConsumptionListener()
         spark.streams.addListener(listener)
@@ -248,7 +247,7 @@ class ConsumptionListener(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        from .stream import record_finished_batch
+        from mqspark.spark.stream import record_finished_batch
 
         for end_offset in self._last_offsets.pop(str(event.id), []):
             try:

@@ -26,13 +26,15 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from .. import storage
-from ..connection import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode
-from ..definitions import QueueDefinition
-from ..errors import MQError
-from ..messages import GROUP_COLUMNS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, check_group_items, group_items, prepare_put
-from ..qmgr import QueueManager, before_targets
-from . import workload
+from mqspark import store
+from mqspark.errors import MQError
+from mqspark.model.definitions import QueueDefinition
+from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
+from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
+from mqspark.model.put import prepare_put
+from mqspark.qmgr import QueueManager, before_targets
+from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode
+from mqspark.spark import routing
 
 _Result = TypeVar("_Result")
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
@@ -51,7 +53,7 @@ class SinkPlan:
     segmentation: bool
     producer: str | None
     reconnect: Reconnect | None = None
-    cluster: workload.ClusterRoute | None = None
+    cluster: routing.ClusterRoute | None = None
     # A batch write's own transaction id: with it, a commit in doubt after a reconnect is recognised.
     write_id: str = ""
 
@@ -72,7 +74,7 @@ class SinkPlan:
         """Check the queue (or the cluster route) and the input columns before any task runs."""
         qm, policy = Reconnect.open(root, *reconnect, f"put to queue {queue}")
         if cluster:
-            route = workload.cluster_route(qm, cluster, queue, bind, qmgr)
+            route = routing.cluster_route(qm, cluster, queue, bind, qmgr)
             definition, checked = None, route.dead_letter
         else:
             route = None
@@ -102,10 +104,10 @@ class PutCommitMessage(WriterCommitMessage):
     and how its rows were routed when the put went to a cluster queue."""
 
     producer: str | None
-    files: dict[Target, list[storage.DataFile]] = field(default_factory=dict)
+    files: dict[Target, list[store.DataFile]] = field(default_factory=dict)
     groups: dict[Target, bytes] = field(default_factory=dict)
     targets: dict[Target, list[str]] = field(default_factory=dict)
-    routing: workload.TaskRouting | None = None
+    routing: routing.TaskRouting | None = None
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -146,8 +148,8 @@ class QueueShare:
 
     def write(self, message: PutCommitMessage, parts: Iterable[tuple[pa.Table, Callable | None]]) -> None:
         """Write ``parts`` (rows, and the header to stamp on them or None) and add the file to ``message``."""
-        location = storage.queue_location(*self.target)
-        file = storage.write_data_file(location, self.prepared(parts), QUEUE_TABLE_SCHEMA)
+        location = store.queue_location(*self.target)
+        file = store.write_data_file(location, self.prepared(parts), QUEUE_TABLE_SCHEMA)
         if file is not None:
             message.files[self.target] = [file]
             message.groups[self.target] = _to_ipc(pa.concat_tables(self.groups))
@@ -182,7 +184,7 @@ def _write_task(
     rows = list(batches)
     if not rows:
         return message
-    routed = workload.route_task(
+    routed = routing.route_task(
         plan.cluster,
         plan.queue,
         producer,
@@ -231,7 +233,7 @@ def _commit_batch(
             # Across tasks: a group may be spread over several of them.
             check_group_items(queue, groups)
         except MQError:
-            storage.remove_data_files(storage.queue_location(root, queue), files)
+            store.remove_data_files(store.queue_location(root, queue), files)
             raise
         before = sorted({name for message in messages for name in message.targets.get(target, [])})
         version = qm.commit_put(
@@ -251,7 +253,7 @@ def _commit_batch(
             what = f"batch {batch_id} of producer {producer}" if batch_id is not None else "batch write"
             _report(f"{where}: {what} committed {rows} messages at version {version}")
     if plan.cluster is not None and messages:
-        workload.record_routing(
+        routing.record_routing(
             plan.cluster, plan.queue, producer or messages[0].producer, batch_id, [m.routing for m in messages]
         )
 
@@ -261,7 +263,7 @@ def abort_batch(plan: SinkPlan, messages: list[PutCommitMessage | None]) -> None
     for message in messages:
         if message is not None:
             for (root, queue), files in message.files.items():
-                storage.remove_data_files(storage.queue_location(root, queue), files)
+                store.remove_data_files(store.queue_location(root, queue), files)
 
 
 def _report(text: str) -> None:

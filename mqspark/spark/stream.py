@@ -46,14 +46,14 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..connection import Reconnect
-from ..consumers import ConsumerState, consumed_rows
-from ..errors import MQError, Reason
-from ..ordering import DeliveryOptions
-from ..planner import PlannedRows, Planner
-from ..qmgr import QueueManager
-from ..services.maintenance import Maintenance
-from .browse import batch_rows
+from mqspark.engine.consumer_groups import ConsumerState, consumed_rows
+from mqspark.engine.maintenance import Maintenance
+from mqspark.engine.ordering import DeliveryOptions
+from mqspark.engine.planner import PlannedRows, Planner
+from mqspark.errors import MQError, Reason
+from mqspark.qmgr import QueueManager
+from mqspark.reconnect import Reconnect
+from mqspark.spark.browse import batch_rows
 
 OFFSET_KEYS = ("root", "queue", "consumer", "owner", "seq", "plan", "delivered", "version", "now")
 _Result = TypeVar("_Result")

@@ -35,13 +35,14 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 
-from .consumers import DEFAULT_LEASE_TIMEOUT, GET_OWNER, consumed_rows, event_rows
-from .definitions import validate_name
-from .errors import MQError, MQValidationError, Reason
-from .ordering import DeliveryOptions
-from .planner import Planner
-from .qmgr import BROWSE_SCHEMA, QueueManager
-from .services.backout import failure_rows, plan_messages
+from mqspark.engine.backout import failure_rows, plan_messages
+from mqspark.engine.consumer_groups import consumed_rows, event_rows
+from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT, GET_OWNER
+from mqspark.engine.ordering import DeliveryOptions
+from mqspark.engine.planner import Planner
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.definitions import validate_name
+from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
 
 # How long a get waits for another get of its group at least, whatever its own ``wait``.
 GET_PATIENCE = timedelta(seconds=10)

@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import MQValidationError
-from .messages import TIMESTAMP
+from mqspark.errors import MQValidationError
+from mqspark.model.messages import TIMESTAMP
 
 ORDERS = ("logical", "physical")
 

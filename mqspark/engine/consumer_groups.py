@@ -40,22 +40,22 @@ a concurrent commit is tried again at the committer's next commit.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from . import storage
-from .errors import MQError, Reason
-from .messages import TIMESTAMP, origin_versions
+from mqspark import store
+from mqspark.engine.leases import LEASE_POLL, GET_OWNER, Lease, HeldByGet
+from mqspark.errors import MQError, Reason
+from mqspark.model.messages import TIMESTAMP, origin_versions
+from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, in_ranges, merge_ranges, subtract_messages
 
 STATE_SCHEMA = pa.schema(
     [
@@ -76,8 +76,6 @@ STATE_SCHEMA = pa.schema(
         pa.field("batch_limit", pa.int64()),
     ]
 )
-RANGE_COLUMNS = ["origin", "row", "count"]
-KEY_COLUMNS = ["origin", "row"]
 # Compaction runs when the table has grown this many versions since the last one.
 COMPACT_EVERY = 100
 # Old log entries and removed files are kept this long for readers still on an older version.
@@ -86,20 +84,6 @@ _RETENTION = {
     "delta.deletedFileRetentionDuration": "interval 1 hours",
 }
 _ATTEMPTS = 100
-# How long a consumer group's lease lives without renewal, unless the query sets ``leaseTimeout``.
-DEFAULT_LEASE_TIMEOUT = timedelta(seconds=30)
-# The lease maintenance runs under is kept like a consumer group's, under this name, in a table of its
-# own (``storage.maintenance_location``). It is not a valid group name, so it never passes for one.
-MAINTENANCE = "*maintenance"
-# Owners of the Python get (:mod:`mqspark.get`) are named with this prefix: they hold the lease briefly.
-GET_OWNER = "get:"
-# How often a reader waiting for a Python get's lease looks again.
-_LEASE_POLL = 0.05
-
-
-class _HeldByGet(Exception):
-    def __init__(self, holder: Lease) -> None:
-        self.holder = holder
 
 
 @dataclass(frozen=True)
@@ -112,14 +96,6 @@ class GroupsSnapshot:
     in_flight: pa.Table
 
 
-@dataclass(frozen=True)
-class Lease:
-    """Who reads for a consumer group, and when that query was last seen alive."""
-
-    owner: str
-    seen: datetime
-
-
 class ConsumerState:
     """The state table of one queue. Open it with the queue manager root and the (local) queue name.
 
@@ -128,11 +104,11 @@ class ConsumerState:
     """
 
     def __init__(
-        self, root: str, queue: str, storage_options: storage.StorageOptions = None, location: str | None = None
+        self, root: str, queue: str, storage_options: store.StorageOptions = None, location: str | None = None
     ) -> None:
         self.root = root
         self.queue = queue
-        self.location = location or storage.state_location(root, queue)
+        self.location = location or store.state_location(root, queue)
         self.storage_options = storage_options
         self._table: DeltaTable | None = None
         # The rows of each live data file read so far, and of the whole table at ``_rows_version``.
@@ -141,6 +117,10 @@ class ConsumerState:
         self._rows_version = -1
         self._pinned = self._current = False
         self._compaction_due = False
+
+    def reopened(self) -> ConsumerState:
+        """The same state table with a handle of its own: a DeltaTable is not shared between threads."""
+        return ConsumerState(self.root, self.queue, self.storage_options, self.location)
 
     def table(self) -> DeltaTable | None:
         """The table at its latest version, None when there is none (yet, or any more). Inside
@@ -154,7 +134,7 @@ class ConsumerState:
                 return self._table
             except Exception:
                 self._table = None  # deleted with its queue, or recreated
-        self._table = storage.open_table(self.location, self.storage_options)
+        self._table = store.open_table(self.location, self.storage_options)
         self._current = self._pinned and self._table is not None
         # A table opened anew may be a new table at a version the rows were kept for.
         self._rows_version = -1
@@ -176,7 +156,7 @@ class ConsumerState:
         if table is not None:
             return table
         try:
-            storage.create_table(self.location, STATE_SCHEMA, self.storage_options, configuration=_RETENTION)
+            store.create_table(self.location, STATE_SCHEMA, self.storage_options, configuration=_RETENTION)
         except Exception:
             # Another consumer created it first.
             if self.table() is None:
@@ -195,10 +175,10 @@ class ConsumerState:
         version = table.version()
         if version != self._rows_version:
             files = {}
-            for path in storage.live_paths(table):
+            for path in store.live_paths(table):
                 known = self._files.get(path)
                 files[path] = (
-                    known if known is not None else storage.read_data_file(self.location, path).cast(STATE_SCHEMA)
+                    known if known is not None else store.read_data_file(self.location, path).cast(STATE_SCHEMA)
                 )
             self._files = files
             self._rows = (
@@ -343,7 +323,7 @@ class ConsumerState:
 
     def _commit(self, rows: pa.Table, check: Callable[[], None] | None) -> None:
         self._table_or_create()
-        file = storage.write_data_file(self.location, rows.to_batches(), STATE_SCHEMA)
+        file = store.write_data_file(self.location, rows.to_batches(), STATE_SCHEMA)
         if file is None:
             return
 
@@ -352,9 +332,9 @@ class ConsumerState:
             table = self._table_or_create()
             if check is not None:
                 check()
-            return lambda: storage.commit_files(table, [file], STATE_SCHEMA)
+            return lambda: store.commit_files(table, [file], STATE_SCHEMA)
 
-        version = storage.commit_until_landed(
+        version = store.commit_until_landed(
             self.location,
             [file],
             prepare,
@@ -397,7 +377,7 @@ class ConsumerState:
     def _overwrite(self, table: DeltaTable, rows: pa.Table) -> bool:
         """Replace the table's rows in one commit at exactly the version after ``table``'s; False when a
         concurrent commit got in first."""
-        file = storage.write_data_file(self.location, rows.cast(STATE_SCHEMA).to_batches(), STATE_SCHEMA)
+        file = store.write_data_file(self.location, rows.cast(STATE_SCHEMA).to_batches(), STATE_SCHEMA)
         self._current = False
         try:
             table.create_write_transaction(
@@ -408,7 +388,7 @@ class ConsumerState:
             )
         except CommitFailedError:
             if file is not None:
-                storage.remove_data_files(self.location, [file])
+                store.remove_data_files(self.location, [file])
             return False
         return True
 
@@ -438,7 +418,7 @@ class ConsumerState:
             holder = self.lease(consumer, timeout)
             if holder is not None and holder.owner != owner:
                 if holder.owner.startswith(GET_OWNER):
-                    raise _HeldByGet(holder)
+                    raise HeldByGet(holder)
                 age = (datetime.now(UTC) - holder.seen).total_seconds()
                 raise MQError(
                     f"queue {self.queue}: consumer group {consumer!r} is already being read by a running query "
@@ -451,14 +431,14 @@ class ConsumerState:
             try:
                 self._commit(event_rows(consumer, owner, "lease"), check)
                 return
-            except _HeldByGet as held:
+            except HeldByGet as held:
                 if time.monotonic() >= deadline:
                     raise MQError(
                         f"queue {self.queue}: consumer group {consumer!r} is being read by a Python get "
                         f"(owner {held.holder.owner}) for longer than {patience.total_seconds():g} s",
                         Reason.MQRC_OBJECT_IN_USE,
                     ) from None
-                time.sleep(_LEASE_POLL)
+                time.sleep(LEASE_POLL)
 
     def renew(self, consumer: str, owner: str, timeout: timedelta) -> None:
         """Renew ``owner``'s lease of the group; refused (2042) once another owner holds it. The check
@@ -594,101 +574,6 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
     return pa.concat_tables([piece.cast(STATE_SCHEMA) for piece in pieces]) if pieces else STATE_SCHEMA.empty_table()
 
 
-def merge_ranges(ranges: pa.Table) -> pa.Table:
-    """``origin``/``row``/``count`` ranges with duplicates dropped and adjacent ones joined, in origin order
-    (a checkpoint row that only holds a position has none)."""
-    ranges = ranges.filter(pc.is_valid(ranges["origin"])).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
-    if ranges.num_rows == 0:
-        return ranges.select(RANGE_COLUMNS)
-    ranges = ranges.take(pc.sort_indices(ranges, [("origin", "ascending"), ("row", "ascending")]))
-    # Origins are numbered in sorted order, so these keys are sorted too.
-    origin = pc.dictionary_encode(ranges["origin"]).combine_chunks().indices.to_numpy().astype(np.int64) << 32
-    row = ranges["row"].to_numpy()
-    first_key = origin | row
-    reach = np.maximum.accumulate(first_key + ranges["count"].to_numpy())
-    starts = np.ones(len(row), dtype=bool)
-    # Overlapping or adjacent ranges of one origin join.
-    starts[1:] = first_key[1:] > reach[:-1]
-    first = np.flatnonzero(starts)
-    last = np.append(first[1:], len(row)) - 1
-    return pa.table(
-        {
-            "origin": ranges["origin"].take(pa.array(first)),
-            "row": pa.array(row[first]),
-            "count": pa.array(reach[last] - first_key[first]),
-        }
-    )
-
-
-def subtract_messages(ranges: pa.Table, messages: pa.Table) -> pa.Table:
-    """``origin``/``row``/``count`` ranges without the single messages ``messages`` (``origin``, ``row``),
-    merged as :func:`merge_ranges` leaves them."""
-    ranges = merge_ranges(ranges)
-    if messages.num_rows == 0 or ranges.num_rows == 0:
-        return ranges
-    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
-    number = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64)
-    starts = number << 32 | ranges["row"].to_numpy()
-    ends = starts + ranges["count"].to_numpy()
-    point_number = pc.fill_null(pc.index_in(messages["origin"], value_set=names), -1).to_numpy().astype(np.int64)
-    points = np.unique((point_number << 32 | messages["row"].to_numpy())[point_number >= 0])
-    at = np.searchsorted(starts, points, side="right") - 1
-    inside = points[(at >= 0) & (points < ends[np.maximum(at, 0)])]
-    # Ranges are disjoint and sorted: each message inside one ends a piece and starts the next.
-    new_starts = np.sort(np.concatenate([starts, inside + 1]))
-    new_ends = np.sort(np.concatenate([ends, inside]))
-    keep = new_ends > new_starts
-    new_starts, new_ends = new_starts[keep], new_ends[keep]
-    return pa.table(
-        {
-            "origin": names.take(pa.array(new_starts >> 32)),
-            "row": pa.array(new_starts & 0xFFFFFFFF),
-            "count": pa.array(new_ends - new_starts),
-        }
-    )
-
-
-def single_ranges(messages: pa.Table) -> pa.Table:
-    """``origin``/``row`` identities as ``origin``/``row``/``count`` ranges of one message each."""
-    return pa.table(
-        {
-            "origin": messages["origin"],
-            "row": messages["row"],
-            "count": pa.array(np.ones(messages.num_rows, dtype=np.int64)),
-        }
-    )
-
-
-def expand_ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Every value of the ranges ``first`` .. ``first + count - 1``, range after range."""
-    count = np.asarray(count, dtype=np.int64)
-    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    return np.repeat(np.asarray(first, dtype=np.int64), count) + within
-
-
-def in_ranges(
-    origin: pa.ChunkedArray | pa.Array,
-    row: pa.ChunkedArray | pa.Array,
-    ranges: pa.Table,
-    count: pa.ChunkedArray | pa.Array | None = None,
-) -> pa.Array:
-    """Whether each ``origin``/``row`` lies in one of the ``origin``/``row``/``count`` ranges; with
-    ``count``, whether each of the ``count`` messages from ``row`` on does."""
-    ranges = merge_ranges(ranges)
-    if ranges.num_rows == 0:
-        return pa.array(np.zeros(len(row), dtype=bool))
-    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
-    number = pc.fill_null(pc.index_in(origin, value_set=names), -1).to_numpy().astype(np.int64)
-    key = number << 32 | np.asarray(row, dtype=np.int64)
-    first = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64) << 32 | ranges["row"].to_numpy()
-    # merge_ranges sorts by origin then row, and origin numbers follow that order: ``first`` is sorted.
-    at = np.searchsorted(first, key, side="right") - 1
-    ends = first + ranges["count"].to_numpy()
-    # Merged ranges are disjoint and never adjacent: a run lies in one of them or not in all of them.
-    last = key if count is None else key + np.asarray(count, dtype=np.int64) - 1
-    return pa.array((number >= 0) & (at >= 0) & (last < ends[np.maximum(at, 0)]))
-
-
 def event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None, seq: int | None = None) -> pa.Table:
     given = {
         "consumer": [consumer],
@@ -699,41 +584,3 @@ def event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None
         "at": [datetime.now(UTC)],
     }
     return pa.table({f.name: pa.array(given.get(f.name, [None]), f.type) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
-
-
-class Heartbeat:
-    """Renews a lease in the background while the query's planner process lives.
-
-    The planner process is killed when the query ends (``stop()`` is never called), which ends the
-    renewals; the lease then lapses after its timeout unless the query's end was seen and released.
-    """
-
-    def __init__(self, state: ConsumerState, consumer: str, owner: str, timeout: timedelta) -> None:
-        # Its own handle on the table: a DeltaTable is not shared between threads.
-        self.state = ConsumerState(state.root, state.queue, state.storage_options, state.location)
-        self.consumer, self.owner, self.timeout = consumer, owner, timeout
-        self.lost: MQError | None = None
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"mqspark-lease-{consumer}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def _run(self) -> None:
-        interval = self.timeout.total_seconds() / 3
-        while not self._stopped.wait(interval):
-            try:
-                if self.state.table() is None:
-                    if storage.reachable(self.state.root, self.state.storage_options):
-                        return  # the queue was deleted
-                    continue
-                self.state.renew(self.consumer, self.owner, self.timeout)
-            except MQError as error:
-                self.lost = error
-                return
-            except Exception as error:
-                if not storage.broken(error, self.state.root, self.state.storage_options):
-                    raise
-                # Out of reach: renewals go on once it is back (see :mod:`mqspark.connection`).
-                continue

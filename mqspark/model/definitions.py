@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import MQValidationError
+from mqspark.errors import MQValidationError
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 MAX_NAME_LENGTH = 48

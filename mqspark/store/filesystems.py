@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from .errors import MQValidationError
+from mqspark.errors import MQValidationError
 
 # delta-rs's (object_store's) names for each Azure setting, as storage options or, upper-cased,
 # environment variables.

@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import storage
-from .consumers import expand_ranges
-from .messages import MESSAGE_SCHEMA, origins
+from mqspark import store
+from mqspark.model.messages import MESSAGE_SCHEMA, origins
+from mqspark.model.ranges import expand_ranges
 
 INDEX_COLUMNS = [
     "msg_id",
@@ -72,7 +72,7 @@ class PendingMessages:
     """
 
     def __init__(
-        self, location: str, storage_options: storage.StorageOptions = None, exact_lengths: bool = False
+        self, location: str, storage_options: store.StorageOptions = None, exact_lengths: bool = False
     ) -> None:
         self.location = location
         self.storage_options = storage_options
@@ -93,15 +93,15 @@ class PendingMessages:
         """Read the live messages of the table at version ``up_to`` (default: its latest) and leave out
         ``consumed`` (``origin``/``row``/``count`` ranges of the group's consumed messages)."""
         for attempt in range(_ATTEMPTS):
-            table = storage.open_table(self.location, self.storage_options)
+            table = store.open_table(self.location, self.storage_options)
             if table is None:
                 return
             if up_to is not None and up_to != table.version():
                 table.load_as_version(up_to)
             try:
-                live = storage.live_files(table)
+                live = store.live_files(table)
                 break
-            except storage.LogEntryGone:
+            except store.LogEntryGone:
                 # Maintenance cleaned up the log behind this snapshot; its newer one needs no such entry.
                 if up_to is not None or attempt == _ATTEMPTS - 1:
                     raise
@@ -125,18 +125,18 @@ class PendingMessages:
     def behind_clean_up(self) -> bool:
         """Whether maintenance has cleaned up the log entry after the last one read, so the index can
         only be built again from a newer snapshot."""
-        return not self.has_news() and storage.last_checkpoint(self.location) > self.version
+        return not self.has_news() and store.last_checkpoint(self.location) > self.version
 
     def has_news(self) -> bool:
         """Whether a commit after the last one read exists: one file lookup."""
-        return storage.version_exists(self.location, self.version + 1)
+        return store.version_exists(self.location, self.version + 1)
 
     def refresh(self, up_to: int | None = None) -> bool:
         """Read the commits after the last one read (up to ``up_to``); True when any added messages."""
         added = False
         pieces: list[pa.Table] = []
-        while (up_to is None or self.version < up_to) and storage.version_exists(self.location, self.version + 1):
-            entry = storage.log_entry(self.location, self.version + 1)
+        while (up_to is None or self.version < up_to) and store.version_exists(self.location, self.version + 1):
+            entry = store.log_entry(self.location, self.version + 1)
             self.version = entry.version
             if entry.rewrites:
                 added |= self._append(pieces)
@@ -177,13 +177,13 @@ class PendingMessages:
             if len(chosen):
                 wanted = file_row[chosen]
                 low = int(wanted.min())
-                data = storage.read_data_rows(
+                data = store.read_data_rows(
                     self.location, self.files[file[chosen[0]]], low, int(wanted.max()) + 1, columns
                 )
                 pieces.append(data.take(pa.array(wanted - low)).cast(schema))
         return pa.concat_tables(pieces).take(pa.array(np.argsort(order)))
 
-    def _move(self, entry: storage.LogEntry) -> None:
+    def _move(self, entry: store.LogEntry) -> None:
         """Follow a maintenance or purge commit: messages of the files it removed now lie in the files
         it added, or are gone. Its files hold no message the index does not already have."""
         removed = pc.is_in(
@@ -217,13 +217,13 @@ class PendingMessages:
 
     def _read(self, path: str, size: int, version: int | None) -> pa.Table:
         names = INDEX_COLUMNS if self.msg_ids else [name for name in INDEX_COLUMNS if name != "msg_id"]
-        data = storage.read_messages(self.location, path, version, names)
+        data = store.read_messages(self.location, path, version, names)
         count = data.num_rows
         columns = {name: data[name].cast(MESSAGE_SCHEMA.field(name).type) for name in names}
         if not self.msg_ids:
             columns["msg_id"] = pa.nulls(count, pa.string())
         if self.exact_lengths or pc.any(data["segmented"]).as_py():
-            payload = storage.read_data_file(self.location, path, ["payload"])["payload"]
+            payload = store.read_data_file(self.location, path, ["payload"])["payload"]
             columns["payload_length"] = pc.binary_length(payload).cast(pa.int64())
         else:
             columns["payload_length"] = pa.array(np.full(count, size // max(count, 1), np.int64))

@@ -48,10 +48,10 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from . import storage
-from .errors import MQError, MQValidationError, Reason
-from .get import plan_get
-from .qmgr import BROWSE_SCHEMA, QueueManager
+from mqspark import store
+from mqspark.engine.get import plan_get
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
 
 DEFAULT_RECONNECT_TIMEOUT = timedelta(seconds=1800)
 _FIRST_DELAY = 0.2
@@ -105,7 +105,7 @@ class Connection:
         listed = [roots] if isinstance(roots, str | os.PathLike) else list(roots)
         if not listed:
             raise MQValidationError("connection list is empty: give at least one queue manager root")
-        self.roots = [storage.normalize_root(root) for root in listed]
+        self.roots = [store.normalize_root(root) for root in listed]
         self.mode = reconnect_mode(reconnect)
         self.timeout = reconnect_timeout_of(reconnect_timeout)
         self.storage_options = storage_options
@@ -221,14 +221,14 @@ class Reconnect:
         writer again for each micro-batch, so a root out of reach is waited for when the client
         asked for ``yes`` or ``qmgr``, and fails with 2009 otherwise: the queue manager's own
         default cannot be read then."""
-        location = storage.normalize_root(root)
+        location = store.normalize_root(root)
         deadline = time.monotonic() + timeout.total_seconds()
         while True:
             try:
                 qm = QueueManager.open(location)
                 return qm, cls(qm.root, qm.name, qm.qmid, mode_in_force(qm, asked), timeout, qm.storage_options)
             except Exception as error:
-                if not storage.broken(error, location, None):
+                if not store.broken(error, location, None):
                     raise
                 if asked not in (ReconnectMode.YES, ReconnectMode.QMGR):
                     raise MQError(
@@ -283,14 +283,14 @@ def _check_broken(
     root: str,
     name: str,
     mode: ReconnectMode,
-    storage_options: storage.StorageOptions,
+    storage_options: store.StorageOptions,
     what: str,
     deadline: float | None,
     timeout: timedelta,
 ) -> float:
     """Raise ``error`` unless it broke the connection; raise 2009 when the mode does not reconnect;
     else the deadline of the reconnection (set at the first break)."""
-    if not storage.broken(error, root, storage_options):
+    if not store.broken(error, root, storage_options):
         raise error
     if mode in (ReconnectMode.NO, ReconnectMode.DISABLED):
         why = "reconnection is disabled on the queue manager" if mode is ReconnectMode.DISABLED else "reconnect is no"
@@ -313,7 +313,7 @@ def _wait_for(
     what: str,
     error: Exception,
     in_doubt: bool,
-    storage_options: storage.StorageOptions,
+    storage_options: store.StorageOptions,
 ) -> QueueManager:
     """Wait, with backoff, for a queue manager at the roots of ``order`` that the mode accepts: the
     lost one (same qmid), or with ``follow`` any that hosts ``queue``."""

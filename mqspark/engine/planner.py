@@ -30,14 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import storage
-from .consumers import STATE_SCHEMA, ConsumerState, Heartbeat, consumed_rows, expand_ranges, single_ranges
-from .errors import MQError, Reason
-from .messages import MESSAGE_SCHEMA, TIMESTAMP
-from .ordering import DeliveryOptions, deliver, join_segments, keep_rows
-from .pending import PendingMessages, lookup
-from .qmgr import BROWSE_SCHEMA, QueueManager
-from .services.backout import (
+from mqspark import store
+from mqspark.engine.backout import (
     GIVEN_UP,
     HELD_BEHIND,
     ISOLATE_FACTOR,
@@ -48,6 +42,14 @@ from .services.backout import (
     failures,
     plan_messages,
 )
+from mqspark.engine.consumer_groups import STATE_SCHEMA, ConsumerState, consumed_rows
+from mqspark.engine.leases import Heartbeat
+from mqspark.engine.ordering import DeliveryOptions, deliver, join_segments, keep_rows
+from mqspark.engine.pending import PendingMessages, lookup
+from mqspark.errors import MQError, Reason
+from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP
+from mqspark.model.ranges import expand_ranges, single_ranges
+from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
 
 # Planned messages are split into partitions of about this many payload bytes.
 PARTITION_BYTES = 64 * 1024 * 1024
@@ -77,7 +79,7 @@ class PlannedRows:
         for number in np.unique(self.file):
             mine = self.file == number
             first, stop = int(self.row[mine].min()), int((self.row[mine] + self.count[mine]).max())
-            data = storage.read_data_rows(self.location, self.files[number], first, stop, MESSAGE_SCHEMA.names)
+            data = store.read_data_rows(self.location, self.files[number], first, stop, MESSAGE_SCHEMA.names)
             spans[number] = (first, data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA))
         pieces = []
         for number, row, count in zip(self.file, self.row, self.count, strict=True):
@@ -125,7 +127,7 @@ class Planner:
         self.delivery = delivery
         self.delivery_sequence = definition.delivery_sequence
         self.exact_lengths = exact_lengths
-        self.location = storage.queue_location(qm.root, self.queue)
+        self.location = store.queue_location(qm.root, self.queue)
         self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
         self.owner = owner
         self.started = datetime.now(UTC)

@@ -19,9 +19,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from . import filesystems, storage
-from .definitions import QueueDefinition, QueueManagerDefinition
-from .errors import MQError, Reason
+from mqspark import store
+from mqspark.errors import MQError, Reason
+from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition
+from mqspark.store import filesystems
 
 CATALOG_SCHEMA = pa.schema(
     [
@@ -99,21 +100,21 @@ class CatalogState:
 class Catalog:
     """Reads and changes the catalog table at ``<root>/_qmgr``."""
 
-    def __init__(self, root: str, storage_options: storage.StorageOptions = None) -> None:
+    def __init__(self, root: str, storage_options: store.StorageOptions = None) -> None:
         self.root = root
-        self.location = storage.catalog_location(root)
+        self.location = store.catalog_location(root)
         self.storage_options = storage_options
         filesystems.remember(root, storage_options)
 
     def create(self, qmgr: QueueManagerDefinition, queues: list[QueueDefinition]) -> None:
-        table = storage.create_table(self.location, CATALOG_SCHEMA, self.storage_options)
+        table = store.create_table(self.location, CATALOG_SCHEMA, self.storage_options)
         write_deltalake(table, _to_rows(qmgr, {q.name: q for q in queues}, {}, {}), mode="append")
 
     def read(self) -> CatalogState:
         return self._snapshot()[1]
 
     def _snapshot(self) -> tuple[DeltaTable, CatalogState]:
-        table = storage.open_table(self.location, self.storage_options)
+        table = store.open_table(self.location, self.storage_options)
         if table is None:
             raise MQError(f"no queue manager at {self.root}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
         qmid = table.metadata().id

@@ -21,12 +21,13 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from ..cluster.repository import Binding, Cluster, ClusterSnapshot
-from ..cluster.routing import RouteRequest, Routing, check_bind, route_messages
-from ..definitions import QueueDefinition, validate_name
-from ..errors import MQError, MQValidationError, Reason
-from ..messages import MESSAGE_SCHEMA, dead_letter
-from ..qmgr import QueueManager
+from mqspark.cluster.repository import Binding, Cluster, ClusterSnapshot
+from mqspark.cluster.routing import RouteRequest, Routing, check_bind, route_messages
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.dead_letter import dead_letter
+from mqspark.model.definitions import QueueDefinition, validate_name
+from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.qmgr import QueueManager
 
 # What route() adds to a DataFrame.
 ROUTE_COLUMNS = StructType(

@@ -21,13 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from . import storage
-from .consumers import GroupsSnapshot, expand_ranges, in_ranges
-from .messages import MESSAGE_SCHEMA, TIMESTAMP, origins
+from mqspark import store
+from mqspark.engine.consumer_groups import GroupsSnapshot
+from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
+from mqspark.model.ranges import expand_ranges, in_ranges
 
 
 def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
-    """The live files of ``table``'s version (see :func:`storage.live_files`) and every live message:
+    """The live files of ``table``'s version (see :func:`store.live_files`) and every live message:
     ``file`` (its number in that list), ``origin`` and ``row`` (its identity), ``expiry``, and the
     ``extra`` columns, in file order.
 
@@ -35,7 +36,7 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
     statistics alone; the others are read (only the columns needed).
     """
     extra = extra or []
-    files = storage.live_files(table)
+    files = store.live_files(table)
     simple = np.zeros(files.num_rows, dtype=bool)
     if not extra and files.num_rows:
         low = pc.fill_null(files["min_put_seq"], -1).to_numpy()
@@ -63,7 +64,7 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
     paths = files["path"].to_pylist()
     versions = files["version"].to_pylist()
     for number in np.flatnonzero(~simple):
-        data = storage.read_messages(table.table_uri, paths[number], versions[number], ["put_seq", "expiry", *extra])
+        data = store.read_messages(table.table_uri, paths[number], versions[number], ["put_seq", "expiry", *extra])
         piece = _identities(
             np.full(data.num_rows, number),
             data["commit_version"].to_numpy(),

@@ -66,16 +66,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import storage
-from ..consumers import STATE_SCHEMA, ConsumerState, event_rows, expand_ranges, single_ranges
-from ..definitions import QueueDefinition, validate_name
-from ..errors import MQError, MQValidationError, Reason
-from ..messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP, dead_letter, group_items
-from ..pending import lookup
+from mqspark import store
+from mqspark.engine.consumer_groups import STATE_SCHEMA, ConsumerState, event_rows
+from mqspark.engine.pending import lookup
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.dead_letter import dead_letter
+from mqspark.model.definitions import QueueDefinition, validate_name
+from mqspark.model.groups import group_items
+from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP
+from mqspark.model.ranges import expand_ranges, single_ranges
 
 if TYPE_CHECKING:
-    from ..pending import PendingMessages
-    from ..qmgr import QueueManager
+    from mqspark.engine.pending import PendingMessages
+    from mqspark.qmgr import QueueManager
 
 FAILURE_EVENTS = ("backout", "rollback")
 # The error text of a rolled-back delivery (the batch failed and was replayed).
@@ -254,7 +257,7 @@ def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> i
         batch is replayed records them once. Rows that are not in the group's current batch are refused
         and nothing is recorded.
     """
-    from ..qmgr import QueueManager
+    from mqspark.qmgr import QueueManager
 
     if not isinstance(error, str) or not error:
         raise MQValidationError(f"backout: error must be a non-empty text, got {error!r}")
@@ -338,7 +341,7 @@ class Transfer:
     def transfer(self, chosen: pa.Table, target: str, pending: PendingMessages, **given: pa.Array) -> None:
         """Move the messages ``chosen`` (``origin``, ``row``) to queue ``target``; ``given`` are more
         columns of their ``move`` rows (``delivery_seq``, ``reason``, ``error``)."""
-        table = storage.open_table(storage.queue_location(self.qm.root, target), self.qm.storage_options)
+        table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
         committed = table.transaction_version(self.app_id) if table is not None else None
         move_id = uuid.uuid4().hex
         count = chosen.num_rows
@@ -377,11 +380,11 @@ class Transfer:
             raise MQError(
                 f"queue {self.queue}: a message to move to {target} is no longer in the queue", Reason.MQRC_BACKED_OUT
             )
-        location = storage.queue_location(self.qm.root, self.queue)
+        location = store.queue_location(self.qm.root, self.queue)
         pieces = []
         for number in np.unique(file):
             rows = file_row[file == number]
-            data = storage.read_data_rows(
+            data = store.read_data_rows(
                 location, pending.files[number], int(rows.min()), int(rows.max()) + 1, MESSAGE_SCHEMA.names
             )
             pieces.append(data.take(pa.array(rows - rows.min())).select(MESSAGE_SCHEMA.names))
@@ -392,8 +395,8 @@ class Transfer:
         messages = _replace(messages, "put_time", pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count))
         messages = _replace(messages, "put_seq", pa.array(np.arange(count, dtype=np.int64)))
         messages = self.copy(messages, move)
-        data = storage.write_data_file(
-            storage.queue_location(self.qm.root, target), messages.to_batches(), QUEUE_TABLE_SCHEMA
+        data = store.write_data_file(
+            store.queue_location(self.qm.root, target), messages.to_batches(), QUEUE_TABLE_SCHEMA
         )
         self.qm.commit_put(
             target,
@@ -518,7 +521,7 @@ def redrive(
     in the order they arrived, exactly once. All of them, or those matching every selector given.
     Returns how many went back to each queue. Messages without an original queue, or whose original
     queue is no longer defined here, stay."""
-    from ..pending import PendingMessages
+    from mqspark.engine.pending import PendingMessages
 
     definition = qm.resolve_for_get(queue)
     local = definition.name
@@ -529,7 +532,7 @@ def redrive(
     owner = uuid.uuid4().hex
     state.acquire(REDRIVER, owner, lease_timeout)
     try:
-        pending = PendingMessages(storage.queue_location(qm.root, local), qm.storage_options)
+        pending = PendingMessages(store.queue_location(qm.root, local), qm.storage_options)
         pending.load(state.consumed_ranges(REDRIVER))
         transfer = Transfer(qm, local, state, REDRIVER, owner, f"mqspark.redrive/{qm.name}/{local}", _without_header)
         pending.mark_consumed(pending.range_keys(single_ranges(transfer.finish_pending(pending))))

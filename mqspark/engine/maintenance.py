@@ -40,13 +40,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import depth, storage
-from ..consumers import MAINTENANCE, ConsumerState, Heartbeat
-from ..errors import MQError, MQValidationError, Reason
-from ..messages import QUEUE_TABLE_SCHEMA
+from mqspark import store
+from mqspark.engine import depth
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.leases import MAINTENANCE, Heartbeat
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 
 if TYPE_CHECKING:
-    from ..qmgr import QueueManager
+    from mqspark.qmgr import QueueManager
 
 # Removed files and log entries stay this long by default, for time travel and for readers still
 # on an older version.
@@ -95,7 +97,7 @@ def maintain(qm: QueueManager, queue: str, retention: timedelta, now: datetime |
     started = time.monotonic()
     now = now or datetime.now(UTC)
     with _Lease(qm, queue):
-        location = storage.queue_location(qm.root, queue)
+        location = store.queue_location(qm.root, queue)
         table = _prepared_table(location, qm.storage_options, retention)
         state = ConsumerState(qm.root, queue, qm.storage_options)
         read_version = table.version()
@@ -134,7 +136,7 @@ def maintain(qm: QueueManager, queue: str, retention: timedelta, now: datetime |
             removed_expired=int((removed & ~consumed_by_all).sum()),
             rewritten=int(moved.sum()),
             files_before=files.num_rows,
-            files_after=len(storage.live_paths(storage.open_table(location, qm.storage_options))),
+            files_after=len(store.live_paths(store.open_table(location, qm.storage_options))),
             log_entries_removed=cleaned,
             files_vacuumed=vacuumed,
             seconds=round(time.monotonic() - started, 3),
@@ -150,15 +152,15 @@ def purge(qm: QueueManager, queue: str, lease_timeout: timedelta) -> int:
                 f"queue {queue}: consumer group {group!r} is reading it; stop its query before purging",
                 Reason.MQRC_OBJECT_IN_USE,
             )
-    location = storage.queue_location(qm.root, queue)
+    location = store.queue_location(qm.root, queue)
     with _Lease(qm, queue):
         removed: list[int] = []
 
         def prepare(attempt: int):
-            table = storage.open_table(location, qm.storage_options)
-            files = storage.live_files(table)
+            table = store.open_table(location, qm.storage_options)
+            files = store.live_files(table)
             removed[:] = [int(pc.sum(files["rows"]).as_py() or 0)]
-            return lambda: storage.commit_files(
+            return lambda: store.commit_files(
                 table,
                 [],
                 QUEUE_TABLE_SCHEMA,
@@ -166,7 +168,7 @@ def purge(qm: QueueManager, queue: str, lease_timeout: timedelta) -> int:
                 metadata={"mqspark.operation": "purge"},
             )
 
-        storage.commit_until_landed(
+        store.commit_until_landed(
             location, [], prepare, _ATTEMPTS, f"queue {queue}: purge gave up after {_ATTEMPTS} conflicts"
         )
         return removed[0]
@@ -233,7 +235,7 @@ class _Lease:
     """The queue's maintenance lease, renewed while a run lasts; refused (2042) while another run holds it."""
 
     def __init__(self, qm: QueueManager, queue: str) -> None:
-        location = storage.maintenance_location(qm.root, queue)
+        location = store.maintenance_location(qm.root, queue)
         self.state = ConsumerState(qm.root, queue, qm.storage_options, location)
         self.queue = queue
         self.owner = uuid.uuid4().hex
@@ -256,16 +258,16 @@ class _Lease:
         self.state.release(MAINTENANCE, self.owner)
 
 
-def _prepared_table(location: str, storage_options: storage.StorageOptions, retention: timedelta):
+def _prepared_table(location: str, storage_options: store.StorageOptions, retention: timedelta):
     """The queue table, its properties set for ``retention`` and for log clean-up by maintenance only."""
-    table = storage.open_table(location, storage_options)
+    table = store.open_table(location, storage_options)
     seconds = int(retention.total_seconds())
     wanted = {
         "delta.enableExpiredLogCleanup": "false",
         "delta.logRetentionDuration": f"interval {seconds} seconds",
         "delta.deletedFileRetentionDuration": f"interval {seconds} seconds",
     }
-    return storage.open_table(location, storage_options) if storage.set_properties(table, wanted) else table
+    return store.open_table(location, storage_options) if store.set_properties(table, wanted) else table
 
 
 @dataclass(frozen=True)
@@ -297,13 +299,13 @@ def _kept_rows(location: str, files: pa.Table, rewritten: np.ndarray, file: np.n
     versions = files["version"].to_pylist()
     pieces = []
     for number in rewritten:
-        data = storage.read_messages(location, paths[number], versions[number], QUEUE_TABLE_SCHEMA.names)
+        data = store.read_messages(location, paths[number], versions[number], QUEUE_TABLE_SCHEMA.names)
         pieces.append(data.filter(pa.array(~removed[file == number])))
     kept = pa.concat_tables(pieces).select(QUEUE_TABLE_SCHEMA.names).cast(QUEUE_TABLE_SCHEMA)
     return kept.sort_by([("commit_version", "ascending"), ("put_seq", "ascending")])
 
 
-def _write(location: str, kept: pa.Table, files: pa.Table) -> list[storage.DataFile]:
+def _write(location: str, kept: pa.Table, files: pa.Table) -> list[store.DataFile]:
     """``kept`` in files of about :data:`TARGET_FILE_BYTES` (judged by the live files' bytes per row)."""
     if kept.num_rows == 0:
         return []
@@ -312,21 +314,21 @@ def _write(location: str, kept: pa.Table, files: pa.Table) -> list[storage.DataF
     written = []
     for start in range(0, kept.num_rows, rows_per_file):
         part = kept.slice(start, rows_per_file)
-        written.append(storage.write_data_file(location, part.to_batches(), QUEUE_TABLE_SCHEMA))
+        written.append(store.write_data_file(location, part.to_batches(), QUEUE_TABLE_SCHEMA))
     return written
 
 
 def _commit(
-    location: str, storage_options: storage.StorageOptions, removed: list[str], written: list[storage.DataFile]
+    location: str, storage_options: store.StorageOptions, removed: list[str], written: list[store.DataFile]
 ) -> int | None:
     """Commit the rewrite at exactly the version after the one it checks; a concurrent commit makes it
     check again that every file it removes is still live, and give up (deleting its files) if not."""
 
     def prepare(attempt: int):
-        table = storage.open_table(location, storage_options)
-        if not set(removed) <= set(storage.live_paths(table)):
+        table = store.open_table(location, storage_options)
+        if not set(removed) <= set(store.live_paths(table)):
             return None
-        return lambda: storage.commit_files(
+        return lambda: store.commit_files(
             table,
             written,
             QUEUE_TABLE_SCHEMA,
@@ -334,14 +336,14 @@ def _commit(
             metadata={"mqspark.operation": "maintain", "mqspark.files_removed": len(removed)},
         )
 
-    return storage.commit_until_landed(
+    return store.commit_until_landed(
         location, written, prepare, _ATTEMPTS, f"maintenance of {location} gave up after {_ATTEMPTS} conflicts"
     )
 
 
 def _tidy(
     location: str,
-    storage_options: storage.StorageOptions,
+    storage_options: store.StorageOptions,
     version: int | None,
     clean_before: int | None,
     now: datetime,
@@ -351,12 +353,12 @@ def _tidy(
     the log entries before version ``clean_before`` older than the retention (None: keep them all)
     with the files the entries that go removed, and checkpoint at the maintenance commit
     ``version``. Returns the log entries and files removed."""
-    vacuumed = storage.delete_removed_files(location, now - retention)
-    table = storage.open_table(location, storage_options)
+    vacuumed = store.delete_removed_files(location, now - retention)
+    table = store.open_table(location, storage_options)
     cleaned = 0
     if clean_before is not None:
         table.load_as_version(clean_before)
-        cleaned, more = storage.clean_up_log(table, retention)
+        cleaned, more = store.clean_up_log(table, retention)
         vacuumed += more
     if version is not None:
         table.load_as_version(version)

@@ -52,19 +52,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
-from . import storage
-from .consumers import DEFAULT_LEASE_TIMEOUT, STATE_SCHEMA, ConsumerState, in_ranges, merge_ranges, single_ranges
-from .definitions import validate_name
-from .depth import identity_columns, waiting, waiting_and_depth
-from .errors import MQError, MQValidationError, Reason
-from .messages import TIMESTAMP
-from .services.backout import failures
+from mqspark import store
+from mqspark.engine.backout import failures
+from mqspark.engine.consumer_groups import STATE_SCHEMA, ConsumerState
+from mqspark.engine.depth import identity_columns, waiting, waiting_and_depth
+from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.definitions import validate_name
+from mqspark.model.messages import TIMESTAMP
+from mqspark.model.ranges import in_ranges, merge_ranges, single_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
-    from .definitions import QueueDefinition
-    from .qmgr import QueueManager
+    from mqspark.model.definitions import QueueDefinition
+    from mqspark.qmgr import QueueManager
 
 _log = logging.getLogger(__name__)
 
@@ -328,11 +330,11 @@ def claimable_messages(
     index ``files``, both from :meth:`~mqspark.qmgr.QueueManager.live_messages`) are claimable now,
     and the put time of the oldest: not delayed (``available_at``) nor parked by the queue's
     ``retry_delay`` after a failure. Only the files holding waiting messages are read."""
-    location = storage.queue_location(qm.root, definition.name)
+    location = store.queue_location(qm.root, definition.name)
     paths, versions = files["path"].to_pylist(), files["version"].to_pylist()
     read = []
     for number in pc.unique(waiting_now["file"]).to_pylist():
-        data = storage.read_messages(location, paths[number], versions[number], ["put_seq", *_CLAIM_COLUMNS])
+        data = store.read_messages(location, paths[number], versions[number], ["put_seq", *_CLAIM_COLUMNS])
         origin, row = identity_columns(data["commit_version"].to_numpy(), data["put_seq"].to_numpy())
         read.append(pa.table({"origin": origin, "row": row, **{c: data[c] for c in _CLAIM_COLUMNS}}))
     if not read:
@@ -367,7 +369,7 @@ class GroupHealth:
 
 def latest_point(qm: QueueManager, queue: str, consumer: str) -> dict[str, Any] | None:
     """The newest point of the monitor history of ``queue`` and group ``consumer``, or None."""
-    table = storage.open_table(storage.monitor_location(qm.root, queue), qm.storage_options)
+    table = store.open_table(store.monitor_location(qm.root, queue), qm.storage_options)
     if table is None:
         return None
     match = (pc.field("queue") == queue) & (pc.field("consumer") == consumer)
@@ -467,7 +469,7 @@ class Monitor:
         self.consumer = validate_name(consumer, "consumer group")
         self.lease_timeout = lease_timeout
         self.id = f"monitor:{uuid.uuid4().hex[:12]}"
-        self.history = storage.monitor_location(qm.root, self.queue) if history else None
+        self.history = store.monitor_location(qm.root, self.queue) if history else None
         self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
         self._waiting: pa.Table | None = None
         self._last_progress: datetime | None = None
@@ -589,14 +591,14 @@ class Monitor:
         row = pa.table({f.name: pa.array([values[f.name]], f.type) for f in HISTORY_SCHEMA}, schema=HISTORY_SCHEMA)
         assert self.history is not None
         if self._history_table is None:
-            if not storage.table_exists(self.history, self.qm.storage_options):
+            if not store.table_exists(self.history, self.qm.storage_options):
                 try:
-                    storage.create_table(self.history, HISTORY_SCHEMA, self.qm.storage_options, _HISTORY_CONFIGURATION)
+                    store.create_table(self.history, HISTORY_SCHEMA, self.qm.storage_options, _HISTORY_CONFIGURATION)
                 except Exception:  # noqa: BLE001 - another monitor created it first
-                    if not storage.table_exists(self.history, self.qm.storage_options):
+                    if not store.table_exists(self.history, self.qm.storage_options):
                         raise
             # Kept open: each append then reads only the log entries added since the last one.
-            self._history_table = storage.open_table(self.history, self.qm.storage_options)
+            self._history_table = store.open_table(self.history, self.qm.storage_options)
         write_deltalake(self._history_table, row, mode="append")
 
     def run(self, points: int | None = None, on_point: Callable[[MonitorPoint], None] | None = None) -> MonitorPoint:

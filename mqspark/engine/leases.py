@@ -1,0 +1,80 @@
+"""Leases of a consumer group (spec section 4): one reader at a time per group, renewed while it
+reads. The lease records live in the group's state table (see ``ConsumerState.acquire``, ``renew``,
+``release``); this module holds the lease record, its owners and the background heartbeat.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from mqspark import store
+from mqspark.errors import MQError
+
+if TYPE_CHECKING:
+    from mqspark.engine.consumer_groups import ConsumerState
+
+# How long a consumer group's lease lives without renewal, unless the query sets ``leaseTimeout``.
+DEFAULT_LEASE_TIMEOUT = timedelta(seconds=30)
+# The lease maintenance runs under is kept like a consumer group's, under this name, in a table of its
+# own (``store.maintenance_location``). It is not a valid group name, so it never passes for one.
+MAINTENANCE = "*maintenance"
+# Owners of the Python get (:mod:`mqspark.get`) are named with this prefix: they hold the lease briefly.
+GET_OWNER = "get:"
+# How often a reader waiting for a Python get's lease looks again.
+LEASE_POLL = 0.05
+
+
+class HeldByGet(Exception):
+    """A Python get holds the lease: it ends in a moment, so the reader waits rather than fails."""
+
+    def __init__(self, holder: Lease) -> None:
+        self.holder = holder
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who reads for a consumer group, and when that query was last seen alive."""
+
+    owner: str
+    seen: datetime
+
+
+class Heartbeat:
+    """Renews a lease in the background while the query's planner process lives.
+
+    The planner process is killed when the query ends (``stop()`` is never called), which ends the
+    renewals; the lease then lapses after its timeout unless the query's end was seen and released.
+    """
+
+    def __init__(self, state: ConsumerState, consumer: str, owner: str, timeout: timedelta) -> None:
+        # Its own handle on the table: a DeltaTable is not shared between threads.
+        self.state = state.reopened()
+        self.consumer, self.owner, self.timeout = consumer, owner, timeout
+        self.lost: MQError | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"mqspark-lease-{consumer}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        interval = self.timeout.total_seconds() / 3
+        while not self._stopped.wait(interval):
+            try:
+                if self.state.table() is None:
+                    if store.reachable(self.state.root, self.state.storage_options):
+                        return  # the queue was deleted
+                    continue
+                self.state.renew(self.consumer, self.owner, self.timeout)
+            except MQError as error:
+                self.lost = error
+                return
+            except Exception as error:
+                if not store.broken(error, self.state.root, self.state.storage_options):
+                    raise
+                # Out of reach: renewals go on once it is back (see :mod:`mqspark.connection`).
+                continue

@@ -1,0 +1,269 @@
+"""The message: its table schema, and turning what a producer gives into validated rows (spec sections 2-3).
+
+Every put path (``QueueManager.put`` and the Spark sinks) goes through :func:`prepare_put`, so defaults,
+validation and segmentation are written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mqspark.errors import Reason
+from mqspark.model.definitions import QueueDefinition
+from mqspark.model.groups import _check_groups, _segment
+from mqspark.model.messages import (
+    DEAD_LETTER_FIELDS,
+    MESSAGE_SCHEMA,
+    PRODUCER_FIELDS,
+    TIMESTAMP,
+    _error,
+    _first_bad,
+    new_ids,
+)
+
+_STRING_FIELDS = (
+    "msg_id",
+    "correl_id",
+    "group_id",
+    "reply_to_queue",
+    "reply_to_qmgr",
+    "failure_queue",
+    "before_msg_id",
+)
+_BOOLEAN_FIELDS = ("last_in_group", "segmented", "last_segment", "top_of_queue")
+_TIME_FIELDS = ("expiry", "available_at")
+_INTEGER_FIELDS = ("priority", "msg_seq_number", "offset", "backout_count")
+
+
+def rows_to_table(queue: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Turn a list of dicts into an Arrow table of producer fields (types are checked by :func:`prepare_put`)."""
+    rows = list(rows)
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise _error(queue, f"message {index} must be a dict of fields, got {type(row).__name__} {row!r}")
+        unknown = sorted(set(row) - set(PRODUCER_FIELDS))
+        if unknown:
+            raise _error(
+                queue, f"unknown field {unknown[0]!r} in message {index}; fields are {', '.join(PRODUCER_FIELDS)}"
+            )
+    names = [name for name in PRODUCER_FIELDS if any(name in row for row in rows)]
+    if not rows:
+        names = ["payload"]
+    columns = {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        if name == "payload":
+            values = [value.encode() if isinstance(value, str) else value for value in values]
+        if name == "properties":
+            values = [list(value.items()) if isinstance(value, Mapping) else value for value in values]
+        target = MESSAGE_SCHEMA.field(name).type
+        if pa.types.is_integer(target):
+            # Wide enough for any Python int the range checks should see and name.
+            target = pa.int64()
+        try:
+            columns[name] = pa.array(values, type=target)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
+            bad = next((i, v) for i, v in enumerate(values) if not _converts(v, target))
+            raise _error(
+                queue, f"field {name} has value {bad[1]!r} in message {bad[0]}, which is not {target}"
+            ) from None
+    return pa.table(columns)
+
+
+def _converts(value: Any, target: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=target)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
+        return False
+
+
+def _column(queue: str, table: pa.Table, name: str, target: pa.DataType, default: Any) -> pa.ChunkedArray:
+    """The column cast to the schema type with nulls replaced by ``default`` (None keeps them)."""
+    length = table.num_rows
+    if name not in table.column_names:
+        return pa.chunked_array([pa.nulls(length, target) if default is None else pa.array([default] * length, target)])
+    column = table.column(name)
+    source = column.type
+    if name == "payload":
+        allowed = (
+            pa.types.is_binary(source)
+            or pa.types.is_large_binary(source)
+            or pa.types.is_string(source)
+            or pa.types.is_large_string(source)
+            or pa.types.is_binary_view(source)
+            or pa.types.is_string_view(source)
+        )
+    elif target == TIMESTAMP:
+        allowed = pa.types.is_timestamp(source) or pa.types.is_null(source)
+    elif pa.types.is_integer(target):
+        allowed = pa.types.is_integer(source) or pa.types.is_null(source)
+    else:
+        allowed = (
+            source == target
+            or pa.types.is_null(source)
+            or (pa.types.is_string(target) and (pa.types.is_large_string(source) or pa.types.is_string_view(source)))
+            or (pa.types.is_map(target) and pa.types.is_map(source))
+        )
+    if not allowed:
+        raise _error(queue, f"field {name} has type {source}, expected {target}")
+    if pa.types.is_timestamp(source) and source.tz is None:
+        column = pc.assume_timezone(column, "UTC")
+    if pa.types.is_integer(target) and pa.types.is_integer(source):
+        limits = np.iinfo(np.int32 if target == pa.int32() else np.int64)
+        out_of_range = pc.or_(pc.less(column, limits.min), pc.greater(column, limits.max))
+        if pc.any(out_of_range).as_py():
+            index, value = _first_bad(table, out_of_range, name)
+            reason = Reason.MQRC_PRIORITY_ERROR if name == "priority" else None
+            raise _error(queue, f"field {name} has value {value} in message {index}, out of range", reason)
+    try:
+        column = column.cast(target)
+    except pa.ArrowInvalid as error:
+        raise _error(queue, f"field {name} of type {source} cannot be stored as {target}: {error}") from None
+    return column if default is None else pc.fill_null(column, pa.scalar(default, target))
+
+
+class PreparedPut(NamedTuple):
+    """Rows ready to commit, and the msg_id of each message the producer gave (one per message, not segment)."""
+
+    messages: pa.Table
+    msg_ids: list[str]
+
+
+def prepare_put(
+    queue: QueueDefinition,
+    data: pa.Table,
+    *,
+    segmentation: bool = False,
+    put_time: datetime | None = None,
+) -> PreparedPut:
+    """Validate a producer's messages for ``queue`` and return rows in :data:`MESSAGE_SCHEMA`.
+
+    Fills defaults (msg_id, priority from the queue, put_time), checks every field and the group rules
+    inside this put, and splits payloads longer than the queue's max message length into segments when
+    ``segmentation`` is allowed. Raises :class:`MQValidationError` naming the queue, field and value.
+    """
+    name = queue.name
+    unknown = sorted(set(data.column_names) - set(PRODUCER_FIELDS))
+    if unknown:
+        raise _error(name, f"unknown field {unknown[0]!r}; fields are {', '.join(PRODUCER_FIELDS)}")
+    if "payload" not in data.column_names:
+        raise _error(name, "field payload is required")
+    payload = _column(name, data, "payload", pa.binary(), None)
+    if payload.null_count:
+        raise _error(name, f"field payload is null in message {_first_bad(data, pc.is_null(payload), 'payload')[0]}")
+
+    columns: dict[str, Any] = {"payload": payload}
+    for field_name in _STRING_FIELDS + ("properties",):
+        columns[field_name] = _column(name, data, field_name, MESSAGE_SCHEMA.field(field_name).type, None)
+    for field_name in _TIME_FIELDS:
+        columns[field_name] = _column(name, data, field_name, TIMESTAMP, None)
+    for field_name in _BOOLEAN_FIELDS:
+        columns[field_name] = _column(name, data, field_name, pa.bool_(), False)
+    columns["priority"] = _column(name, data, "priority", pa.int32(), queue.default_priority)
+    columns["msg_seq_number"] = _column(name, data, "msg_seq_number", pa.int32(), None)
+    columns["offset"] = _column(name, data, "offset", pa.int64(), 0)
+    columns["backout_count"] = _column(name, data, "backout_count", pa.int32(), 0)
+    table = pa.table(columns)
+
+    _check_values(name, table)
+    grouped = pc.is_valid(table.column("group_id"))
+    table = table.set_column(
+        table.schema.get_field_index("msg_seq_number"),
+        "msg_seq_number",
+        pc.if_else(grouped, table.column("msg_seq_number"), pa.scalar(1, pa.int32())),
+    )
+    msg_ids = table.column("msg_id")
+    if msg_ids.null_count:
+        generated = new_ids(table.num_rows)
+        table = table.set_column(table.schema.get_field_index("msg_id"), "msg_id", pc.coalesce(msg_ids, generated))
+    msg_ids = table.column("msg_id").to_pylist()
+    table = _segment(queue, table, segmentation)
+    _check_groups(name, table)
+
+    stamp = put_time or datetime.now(UTC)
+    table = table.append_column("put_time", pa.repeat(pa.scalar(stamp, TIMESTAMP), table.num_rows))
+    table = table.append_column("put_seq", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    for field_name in DEAD_LETTER_FIELDS:
+        table = table.append_column(field_name, pa.nulls(table.num_rows, MESSAGE_SCHEMA.field(field_name).type))
+    return PreparedPut(table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA), msg_ids)
+
+
+def _check_values(queue: str, table: pa.Table) -> None:
+    checks = [
+        ("group_id", pc.equal(pc.utf8_length(table["group_id"]), 0), "must not be empty", Reason.MQRC_GROUP_ID_ERROR),
+        (
+            "priority",
+            pc.or_(pc.less(table["priority"], 0), pc.greater(table["priority"], 9)),
+            "must be 0-9",
+            Reason.MQRC_PRIORITY_ERROR,
+        ),
+        (
+            "msg_seq_number",
+            pc.and_(pc.is_valid(table["group_id"]), pc.is_null(table["msg_seq_number"])),
+            "is missing for a message in group {group_id}",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+        ("msg_seq_number", pc.less(table["msg_seq_number"], 1), "must be 1 or more", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
+        (
+            "msg_seq_number",
+            pc.and_(pc.is_null(table["group_id"]), pc.not_equal(table["msg_seq_number"], 1)),
+            "is given without group_id",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+        (
+            "last_in_group",
+            pc.and_(pc.is_null(table["group_id"]), table["last_in_group"]),
+            "is set without group_id",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
+        (
+            "segmented",
+            pc.and_(pc.is_null(table["group_id"]), table["segmented"]),
+            "is set without group_id (segments of one message share a group_id)",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
+        ("offset", pc.less(table["offset"], 0), "must be 0 or more", Reason.MQRC_OFFSET_ERROR),
+        (
+            "offset",
+            pc.and_(pc.invert(table["segmented"]), pc.not_equal(table["offset"], 0)),
+            "must be 0 for a message that is not a segment",
+            Reason.MQRC_OFFSET_ERROR,
+        ),
+        (
+            "last_segment",
+            pc.and_(pc.invert(table["segmented"]), table["last_segment"]),
+            "is set on a message that is not a segment",
+            Reason.MQRC_OFFSET_ERROR,
+        ),
+        ("backout_count", pc.less(table["backout_count"], 0), "must be 0 or more", None),
+        (
+            "top_of_queue",
+            pc.and_(table["top_of_queue"], pc.is_valid(table["before_msg_id"])),
+            "cannot go with before_msg_id",
+            None,
+        ),
+        (
+            "top_of_queue",
+            pc.and_(table["top_of_queue"], pc.is_valid(table["group_id"])),
+            "is only for messages outside groups",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
+        (
+            "before_msg_id",
+            pc.and_(pc.is_valid(table["before_msg_id"]), pc.is_valid(table["group_id"])),
+            "is only for messages outside groups",
+            Reason.MQRC_GROUP_ID_ERROR,
+        ),
+    ]
+    for field_name, mask, text, reason in checks:
+        if pc.any(pc.fill_null(mask, False)).as_py():
+            index, value = _first_bad(table, mask, field_name)
+            text = text.format(group_id=table["group_id"][index].as_py())
+            raise _error(queue, f"field {field_name} has value {value!r} in message {index}: {text}", reason)

@@ -1,0 +1,107 @@
+"""Ranges of message identities: ``count`` messages of origin ``origin`` from ``row`` on. Plans,
+consumption and reply records are kept as ranges; this module merges, subtracts and tests them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+RANGE_COLUMNS = ["origin", "row", "count"]
+KEY_COLUMNS = ["origin", "row"]
+
+
+def merge_ranges(ranges: pa.Table) -> pa.Table:
+    """``origin``/``row``/``count`` ranges with duplicates dropped and adjacent ones joined, in origin order
+    (a checkpoint row that only holds a position has none)."""
+    ranges = ranges.filter(pc.is_valid(ranges["origin"])).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
+    if ranges.num_rows == 0:
+        return ranges.select(RANGE_COLUMNS)
+    ranges = ranges.take(pc.sort_indices(ranges, [("origin", "ascending"), ("row", "ascending")]))
+    # Origins are numbered in sorted order, so these keys are sorted too.
+    origin = pc.dictionary_encode(ranges["origin"]).combine_chunks().indices.to_numpy().astype(np.int64) << 32
+    row = ranges["row"].to_numpy()
+    first_key = origin | row
+    reach = np.maximum.accumulate(first_key + ranges["count"].to_numpy())
+    starts = np.ones(len(row), dtype=bool)
+    # Overlapping or adjacent ranges of one origin join.
+    starts[1:] = first_key[1:] > reach[:-1]
+    first = np.flatnonzero(starts)
+    last = np.append(first[1:], len(row)) - 1
+    return pa.table(
+        {
+            "origin": ranges["origin"].take(pa.array(first)),
+            "row": pa.array(row[first]),
+            "count": pa.array(reach[last] - first_key[first]),
+        }
+    )
+
+
+def subtract_messages(ranges: pa.Table, messages: pa.Table) -> pa.Table:
+    """``origin``/``row``/``count`` ranges without the single messages ``messages`` (``origin``, ``row``),
+    merged as :func:`merge_ranges` leaves them."""
+    ranges = merge_ranges(ranges)
+    if messages.num_rows == 0 or ranges.num_rows == 0:
+        return ranges
+    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
+    number = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64)
+    starts = number << 32 | ranges["row"].to_numpy()
+    ends = starts + ranges["count"].to_numpy()
+    point_number = pc.fill_null(pc.index_in(messages["origin"], value_set=names), -1).to_numpy().astype(np.int64)
+    points = np.unique((point_number << 32 | messages["row"].to_numpy())[point_number >= 0])
+    at = np.searchsorted(starts, points, side="right") - 1
+    inside = points[(at >= 0) & (points < ends[np.maximum(at, 0)])]
+    # Ranges are disjoint and sorted: each message inside one ends a piece and starts the next.
+    new_starts = np.sort(np.concatenate([starts, inside + 1]))
+    new_ends = np.sort(np.concatenate([ends, inside]))
+    keep = new_ends > new_starts
+    new_starts, new_ends = new_starts[keep], new_ends[keep]
+    return pa.table(
+        {
+            "origin": names.take(pa.array(new_starts >> 32)),
+            "row": pa.array(new_starts & 0xFFFFFFFF),
+            "count": pa.array(new_ends - new_starts),
+        }
+    )
+
+
+def single_ranges(messages: pa.Table) -> pa.Table:
+    """``origin``/``row`` identities as ``origin``/``row``/``count`` ranges of one message each."""
+    return pa.table(
+        {
+            "origin": messages["origin"],
+            "row": messages["row"],
+            "count": pa.array(np.ones(messages.num_rows, dtype=np.int64)),
+        }
+    )
+
+
+def expand_ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Every value of the ranges ``first`` .. ``first + count - 1``, range after range."""
+    count = np.asarray(count, dtype=np.int64)
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return np.repeat(np.asarray(first, dtype=np.int64), count) + within
+
+
+def in_ranges(
+    origin: pa.ChunkedArray | pa.Array,
+    row: pa.ChunkedArray | pa.Array,
+    ranges: pa.Table,
+    count: pa.ChunkedArray | pa.Array | None = None,
+) -> pa.Array:
+    """Whether each ``origin``/``row`` lies in one of the ``origin``/``row``/``count`` ranges; with
+    ``count``, whether each of the ``count`` messages from ``row`` on does."""
+    ranges = merge_ranges(ranges)
+    if ranges.num_rows == 0:
+        return pa.array(np.zeros(len(row), dtype=bool))
+    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
+    number = pc.fill_null(pc.index_in(origin, value_set=names), -1).to_numpy().astype(np.int64)
+    key = number << 32 | np.asarray(row, dtype=np.int64)
+    first = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64) << 32 | ranges["row"].to_numpy()
+    # merge_ranges sorts by origin then row, and origin numbers follow that order: ``first`` is sorted.
+    at = np.searchsorted(first, key, side="right") - 1
+    ends = first + ranges["count"].to_numpy()
+    # Merged ranges are disjoint and never adjacent: a run lies in one of them or not in all of them.
+    last = key if count is None else key + np.asarray(count, dtype=np.int64) - 1
+    return pa.array((number >= 0) & (at >= 0) & (last < ends[np.maximum(at, 0)]))

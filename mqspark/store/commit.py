@@ -1,0 +1,114 @@
+"""Committing data files to a Delta table: one commit, its read-back judged landed or not, and the
+optimistic loop that re-checks and retries after a conflicting commit.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import RemoveAction
+
+from mqspark.errors import MQError, Reason
+from mqspark.store.files import DataFile, remove_data_files
+from mqspark.store.layout import StorageOptions
+from mqspark.store.log import LogEntryGone
+from mqspark.store.tables import _options, log_file_gone, open_table
+
+
+def commit_files(
+    table: DeltaTable,
+    files: list[DataFile],
+    schema: pa.Schema,
+    *,
+    app_id: str | None = None,
+    app_version: int | None = None,
+    metadata: dict[str, str] | None = None,
+    removed: Iterable[str] = (),
+) -> int:
+    """Append ``files`` (and remove the live files at paths ``removed``) in one commit at exactly the
+    version after ``table``'s, and return that version.
+
+    No automatic retry: the caller's checks were made against ``table``'s version, so a concurrent
+    commit raises ``CommitFailedError`` and the caller re-reads, re-checks and tries again.
+    ``app_id``/``app_version`` record a Delta ``txn`` so a replayed transaction can be recognised.
+    """
+    transactions = [Transaction(app_id, app_version)] if app_id is not None else None
+    now = int(time.time() * 1000)
+    removals = [RemoveAction(path, True, now) for path in removed]
+    version = table.version() + 1
+    try:
+        table.create_write_transaction(
+            [*removals, *(file.add_action() for file in files)],
+            mode="append",
+            schema=schema,
+            commit_properties=CommitProperties(
+                max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
+            ),
+        )
+    except DeltaError as error:
+        if not read_back_failed(error, table.table_uri, version, _options(table)):
+            raise
+    return version
+
+
+def read_back_failed(error: DeltaError, location: str, version: int, storage_options: StorageOptions) -> bool:
+    """Whether ``error`` is delta-rs failing to read the log back after committing ``version``.
+
+    delta-rs reads the log back after writing a commit, to update the snapshot: the commit's own
+    entry, or the newest checkpoint and the entries after it. Maintenance running in between (a
+    checkpoint at a later version, then a clean-up of older entries and checkpoints) can remove
+    them first. A file of the commit's own version is never read before it is written, so its
+    absence means the commit landed; for an older file, the table must have reached ``version``. (A
+    commit that lost to another raises ``CommitFailedError`` instead.)
+    """
+    gone = log_file_gone(error)
+    if gone is None or gone > version:
+        return False
+    if gone == version:
+        return True
+    table = open_table(location, storage_options)
+    return table is not None and table.version() >= version
+
+
+def commit_until_landed(
+    location: str,
+    files: list[DataFile],
+    prepare: Callable[[int], Callable[[], int] | None],
+    attempts: int,
+    giving_up: str,
+) -> int | None:
+    """Commit written ``files`` with optimistic retries, and delete them when they never will be.
+
+    ``prepare(attempt)`` reads the table, checks what must hold, and returns the commit to make
+    (a call of :func:`commit_files` on the table it checked), or None when nothing is to be
+    committed. A commit that loses to a concurrent one (``CommitFailedError``) is prepared again.
+    Files stay when a commit failed in an unknown way (it may have landed), and when the table could
+    not be read (a reconnect commits them after all, see :mod:`mqspark.connection`).
+    """
+    committing = False
+    try:
+        for attempt in range(attempts):
+            try:
+                commit = prepare(attempt)
+            except LogEntryGone:
+                # Maintenance committed after the version read and cleaned up behind it: read again.
+                continue
+            if commit is None:
+                remove_data_files(location, files)
+                return None
+            committing = True
+            try:
+                return commit()
+            except CommitFailedError:
+                committing = False
+                time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
+        raise MQError(giving_up, Reason.MQRC_BACKED_OUT)
+    except BaseException as error:
+        if not committing and isinstance(error, MQError):
+            remove_data_files(location, files)
+        raise

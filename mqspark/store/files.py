@@ -1,0 +1,152 @@
+"""Data files: writing Parquet files with the statistics Delta records, and reading them back whole
+or by row range.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake.transaction import AddAction
+
+from mqspark.store.filesystems import filesystem_of
+
+
+def read_data_file(location: str, path: str, columns: list[str] | None = None) -> pa.Table:
+    """One data file of the table at ``location`` (``path`` relative to it), as written; ``columns``
+    the file lacks (written before the table had them) come back as nulls, as Delta reads them.
+
+    Read with ``ParquetFile``: ``pq.read_table`` builds a dataset for every file. ``pre_buffer``
+    fetches the wanted column chunks in few requests, as ``pq.read_table`` does (object stores).
+    """
+    filesystem, base = filesystem_of(location)
+    with filesystem.open_input_file(f"{base}/{path}") as handle:
+        parquet = pq.ParquetFile(handle, pre_buffer=True)
+        present = _present(parquet, columns)
+        return _with_nulls(parquet.read(columns=present, use_threads=False), columns)
+
+
+def read_data_rows(location: str, path: str, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
+    """Rows ``start`` to ``stop`` (exclusive) of one data file, reading only the row groups holding
+    them; missing ``columns`` as in :func:`read_data_file`."""
+    filesystem, base = filesystem_of(location)
+    with filesystem.open_input_file(f"{base}/{path}") as handle:
+        parquet = pq.ParquetFile(handle)
+        ends = np.cumsum([parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)])
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(ends, stop - 1, side="right"))
+        present = _present(parquet, columns)
+        data = parquet.read_row_groups(list(range(first, last + 1)), columns=present, use_threads=False)
+    skipped = int(ends[first - 1]) if first else 0
+    return _with_nulls(data.slice(start - skipped, stop - start), columns)
+
+
+def _present(parquet: pq.ParquetFile, columns: list[str] | None) -> list[str] | None:
+    if columns is None:
+        return None
+    names = set(parquet.schema_arrow.names)
+    return [name for name in columns if name in names]
+
+
+def _with_nulls(data: pa.Table, columns: list[str] | None) -> pa.Table:
+    """``data`` with the ``columns`` it lacks added as nulls, in the order of ``columns``."""
+    if columns is None or len(columns) == data.num_columns:
+        return data
+    return pa.table({name: data[name] if name in data.column_names else pa.nulls(data.num_rows) for name in columns})
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A Parquet file written into a table's folder but not yet committed; plain data, so it pickles."""
+
+    path: str
+    size: int
+    modification_time: int
+    rows: int
+    stats: str
+
+    def add_action(self) -> AddAction:
+        return AddAction(self.path, self.size, {}, self.modification_time, True, self.stats)
+
+
+class _Stats:
+    """Delta file statistics: row count, null counts, and exact min/max of integer and string columns.
+
+    Timestamps get no min/max: Delta keeps them at millisecond precision, and a truncated max could
+    make a reader skip a file that holds a matching row.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.rows = 0
+        self.nulls = {f.name: 0 for f in schema if not pa.types.is_map(f.type)}
+        self.bounded = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_string(f.type)]
+        self.minimum: dict[str, object] = {}
+        self.maximum: dict[str, object] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        for name in self.nulls:
+            self.nulls[name] += batch.column(name).null_count
+        for name in self.bounded:
+            low, high = pc.min_max(batch.column(name)).values()
+            if low.is_valid:
+                low, high = low.as_py(), high.as_py()
+                self.minimum[name] = min(low, self.minimum.get(name, low))
+                self.maximum[name] = max(high, self.maximum.get(name, high))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"numRecords": self.rows, "minValues": self.minimum, "maxValues": self.maximum, "nullCount": self.nulls}
+        )
+
+
+def write_data_file(location: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> DataFile | None:
+    """Write ``batches`` as one Parquet file in the table folder at ``location``; None when there are no rows."""
+    filesystem, base = filesystem_of(location)
+    name = f"part-{uuid.uuid4()}.snappy.parquet"
+    batches = (_conform(batch, schema) for batch in batches)
+    stats = _Stats(schema)
+    writer = None
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                writer = pq.ParquetWriter(f"{base}/{name}", schema, filesystem=filesystem, compression="snappy")
+            writer.write_batch(batch)
+            stats.add(batch)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        return None
+    size = filesystem.get_file_info(f"{base}/{name}").size
+    return DataFile(name, size, int(time.time() * 1000), stats.rows, stats.to_json())
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with the nullable columns of ``schema`` it lacks added as nulls."""
+    if batch.schema.names == schema.names:
+        return batch
+    columns = [
+        batch.column(field.name) if field.name in batch.schema.names else pa.nulls(batch.num_rows, field.type)
+        for field in schema
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def remove_data_files(location: str, files: Iterable[DataFile]) -> None:
+    """Delete written files that will never be committed."""
+    filesystem, base = filesystem_of(location)
+    for file in files:
+        # Spark may abort a batch whose commit already removed its files.
+        if filesystem.get_file_info(f"{base}/{file.path}").type != pafs.FileType.NotFound:
+            filesystem.delete_file(f"{base}/{file.path}")

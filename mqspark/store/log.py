@@ -1,0 +1,186 @@
+"""The Delta log: reading one entry (which files a version added and removed), the versions that
+added the live files, checkpoints, and cleaning up expired entries and the files they removed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import unquote
+
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from mqspark.errors import MQError
+from mqspark.store.filesystems import filesystem_of
+
+
+def add_versions(location: str, paths: list[str], newest: int) -> dict[str, int]:
+    """The version of the commit that added each of ``paths``, read from the log entries from
+    ``newest`` back to the last checkpoint, and further while a path is not found. Maintenance
+    stamps every file it leaves behind before it cleans up log entries, so the files that need this
+    were added since the last maintenance, whose entries are still there. Every entry read is
+    checked (see :func:`log_entry`), so a recent edit behind mqspark's back fails loudly."""
+    wanted = set(paths)
+    found: dict[str, int] = {}
+    version = newest
+    checkpoint = last_checkpoint(location)
+    while (wanted or version > checkpoint) and version >= 0:
+        for path in log_entry(location, version).added:
+            if path in wanted:
+                found[path] = version
+                wanted.discard(path)
+        version -= 1
+    return found
+
+
+def last_checkpoint(location: str) -> int:
+    """The version of the table's last checkpoint, -1 when it has none."""
+    filesystem, base = filesystem_of(location)
+    try:
+        with filesystem.open_input_stream(f"{base}/_delta_log/_last_checkpoint") as stream:
+            return int(json.loads(stream.read())["version"])
+    except FileNotFoundError:
+        return -1
+
+
+def _log_path(location: str, version: int) -> tuple[pafs.FileSystem, str]:
+    filesystem, base = filesystem_of(location)
+    return filesystem, f"{base}/_delta_log/{version:020d}.json"
+
+
+def delete_removed_files(location: str, older_than: datetime) -> int:
+    """Delete the data files that mqspark's maintenance or purge commits removed, for the commits whose
+    log entries were written before ``older_than``; returns how many files were deleted.
+
+    Only files such a commit names are deleted, never a file a put has written but not committed yet.
+    Run it before the log clean-up that drops those entries.
+    """
+    cutoff = older_than.timestamp()
+    versions = [version for version, mtime in _log_entry_times(location).items() if mtime < cutoff]
+    return _delete_files_removed_by(location, [log_entry(location, version) for version in versions])
+
+
+def _log_entry_times(location: str) -> dict[int, float]:
+    """Each commit entry's version and the time it was written."""
+    filesystem, base = filesystem_of(location)
+    listing = filesystem.get_file_info(pafs.FileSelector(f"{base}/_delta_log"))
+    return {
+        int(info.path.rsplit("/", 1)[-1].split(".")[0]): info.mtime.timestamp()
+        for info in listing
+        if info.path.endswith(".json") and info.mtime is not None
+    }
+
+
+def _delete_files_removed_by(location: str, entries: Iterable[LogEntry]) -> int:
+    """Delete the files the maintenance or purge commits among ``entries`` removed that are still there."""
+    filesystem, base = filesystem_of(location)
+    deleted = 0
+    for entry in entries:
+        for path in entry.removed if entry.rewrites else []:
+            if filesystem.get_file_info(f"{base}/{path}").type == pafs.FileType.File:
+                filesystem.delete_file(f"{base}/{path}")
+                deleted += 1
+    return deleted
+
+
+# Log clean-up judges an entry's age by its own clock, a moment after the vacuum before it did: an
+# entry that comes of age in between is read first, so the files it removed go with it.
+_COMING_OF_AGE_SECONDS = 60
+
+
+def clean_up_log(table: DeltaTable, retention: timedelta | None = None) -> tuple[int, int]:
+    """Checkpoint at ``table``'s version and clean up the log entries before it that are older than the
+    table's log retention (as that version sets it). With ``retention`` (the log retention), the files
+    removed by the maintenance or purge commits among the entries that go are deleted too, so none is
+    left behind unnamed. Returns how many entries and files went."""
+    table.create_checkpoint()
+    location = table.table_uri
+    before = _log_entry_times(location)
+    expiring: dict[int, LogEntry] = {}
+    if retention is not None:
+        soon = time.time() - retention.total_seconds() + _COMING_OF_AGE_SECONDS
+        expiring = {v: log_entry(location, v) for v, mtime in before.items() if v < table.version() and mtime < soon}
+    table.cleanup_metadata()
+    after = _log_entry_times(location)
+    deleted = _delete_files_removed_by(location, [entry for version, entry in expiring.items() if version not in after])
+    return len(before) - len(after), deleted
+
+
+def log_entry_count(location: str) -> int:
+    """How many commit entries (``.json``) the table's log holds."""
+    filesystem, base = filesystem_of(location)
+    listing = filesystem.get_file_info(pafs.FileSelector(f"{base}/_delta_log"))
+    return sum(1 for info in listing if info.path.endswith(".json"))
+
+
+def version_exists(location: str, version: int) -> bool:
+    """Whether commit ``version`` of the table exists: one file lookup, cheap enough for idle polling."""
+    filesystem, path = _log_path(location, version)
+    return filesystem.get_file_info(path).type == pafs.FileType.File
+
+
+class LogEntryGone(MQError):
+    """A log entry a reader needs was cleaned up: maintenance stamped the files it added since, so a
+    newer snapshot reads without it."""
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """What one commit of a queue table did to its files."""
+
+    version: int
+    added: list[str]
+    sizes: list[int]
+    removed: list[str]
+    operation: str | None
+
+    @property
+    def rewrites(self) -> bool:
+        """A commit of maintenance or purge: it removes files, and its files hold no new messages."""
+        return self.operation in REWRITE_OPERATIONS
+
+
+# The commitInfo value (key ``mqspark.operation``) of commits that remove or rewrite messages.
+REWRITE_OPERATIONS = ("maintain", "purge")
+
+
+def log_entry(location: str, version: int) -> LogEntry:
+    """The data files commit ``version`` added and removed, read straight from its log entry, the only
+    place that says which version added a file.
+
+    Files rewritten without changing data (``dataChange: false``) are left out. A commit that removed
+    data other than by mqspark's maintenance or purge, or used deletion vectors, means the queue table
+    was edited behind mqspark's back, so it fails loudly.
+    """
+    filesystem, path = _log_path(location, version)
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            lines = stream.read().decode().splitlines()
+    except FileNotFoundError:
+        raise LogEntryGone(
+            f"table {location}: log entry of version {version} is gone (log clean-up?); "
+            "the physical order of its messages cannot be rebuilt"
+        ) from None
+    actions = [json.loads(line) for line in lines if line.strip()]
+    operation = next(
+        (a["commitInfo"].get("mqspark.operation") for a in actions if "commitInfo" in a),
+        None,
+    )
+    added, sizes, removed = [], [], []
+    for action in actions:
+        if "remove" in action and action["remove"].get("dataChange", True):
+            if operation not in REWRITE_OPERATIONS:
+                raise MQError(f"table {location}: version {version} removed data; queue tables are append-only")
+            removed.append(unquote(action["remove"]["path"]))
+        if "add" in action:
+            add = action["add"]
+            if add.get("deletionVector"):
+                raise MQError(f"table {location}: version {version} added a deletion vector, which mqspark cannot read")
+            if add.get("dataChange", True):
+                added.append(unquote(add["path"]))
+                sizes.append(int(add["size"]))
+    return LogEntry(version, added, sizes, removed, operation)

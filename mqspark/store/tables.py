@@ -1,0 +1,210 @@
+"""Delta tables: opening (re-listing a log that a clean-up changed under us), creating, removing,
+closing for a delete, migrating columns, the live files and committed rows, and trimming history.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable, Field
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from mqspark.errors import MQError
+from mqspark.store.files import read_data_file
+from mqspark.store.filesystems import filesystem_of
+from mqspark.store.layout import StorageOptions
+from mqspark.store.log import add_versions, clean_up_log
+
+# A table property set on a message table that is being deleted; puts refuse to commit on top of it.
+CLOSED_PROPERTY = "mqspark.closed"
+
+
+def table_exists(location: str, storage_options: StorageOptions) -> bool:
+    return DeltaTable.is_deltatable(location, storage_options=storage_options)
+
+
+# Opening a table lists its log, then reads the newest checkpoint and the entries after it; a log
+# clean-up between the two can delete what was listed. Listing again finds the newer checkpoint.
+_OPEN_ATTEMPTS = 5
+_LOG_FILE = re.compile(r"_delta_log/(\d{20})\.(?:json|checkpoint\.parquet)")
+
+
+def log_file_gone(error: Exception) -> int | None:
+    """The version of the log entry or checkpoint that ``error`` says was not found, else None."""
+    text = str(error)
+    match = _LOG_FILE.search(text) if "not found" in text.lower() else None
+    return int(match.group(1)) if match else None
+
+
+def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | None:
+    """The Delta table at ``location``, or None when there is none."""
+    attempts = 0
+    while True:
+        try:
+            return DeltaTable(location, storage_options=storage_options)
+        except TableNotFoundError:
+            return None
+        except DeltaError as error:
+            attempts += 1
+            if log_file_gone(error) is None or attempts == _OPEN_ATTEMPTS:
+                raise
+
+
+def create_table(
+    location: str, schema: pa.Schema, storage_options: StorageOptions, configuration: dict[str, str] | None = None
+) -> DeltaTable:
+    return DeltaTable.create(
+        location, schema=schema, mode="error", configuration=configuration, storage_options=storage_options
+    )
+
+
+def remove_tree(location: str) -> None:
+    """Delete a table directory and everything below it.
+
+    Object stores are reached with the credentials ``filesystems`` finds for the location.
+    """
+    filesystem, path = filesystem_of(location)
+    if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+        filesystem.delete_dir(path)
+
+
+def live_counts(table: DeltaTable) -> tuple[int, int]:
+    """The number of live data files and of their rows (file statistics, else a scan), from one read
+    of the add actions."""
+    counts = pa.table(table.get_add_actions()).column("num_records")
+    if counts.null_count == 0:
+        return len(counts), int(pc.sum(counts).as_py() or 0)
+    return len(counts), table.to_pyarrow_dataset().count_rows()
+
+
+def live_files(table: DeltaTable) -> pa.Table:
+    """The data files of ``table``'s version: ``path``, ``size``, ``rows``, and ``version``, the version
+    of the commit that added the file, which applies to its rows that carry no ``commit_version``
+    (null for files whose every row carries one: maintenance wrote them). From the statistics of a
+    queue table's files also ``min_put_seq``, ``max_put_seq`` and ``never_expire`` (no row has an
+    expiry); null where a file has no statistics."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    paths = actions["path"]
+    rows = actions["num_records"]
+
+    def stat(name: str, kind: pa.DataType) -> pa.ChunkedArray | pa.Array:
+        return actions[name] if name in actions.column_names else pa.nulls(len(paths), kind)
+
+    stamped = pc.fill_null(pc.equal(stat("null_count.commit_version", pa.int64()), 0), False)
+    unstamped = paths.filter(pc.invert(stamped)).to_pylist()
+    found = add_versions(table.table_uri, unstamped, table.version())
+    versions = pa.array([found.get(path) for path in paths.to_pylist()], pa.int64())
+    return pa.table(
+        {
+            "path": paths,
+            "size": actions["size_bytes"],
+            "rows": rows,
+            "version": versions,
+            "min_put_seq": stat("min.put_seq", pa.int64()),
+            "max_put_seq": stat("max.put_seq", pa.int64()),
+            "never_expire": pc.equal(stat("null_count.expiry", pa.int64()), rows),
+        }
+    )
+
+
+def live_paths(table: DeltaTable) -> list[str]:
+    """The paths (relative to the table) of the data files of ``table``'s version."""
+    return pa.table(table.get_add_actions()).column("path").to_pylist()
+
+
+def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema, version: int | None = None) -> pa.Table:
+    """Every message of the table's version (or of ``version``), with the version of the put that
+    committed it as ``commit_version``, in no particular order."""
+    if version is not None and version != table.version():
+        table = DeltaTable(table.table_uri, version=version, storage_options=_options(table))
+    files = live_files(table)
+    pieces = []
+    for path, file_version in zip(files["path"].to_pylist(), files["version"].to_pylist(), strict=True):
+        # Files written by other engines (delta-spark) may type columns a little differently.
+        data = read_messages(table.table_uri, path, file_version, columns)
+        pieces.append(data.select(columns).cast(schema).append_column("commit_version", data["commit_version"]))
+    if not pieces:
+        return schema.empty_table().append_column("commit_version", pa.array([], pa.int64()))
+    return pa.concat_tables(pieces)
+
+
+def _options(table: DeltaTable) -> StorageOptions:
+    return getattr(table, "_storage_options", None)
+
+
+def read_messages(location: str, path: str, version: int | None, columns: list[str]) -> pa.Table:
+    """``columns`` of one data file with ``commit_version``, filled in from the file's add ``version``
+    where the rows carry none (rows a put wrote)."""
+    names = [name for name in columns if name != "commit_version"]
+    data = read_data_file(location, path, [*names, "commit_version"])
+    stamps = data["commit_version"].cast(pa.int64())
+    data = data.drop_columns(["commit_version"])
+    if version is not None:
+        stamps = pc.fill_null(stamps, pa.scalar(version, pa.int64()))
+    elif stamps.null_count:
+        raise MQError(f"table {location}: file {path} has rows without a commit version and no known add version")
+    return data.append_column("commit_version", stamps)
+
+
+# A file a small table's writer wrote is committed within moments; vacuum never deletes younger ones.
+_VACUUM_FLOOR_SECONDS = 600
+
+
+def trim_history(table: DeltaTable, keep_from: int, retention_seconds: int) -> tuple[int, int]:
+    """Bound the history of a small table rewritten in place (a cluster repository): checkpoint at
+    version ``keep_from``, clean up the log entries before it that are older than the retention, and
+    vacuum files removed longer ago than the retention (at least ten minutes, so a file written for
+    a commit still under way is never deleted). Versions from ``keep_from`` on stay readable.
+    Returns the log entries and files removed."""
+    location = table.table_uri
+    set_properties(
+        table,
+        {
+            "delta.logRetentionDuration": f"interval {retention_seconds} seconds",
+            "delta.deletedFileRetentionDuration": f"interval {max(retention_seconds, _VACUUM_FLOOR_SECONDS)} seconds",
+        },
+    )
+    options = _options(table)
+    cleaned, _ = clean_up_log(DeltaTable(location, version=keep_from, storage_options=options))
+    return cleaned, len(DeltaTable(location, storage_options=options).vacuum(dry_run=False, full=True))
+
+
+def set_properties(table: DeltaTable, wanted: dict[str, str]) -> bool:
+    """Set the table properties ``wanted`` in one commit, unless they are set already; True when set."""
+    if all(table.metadata().configuration.get(key) == value for key, value in wanted.items()):
+        return False
+    table.alter.set_table_properties(wanted)
+    return True
+
+
+def add_missing_columns(table: DeltaTable, schema: pa.Schema) -> bool:
+    """Add the nullable columns of ``schema`` that ``table``'s schema lacks, in one metadata commit
+    (a table created by an earlier mqspark); True when it did. Old files read those as nulls."""
+    names = set(table.schema().to_arrow().names)
+    missing = [field for field in schema if field.name not in names]
+    if not missing:
+        return False
+    table.alter.add_columns(
+        [Field.from_arrow(field) for field in missing],
+        commit_properties=CommitProperties(custom_metadata={"mqspark.operation": "add columns"}),
+    )
+    return True
+
+
+def close_table(table: DeltaTable, closed: bool = True) -> None:
+    """Mark a message table closed (or open again), in a commit at exactly the version after ``table``'s.
+
+    Raises ``CommitFailedError`` when another commit got in first, so the caller re-checks.
+    """
+    table.alter.set_table_properties(
+        {CLOSED_PROPERTY: str(closed).lower()},
+        raise_if_not_exists=False,
+        commit_properties=CommitProperties(max_commit_retries=0),
+    )
+
+
+def is_closed(table: DeltaTable) -> bool:
+    return table.metadata().configuration.get(CLOSED_PROPERTY) == "true"
