@@ -234,9 +234,7 @@ def _drain(spark, messages: int, puts: int, payload_bytes: int, keep: bool) -> d
         columns = json.dumps(MESSAGE_SCHEMA.names)
 
         def ceiling(location: str):
-            files = json.dumps(
-                [f"{location}/{path}" for path in store.live_paths(store.open_table(location, None))]
-            )
+            files = json.dumps([f"{location}/{path}" for path in store.live_paths(store.open_table(location, None))])
             return spark.readStream.format("arrowfiles").option("files", files).option("columns", columns).load()
 
         # The fill leaves gigabytes to write back: flushed here, so no reader's run pays for it.

@@ -41,10 +41,14 @@ def __getattr__(name: str):
         from mqspark.engine.backout import backout
 
         return backout
-    if name in ("forward", "request", "ServiceError"):
-        from mqspark.services import forward
+    if name == "forward":
+        from mqspark.spark.forward import forward
 
-        return getattr(forward, name)
+        return forward
+    if name in ("request", "ServiceError"):
+        from mqspark.services import forward as service
+
+        return getattr(service, name)
     if name == "route":
         from mqspark.spark.routing import route
 

@@ -49,9 +49,10 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from mqspark import store
-from mqspark.engine.get import plan_get
+from mqspark.engine.get import GetRequest, plan_get
 from mqspark.errors import MQError, MQValidationError, Reason
-from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
+from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.qmgr import QueueManager
 
 DEFAULT_RECONNECT_TIMEOUT = timedelta(seconds=1800)
 _FIRST_DELAY = 0.2
@@ -187,7 +188,9 @@ class Connection:
     ) -> pa.Table:
         """:meth:`QueueManager.get`, resolved exactly when the connection breaks under its commit."""
         planned = self.call(
-            lambda qm: plan_get(qm, queue, consumer, max_messages, wait, **match), f"get from queue {queue}", queue
+            lambda qm: plan_get(qm, GetRequest(queue, consumer, max_messages, wait, **match)),
+            f"get from queue {queue}",
+            queue,
         )
         if planned is None:
             return BROWSE_SCHEMA.empty_table()

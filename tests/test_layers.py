@@ -126,7 +126,9 @@ def test_pyspark_is_imported_only_under_spark_and_jobs(graph):
 
 def test_every_module_says_what_it_owns():
     without = [
-        _module_name(path) for path in sorted(PACKAGE.rglob("*.py")) if not ast.get_docstring(ast.parse(path.read_text()))
+        _module_name(path)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not ast.get_docstring(ast.parse(path.read_text()))
     ]
     assert without == []
 

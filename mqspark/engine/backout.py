@@ -78,7 +78,7 @@ from mqspark.model.ranges import expand_ranges, single_ranges
 
 if TYPE_CHECKING:
     from mqspark.engine.pending import PendingMessages
-    from mqspark.qmgr import QueueManager
+    from mqspark.engine.queues import Queues
 
 FAILURE_EVENTS = ("backout", "rollback")
 # The error text of a rolled-back delivery (the batch failed and was replayed).
@@ -125,7 +125,7 @@ class BackoutPolicy:
     dead_letter_queue: str
 
     @classmethod
-    def of(cls, qm: QueueManager, definition: QueueDefinition) -> BackoutPolicy:
+    def of(cls, qm: Queues, definition: QueueDefinition) -> BackoutPolicy:
         return cls(
             queue=definition.name,
             qmgr=qm.name,
@@ -257,7 +257,7 @@ def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> i
         batch is replayed records them once. Rows that are not in the group's current batch are refused
         and nothing is recorded.
     """
-    from mqspark.qmgr import QueueManager
+    from mqspark.engine.queues import Queues
 
     if not isinstance(error, str) or not error:
         raise MQValidationError(f"backout: error must be a non-empty text, got {error!r}")
@@ -271,7 +271,7 @@ def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> i
     queues = pc.unique(table["queue"]).to_pylist()
     if len(queues) != 1 or queues[0] is None:
         raise MQValidationError(f"backout: rows come from more than one queue: {sorted(map(str, queues))}")
-    qm = QueueManager.open(root)
+    qm = Queues.open(root)
     queue = qm.resolve_for_get(queues[0]).name
     state = ConsumerState(qm.root, queue, qm.storage_options)
     plan_id, owner, plan = state.current_plan(consumer)
@@ -316,7 +316,7 @@ class Transfer:
 
     def __init__(
         self,
-        qm: QueueManager,
+        qm: Queues,
         queue: str,
         state: ConsumerState,
         consumer: str,
@@ -416,7 +416,7 @@ def _replace(messages: pa.Table, name: str, column: pa.Array) -> pa.Table:
 class Mover:
     """Moves a consumer group's messages that failed too often, exactly once (see the module doc)."""
 
-    def __init__(self, qm: QueueManager, policy: BackoutPolicy, state: ConsumerState, consumer: str, owner: str):
+    def __init__(self, qm: Queues, policy: BackoutPolicy, state: ConsumerState, consumer: str, owner: str):
         self.qm, self.policy = qm, policy
         app_id = f"mqspark.backout/{policy.qmgr}/{policy.queue}/{consumer}"
         self.transfer = Transfer(qm, policy.queue, state, consumer, owner, app_id, self._copy)
@@ -509,7 +509,7 @@ REDRIVER = "mqspark.redrive"
 
 
 def redrive(
-    qm: QueueManager,
+    qm: Queues,
     queue: str,
     msg_ids: Sequence[str] | None = None,
     correl_ids: Sequence[str] | None = None,

@@ -52,7 +52,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
-from mqspark.engine.leases import LEASE_POLL, GET_OWNER, Lease, HeldByGet
+from mqspark.engine.leases import GET_OWNER, LEASE_POLL, HeldByGet, Lease
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, in_ranges, merge_ranges, subtract_messages

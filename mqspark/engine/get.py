@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -40,14 +41,30 @@ from mqspark.engine.consumer_groups import consumed_rows, event_rows
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT, GET_OWNER
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.planner import Planner
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
-from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
+from mqspark.model.messages import BROWSE_SCHEMA
 
 # How long a get waits for another get of its group at least, whatever its own ``wait``.
 GET_PATIENCE = timedelta(seconds=10)
 # How often a waiting get looks for new messages (it plans only when the queue table changed).
 _POLL = 0.05
+
+
+@dataclass(frozen=True)
+class GetRequest:
+    """What one MQGET asks for: up to ``max_messages`` messages of ``queue`` for consumer group
+    ``consumer``, waiting up to ``wait`` seconds for the first, matching ``msg_id``, ``correl_id``
+    and ``group_id`` when given. Checked when the get plans (:func:`plan_get`)."""
+
+    queue: str
+    consumer: str = "default"
+    max_messages: int = 1
+    wait: float = 0.0
+    msg_id: str | None = None
+    correl_id: str | None = None
+    group_id: str | None = None
 
 
 class PlannedGet:
@@ -90,19 +107,10 @@ class PlannedGet:
             ) from error
 
 
-def get(
-    qm: QueueManager,
-    queue: str,
-    consumer: str = "default",
-    max_messages: int = 1,
-    wait: float = 0.0,
-    msg_id: str | None = None,
-    correl_id: str | None = None,
-    group_id: str | None = None,
-) -> pa.Table:
+def get(qm: Queues, request: GetRequest) -> pa.Table:
     """Get up to ``max_messages`` messages of ``queue`` for ``consumer``, in logical order, waiting up
     to ``wait`` seconds for the first; consumed as they are returned. Empty when nothing matched."""
-    planned = plan_get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+    planned = plan_get(qm, request)
     if planned is None:
         return BROWSE_SCHEMA.empty_table()
     planned.finish()
@@ -110,19 +118,10 @@ def get(
 
 
 @contextmanager
-def syncpoint_get(
-    qm: QueueManager,
-    queue: str,
-    consumer: str = "default",
-    max_messages: int = 1,
-    wait: float = 0.0,
-    msg_id: str | None = None,
-    correl_id: str | None = None,
-    group_id: str | None = None,
-) -> Iterator[pa.Table]:
+def syncpoint_get(qm: Queues, request: GetRequest) -> Iterator[pa.Table]:
     """Like :func:`get`, but the messages are consumed only when the ``with`` block succeeds; when it
     raises, they are backed out (one failed delivery each) and the exception goes on."""
-    planned = plan_get(qm, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+    planned = plan_get(qm, request)
     if planned is None:
         yield BROWSE_SCHEMA.empty_table()
         return
@@ -134,18 +133,11 @@ def syncpoint_get(
     planned.finish()
 
 
-def plan_get(
-    qm: QueueManager,
-    queue: str,
-    consumer: str,
-    max_messages: int = 1,
-    wait: float = 0.0,
-    msg_id: str | None = None,
-    correl_id: str | None = None,
-    group_id: str | None = None,
-) -> PlannedGet | None:
+def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
     """Plan, record and read a get's messages under the group's lease, which it keeps until
     :meth:`PlannedGet.finish`; None when nothing matched within ``wait``."""
+    queue, consumer, max_messages, wait = request.queue, request.consumer, request.max_messages, request.wait
+    msg_id, correl_id, group_id = request.msg_id, request.correl_id, request.group_id
     validate_name(consumer, "consumer group")
     if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
         raise MQValidationError(f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}")

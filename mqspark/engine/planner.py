@@ -46,10 +46,10 @@ from mqspark.engine.consumer_groups import STATE_SCHEMA, ConsumerState, consumed
 from mqspark.engine.leases import Heartbeat
 from mqspark.engine.ordering import DeliveryOptions, deliver, join_segments, keep_rows
 from mqspark.engine.pending import PendingMessages, lookup
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQError, Reason
-from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP
+from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
 from mqspark.model.ranges import expand_ranges, single_ranges
-from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
 
 # Planned messages are split into partitions of about this many payload bytes.
 PARTITION_BYTES = 64 * 1024 * 1024
@@ -110,7 +110,7 @@ class Planner:
 
     def __init__(
         self,
-        qm: QueueManager,
+        qm: Queues,
         queue: str,
         consumer: str,
         owner: str,

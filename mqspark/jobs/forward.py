@@ -37,15 +37,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    import mqspark
     from mqspark.errors import MQError
-    from mqspark.spark.session import azure_settings
+    from mqspark.spark.forward import forward
+    from mqspark.spark.session import azure_settings, register
 
     builder = SparkSession.builder.appName(f"mqspark-forward-{args.queue}")
     # The checkpoint lives under the root: on Azure, Spark's ABFS driver needs the credentials too.
     for key, value in azure_settings(os.environ).items():
         builder = builder.config(key, value)
-    spark = mqspark.register(builder.getOrCreate())
+    spark = register(builder.getOrCreate())
     options = {}
     if args.max_messages_per_trigger is not None:
         options["maxMessagesPerTrigger"] = args.max_messages_per_trigger
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["leaseTimeout"] = args.lease_timeout
 
     def start(instance: str | None = None):
-        return mqspark.forward(
+        return forward(
             spark,
             args.root,
             args.queue,
@@ -85,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_instance(args: argparse.Namespace, spark, start):
     from datetime import timedelta
 
-    from mqspark import QueueManager
     from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
+    from mqspark.qmgr import QueueManager
     from mqspark.services.instances import Instance
 
     lease = DEFAULT_LEASE_TIMEOUT if args.lease_timeout is None else timedelta(seconds=args.lease_timeout)

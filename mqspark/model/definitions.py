@@ -38,7 +38,7 @@ def validate_name(name: Any, what: str = "queue") -> str:
     return name
 
 
-def _int_in(low: int, high: int):
+def int_in(low: int, high: int):
     def check(attr: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise MQValidationError(f"attribute {attr} must be an integer, got {type(value).__name__} {value!r}")
@@ -49,7 +49,7 @@ def _int_in(low: int, high: int):
     return check
 
 
-def _one_of(choices: tuple[str, ...]):
+def one_of(choices: tuple[str, ...]):
     def check(attr: str, value: Any) -> str:
         if value not in choices:
             raise MQValidationError(f"attribute {attr} must be one of {', '.join(choices)}; got {value!r}")
@@ -92,18 +92,18 @@ def _description(attr: str, value: Any) -> str:
 
 # Attribute name -> validator. The dataclass below holds the defaults.
 _VALIDATORS = {
-    "type": _one_of(QUEUE_TYPES),
+    "type": one_of(QUEUE_TYPES),
     "target_queue": _optional_queue_name,
-    "default_priority": _int_in(0, 9),
-    "delivery_sequence": _one_of(DELIVERY_SEQUENCES),
+    "default_priority": int_in(0, 9),
+    "delivery_sequence": one_of(DELIVERY_SEQUENCES),
     "put_inhibited": _boolean,
     "get_inhibited": _boolean,
-    "max_depth": _int_in(0, MAX_DEPTH_LIMIT),
-    "max_message_length": _int_in(1, MAX_MESSAGE_LENGTH_LIMIT),
-    "default_bind": _one_of(BINDS),
-    "backout_threshold": _int_in(0, MAX_DEPTH_LIMIT),
+    "max_depth": int_in(0, MAX_DEPTH_LIMIT),
+    "max_message_length": int_in(1, MAX_MESSAGE_LENGTH_LIMIT),
+    "default_bind": one_of(BINDS),
+    "backout_threshold": int_in(0, MAX_DEPTH_LIMIT),
     "backout_queue": _optional_queue_name,
-    "retry_count": _int_in(0, MAX_DEPTH_LIMIT),
+    "retry_count": int_in(0, MAX_DEPTH_LIMIT),
     "retry_delay": _seconds,
     "error_queue": _optional_queue_name,
     "cluster": _cluster_names,
@@ -180,7 +180,7 @@ class QueueManagerDefinition:
 
     def altered(self, **attributes: Any) -> QueueManagerDefinition:
         """A copy with ``attributes`` changed; only ``description`` and ``default_reconnect`` may be."""
-        checks = {"description": _description, "default_reconnect": _one_of(RECONNECT_MODES)}
+        checks = {"description": _description, "default_reconnect": one_of(RECONNECT_MODES)}
         unknown = sorted(set(attributes) - set(checks))
         if unknown:
             raise MQValidationError(

@@ -9,10 +9,10 @@ import pyarrow.compute as pc
 
 from mqspark.errors import Reason
 from mqspark.model.definitions import QueueDefinition
-from mqspark.model.messages import _error, _first_bad, new_ids
+from mqspark.model.messages import field_error, first_bad, new_ids
 
 
-def _segment(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.Table:
+def segment_payloads(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.Table:
     """Enforce max message length, splitting long payloads into segments when allowed."""
     lengths = pc.binary_length(table["payload"])
     too_long = pc.greater(lengths, queue.max_message_length)
@@ -20,9 +20,9 @@ def _segment(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.
         return table
     refused = too_long if not segmentation else pc.and_(too_long, table["segmented"])
     if pc.any(refused).as_py():
-        index, _ = _first_bad(table, refused, "payload")
+        index, _ = first_bad(table, refused, "payload")
         length = lengths[index].as_py()
-        raise _error(
+        raise field_error(
             queue.name,
             f"field payload of message {index} is {length} bytes, longer than max_message_length "
             f"{queue.max_message_length}" + ("" if segmentation else " (segmentation not allowed)"),
@@ -37,7 +37,7 @@ def _segment(queue: QueueDefinition, table: pa.Table, segmentation: bool) -> pa.
             continue
         if row["top_of_queue"] or row["before_msg_id"] is not None:
             field_name = "top_of_queue" if row["top_of_queue"] else "before_msg_id"
-            raise _error(
+            raise field_error(
                 queue.name,
                 f"field {field_name}: message {row['msg_id']} is longer than max_message_length "
                 f"{queue.max_message_length} and a message placed by {field_name} cannot be segmented",
@@ -68,7 +68,7 @@ def group_items(messages: pa.Table, *, with_priority: bool = False) -> pa.Table:
     return messages.filter(pc.is_valid(messages["group_id"])).select(columns)
 
 
-def _check_groups(queue: str, table: pa.Table) -> None:
+def check_groups(queue: str, table: pa.Table) -> None:
     """Group rules inside one put: unique (msg_seq_number, offset), one priority, one last item."""
     items = group_items(table, with_priority=True)
     if items.num_rows:
@@ -86,7 +86,7 @@ def check_group_items(queue: str, items: pa.Table) -> None:
     if duplicates.num_rows:
         group_id, seq, offset = (duplicates[c][0].as_py() for c in ("group_id", "msg_seq_number", "offset"))
         what = f"msg_seq_number {seq}" + (f" offset {offset}" if offset else "")
-        raise _error(
+        raise field_error(
             queue, f"field msg_seq_number: group {group_id} has {what} twice", Reason.MQRC_MSG_SEQ_NUMBER_ERROR
         )
     aggregates = [("msg_seq_number", "max")]
@@ -96,7 +96,7 @@ def check_group_items(queue: str, items: pa.Table) -> None:
     if "priority" in items.column_names:
         mixed = per_group.filter(pc.not_equal(per_group["priority_min"], per_group["priority_max"]))
         if mixed.num_rows:
-            raise _error(
+            raise field_error(
                 queue,
                 f"field priority: group {mixed['group_id'][0].as_py()} mixes priorities "
                 f"{mixed['priority_min'][0].as_py()} and {mixed['priority_max'][0].as_py()}",
@@ -111,7 +111,7 @@ def check_group_items(queue: str, items: pa.Table) -> None:
         return
     several = last.filter(pc.greater(last["msg_seq_number_count_distinct"], 1))
     if several.num_rows:
-        raise _error(
+        raise field_error(
             queue,
             f"field last_in_group: group {several['group_id'][0].as_py()} has more than one last message",
             Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
@@ -122,7 +122,7 @@ def check_group_items(queue: str, items: pa.Table) -> None:
         group_id, highest, last_number = (
             beyond[column][0].as_py() for column in ("group_id", "msg_seq_number_max", "msg_seq_number_min")
         )
-        raise _error(
+        raise field_error(
             queue,
             f"field msg_seq_number: group {group_id} has msg_seq_number {highest} after its last message {last_number}",
             Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
@@ -153,13 +153,13 @@ def _check_messages_of_groups(queue: str, items: pa.Table) -> None:
         bad = per_message.filter(pc.greater(per_message[column], 1))
         if bad.num_rows:
             group_id, seq = bad["group_id"][0].as_py(), bad["msg_seq_number"][0].as_py()
-            raise _error(queue, f"group {group_id}: message {seq} {text}", reason)
+            raise field_error(queue, f"group {group_id}: message {seq} {text}", reason)
     ends = items.filter(items["last_segment"]).group_by(["group_id", "msg_seq_number"]).aggregate([("offset", "min")])
     beyond = per_message.join(ends, ["group_id", "msg_seq_number"])
     beyond = beyond.filter(pc.greater(beyond["offset_max"], beyond["offset_min"]))
     if beyond.num_rows:
         group_id, seq = beyond["group_id"][0].as_py(), beyond["msg_seq_number"][0].as_py()
-        raise _error(
+        raise field_error(
             queue,
             f"group {group_id}: message {seq} has a segment at offset {beyond['offset_max'][0].as_py()} "
             f"after its last segment at offset {beyond['offset_min'][0].as_py()}",

@@ -86,11 +86,11 @@ def origin_versions(names: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.list_element(pc.split_pattern(names, ":"), 0).cast(pa.int64())
 
 
-def _error(queue: str, message: str, reason: Reason | None = None) -> MQValidationError:
+def field_error(queue: str, message: str, reason: Reason | None = None) -> MQValidationError:
     return MQValidationError(f"queue {queue}: {message}", reason)
 
 
-def _first_bad(table: pa.Table, mask: pa.ChunkedArray, column: str) -> tuple[int, Any]:
+def first_bad(table: pa.Table, mask: pa.ChunkedArray, column: str) -> tuple[int, Any]:
     index = pc.index(pc.fill_null(mask, False), True).as_py()
     return index, table.column(column)[index].as_py()
 
@@ -99,3 +99,14 @@ def new_ids(count: int) -> pa.Array:
     """``count`` random 128-bit ids as 32 hex characters, made without a Python loop per id."""
     text = os.urandom(16 * count).hex().encode()
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), count, [None, pa.py_buffer(text)]).cast(pa.string())
+
+
+# What a get or browse returns: the message columns, where it was read, and its logical position.
+BROWSE_SCHEMA = pa.schema(
+    [
+        *MESSAGE_SCHEMA,
+        pa.field("queue", pa.string(), nullable=False),
+        pa.field("qmgr", pa.string(), nullable=False),
+        pa.field("delivery_seq", pa.int64(), nullable=False),
+    ]
+)

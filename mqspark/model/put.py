@@ -1,4 +1,5 @@
-"""The message: its table schema, and turning what a producer gives into validated rows (spec sections 2-3).
+"""What a put accepts (spec section 3): turning what a producer gives into validated message rows,
+with defaults, checks of every field, the group rules and segmentation.
 
 Every put path (``QueueManager.put`` and the Spark sinks) goes through :func:`prepare_put`, so defaults,
 validation and segmentation are written once.
@@ -16,14 +17,14 @@ import pyarrow.compute as pc
 
 from mqspark.errors import Reason
 from mqspark.model.definitions import QueueDefinition
-from mqspark.model.groups import _check_groups, _segment
+from mqspark.model.groups import check_groups, segment_payloads
 from mqspark.model.messages import (
     DEAD_LETTER_FIELDS,
     MESSAGE_SCHEMA,
     PRODUCER_FIELDS,
     TIMESTAMP,
-    _error,
-    _first_bad,
+    field_error,
+    first_bad,
     new_ids,
 )
 
@@ -46,10 +47,10 @@ def rows_to_table(queue: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     rows = list(rows)
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise _error(queue, f"message {index} must be a dict of fields, got {type(row).__name__} {row!r}")
+            raise field_error(queue, f"message {index} must be a dict of fields, got {type(row).__name__} {row!r}")
         unknown = sorted(set(row) - set(PRODUCER_FIELDS))
         if unknown:
-            raise _error(
+            raise field_error(
                 queue, f"unknown field {unknown[0]!r} in message {index}; fields are {', '.join(PRODUCER_FIELDS)}"
             )
     names = [name for name in PRODUCER_FIELDS if any(name in row for row in rows)]
@@ -70,7 +71,7 @@ def rows_to_table(queue: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
             columns[name] = pa.array(values, type=target)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
             bad = next((i, v) for i, v in enumerate(values) if not _converts(v, target))
-            raise _error(
+            raise field_error(
                 queue, f"field {name} has value {bad[1]!r} in message {bad[0]}, which is not {target}"
             ) from None
     return pa.table(columns)
@@ -112,20 +113,20 @@ def _column(queue: str, table: pa.Table, name: str, target: pa.DataType, default
             or (pa.types.is_map(target) and pa.types.is_map(source))
         )
     if not allowed:
-        raise _error(queue, f"field {name} has type {source}, expected {target}")
+        raise field_error(queue, f"field {name} has type {source}, expected {target}")
     if pa.types.is_timestamp(source) and source.tz is None:
         column = pc.assume_timezone(column, "UTC")
     if pa.types.is_integer(target) and pa.types.is_integer(source):
         limits = np.iinfo(np.int32 if target == pa.int32() else np.int64)
         out_of_range = pc.or_(pc.less(column, limits.min), pc.greater(column, limits.max))
         if pc.any(out_of_range).as_py():
-            index, value = _first_bad(table, out_of_range, name)
+            index, value = first_bad(table, out_of_range, name)
             reason = Reason.MQRC_PRIORITY_ERROR if name == "priority" else None
-            raise _error(queue, f"field {name} has value {value} in message {index}, out of range", reason)
+            raise field_error(queue, f"field {name} has value {value} in message {index}, out of range", reason)
     try:
         column = column.cast(target)
     except pa.ArrowInvalid as error:
-        raise _error(queue, f"field {name} of type {source} cannot be stored as {target}: {error}") from None
+        raise field_error(queue, f"field {name} of type {source} cannot be stored as {target}: {error}") from None
     return column if default is None else pc.fill_null(column, pa.scalar(default, target))
 
 
@@ -152,12 +153,14 @@ def prepare_put(
     name = queue.name
     unknown = sorted(set(data.column_names) - set(PRODUCER_FIELDS))
     if unknown:
-        raise _error(name, f"unknown field {unknown[0]!r}; fields are {', '.join(PRODUCER_FIELDS)}")
+        raise field_error(name, f"unknown field {unknown[0]!r}; fields are {', '.join(PRODUCER_FIELDS)}")
     if "payload" not in data.column_names:
-        raise _error(name, "field payload is required")
+        raise field_error(name, "field payload is required")
     payload = _column(name, data, "payload", pa.binary(), None)
     if payload.null_count:
-        raise _error(name, f"field payload is null in message {_first_bad(data, pc.is_null(payload), 'payload')[0]}")
+        raise field_error(
+            name, f"field payload is null in message {first_bad(data, pc.is_null(payload), 'payload')[0]}"
+        )
 
     columns: dict[str, Any] = {"payload": payload}
     for field_name in _STRING_FIELDS + ("properties",):
@@ -184,8 +187,8 @@ def prepare_put(
         generated = new_ids(table.num_rows)
         table = table.set_column(table.schema.get_field_index("msg_id"), "msg_id", pc.coalesce(msg_ids, generated))
     msg_ids = table.column("msg_id").to_pylist()
-    table = _segment(queue, table, segmentation)
-    _check_groups(name, table)
+    table = segment_payloads(queue, table, segmentation)
+    check_groups(name, table)
 
     stamp = put_time or datetime.now(UTC)
     table = table.append_column("put_time", pa.repeat(pa.scalar(stamp, TIMESTAMP), table.num_rows))
@@ -264,6 +267,6 @@ def _check_values(queue: str, table: pa.Table) -> None:
     ]
     for field_name, mask, text, reason in checks:
         if pc.any(pc.fill_null(mask, False)).as_py():
-            index, value = _first_bad(table, mask, field_name)
+            index, value = first_bad(table, mask, field_name)
             text = text.format(group_id=table["group_id"][index].as_py())
-            raise _error(queue, f"field {field_name} has value {value!r} in message {index}: {text}", reason)
+            raise field_error(queue, f"field {field_name} has value {value!r} in message {index}: {text}", reason)

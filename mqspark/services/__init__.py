@@ -1,2 +1,3 @@
-"""Services that keep queues running beside producers and consumers, one capability per module:
-``maintenance`` keeps queues small; ``backout`` deals with failed messages."""
+"""Services that run beside producers and consumers, over the engine, one capability per module:
+``instances`` (active and standby instances of a consumer service), ``forward`` (the forwarding
+service's calls and reply records, without Spark) and ``monitor`` (backlog monitoring)."""

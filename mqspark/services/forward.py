@@ -1,10 +1,14 @@
-"""The forwarding service (Tuxedo's TMQFORWARD, spec section 5): get each request of a queue, call a
+"""The forwarding service (Tuxedo's TMQFORWARD, spec section 5), without Spark: the service call and
+its outcome, the replies and where each goes, the reply records that make replies exactly once, and
+``mqspark.request``. The query that runs it on Spark is :mod:`mqspark.spark.forward`.
+
+What the service does: get each request of a queue, call a
 service with it, put the reply on the request's reply queue, and send a request whose calls keep
 failing to its failure queue.
 
-:func:`forward` runs a streaming get of the queue in its own consumer group (default ``forward``)
+:func:`mqspark.spark.forward.forward` runs a streaming get of the queue in its own consumer group (default ``forward``)
 with a ``foreachBatch`` that writes the batch with an internal Python data source (format
-:data:`REPLY_FORMAT`): its tasks call the service on the rows Spark hands them and write the
+:data:`mqspark.spark.forward.REPLY_FORMAT`): its tasks call the service on the rows Spark hands them and write the
 replies into their target queues' folders, as the ``mq`` sink's tasks do; its commit hands the
 outcomes to the ``foreachBatch``, which records them and commits each target's files in one put.
 A request and its reply are never in one transaction: the reply is put while the request's batch
@@ -50,13 +54,13 @@ import pyarrow.compute as pc
 
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.consumer_groups import STATE_SCHEMA
+from mqspark.engine.get import GetRequest, get
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.messages import PROPERTIES, TIMESTAMP
 
 if TYPE_CHECKING:
-
-    from mqspark.qmgr import QueueManager
+    from mqspark.engine.queues import Queues
 
 # The consumer group a forwarder reads in, unless told otherwise.
 FORWARDER = "forward"
@@ -120,7 +124,7 @@ def load_service(service: str | Callable[..., Any]) -> Callable[..., Any]:
     return service
 
 
-def _with_properties(batch: pa.RecordBatch) -> pa.Table:
+def with_properties(batch: pa.RecordBatch) -> pa.Table:
     """Requests as the streaming get delivers them: ``properties`` back from JSON to a map."""
     requests = pa.Table.from_batches([batch])
     index = requests.schema.get_field_index("properties")
@@ -129,7 +133,7 @@ def _with_properties(batch: pa.RecordBatch) -> pa.Table:
     return requests.set_column(index, pa.field("properties", PROPERTIES), pa.array(entries, PROPERTIES))
 
 
-def _is_payload(kind: pa.DataType) -> bool:
+def is_payload(kind: pa.DataType) -> bool:
     return (
         pa.types.is_binary(kind)
         or pa.types.is_string(kind)
@@ -138,7 +142,7 @@ def _is_payload(kind: pa.DataType) -> bool:
     )
 
 
-def _outcome(reply: Any) -> tuple[bytes | None, int, str | None]:
+def outcome_of(reply: Any) -> tuple[bytes | None, int, str | None]:
     """A service's answer as (payload, return code, error): bytes or str, optionally with a return code."""
     code = 0
     if isinstance(reply, tuple) and len(reply) == 2 and isinstance(reply[1], int):
@@ -150,7 +154,7 @@ def _outcome(reply: Any) -> tuple[bytes | None, int, str | None]:
     return None, 0, f"the service returned {type(reply).__name__}, not bytes or str"
 
 
-def _failed(error: Exception) -> tuple[None, int, str]:
+def failed_outcome(error: Exception) -> tuple[None, int, str]:
     code = getattr(error, "return_code", 0)
     code = code if isinstance(code, int) else 0
     return None, code, f"{type(error).__name__}: {error} (return code {code})"
@@ -168,7 +172,7 @@ class _Target:
         return json.dumps([self.qmgr, self.queue])
 
 
-def _by_value(table: pa.Table, *columns: str) -> Iterator[tuple[Any, pa.Table]]:
+def by_value(table: pa.Table, *columns: str) -> Iterator[tuple[Any, pa.Table]]:
     """The rows of ``table`` by the distinct values of ``columns`` (nulls included)."""
     keys = table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
     for key in keys.to_pylist():
@@ -216,12 +220,12 @@ def _with_reasons(rows: pa.Table, reasons: list[tuple | None] | None) -> pa.Tabl
     )
 
 
-def _targets(qm: QueueManager, answered: pa.Table) -> dict[_Target, pa.Table]:
+def reply_targets(qm: Queues, answered: pa.Table) -> dict[_Target, pa.Table]:
     """The replies to put, by target queue: reply rows with the request's delivery_seq, and (for the
     dead-letter queue) why each could not go where it was meant to."""
     replies: dict[_Target, list[pa.Table]] = {}
     dead_letter_queue = _Target(qm.name, qm.root, qm.dead_letter_queue)
-    for (qmgr, queue), part in _by_value(answered, "reply_to_qmgr", "reply_to_queue"):
+    for (qmgr, queue), part in by_value(answered, "reply_to_qmgr", "reply_to_queue"):
         rows = _reply_rows(part)
         target, refused = _resolve(qm, qmgr, queue)
         if refused is None:
@@ -232,7 +236,7 @@ def _targets(qm: QueueManager, answered: pa.Table) -> dict[_Target, pa.Table]:
     return {target: pa.concat_tables(parts) for target, parts in replies.items()}
 
 
-def _dead_letter_header(rows: pa.Table) -> Callable[[pa.Table], pa.Table]:
+def dead_letter_header(rows: pa.Table) -> Callable[[pa.Table], pa.Table]:
     """Stamps on prepared replies (in the order of ``rows``) the dead-letter header of why each could
     not go where it was meant to; replies whose own reply queue is the dead-letter queue get none."""
 
@@ -251,15 +255,13 @@ def _dead_letter_header(rows: pa.Table) -> Callable[[pa.Table], pa.Table]:
     return stamp
 
 
-def _open(root: str) -> QueueManager:
-    from mqspark.qmgr import QueueManager
+def open_queues(root: str) -> Queues:
+    from mqspark.engine.queues import Queues
 
-    return QueueManager.open(root)
+    return Queues.open(root)
 
 
-def _resolve(
-    qm: QueueManager, qmgr: str | None, queue: str
-) -> tuple[_Target | None, tuple[Reason, str, str, str] | None]:
+def _resolve(qm: Queues, qmgr: str | None, queue: str) -> tuple[_Target | None, tuple[Reason, str, str, str] | None]:
     """Where a reply to ``queue`` on ``qmgr`` goes, or why it cannot go there: (reason, text,
     intended queue, intended queue manager)."""
     name = qmgr or qm.name
@@ -270,7 +272,7 @@ def _resolve(
         if root is None:
             text = f"reply queue manager {name} is unknown to queue manager {qm.name} (no shared cluster)"
             return None, (Reason.MQRC_UNKNOWN_OBJECT_NAME, text, queue, name)
-        target_qm = _open(root)
+        target_qm = open_queues(root)
     try:
         resolved = target_qm.resolve_for_put(queue)
     except MQError as refused:
@@ -278,7 +280,7 @@ def _resolve(
     return _Target(target_qm.name, target_qm.root, resolved.name), None
 
 
-def _member_root(qm: QueueManager, name: str) -> str | None:
+def _member_root(qm: Queues, name: str) -> str | None:
     for repository in qm.cluster_roots():
         for member in Cluster.open(repository).snapshot().members:
             if member.qmgr == name:
@@ -286,24 +288,24 @@ def _member_root(qm: QueueManager, name: str) -> str | None:
     return None
 
 
-def _landed(qm: QueueManager, qmgr: str, queue: str, producer: str, version: int) -> bool:
+def reply_landed(qm: Queues, qmgr: str, queue: str, producer: str, version: int) -> bool:
     if qmgr == qm.name:
         target = qm
     else:
         root = _member_root(qm, qmgr)
         if root is None:
             return False
-        target = _open(root)
+        target = open_queues(root)
     committed = target.committed_transaction(queue, producer)
     return committed is not None and committed >= version
 
 
-def _entries(records: pa.Table) -> Iterator[tuple[str, int, str]]:
+def reply_entries(records: pa.Table) -> Iterator[tuple[str, int, str]]:
     """The (plan_id, seq, target) of each reply record."""
     return zip(*(records[name].to_pylist() for name in ("plan_id", "seq", "target")), strict=True)
 
 
-def _state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, str], ranges: pa.Table) -> pa.Table:
+def reply_state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, str], ranges: pa.Table) -> pa.Table:
     """``event`` rows of one reply put (plan, txn version, target) for the requests of ``ranges``."""
     plan_id, seq, target = entry
     count = ranges.num_rows
@@ -323,7 +325,7 @@ def _state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, st
 
 
 def request(
-    qm: QueueManager,
+    qm: Queues,
     queue: str,
     payload: bytes | str,
     *,
@@ -349,7 +351,7 @@ def request(
         **({"priority": priority} if priority is not None else {}),
     }
     (msg_id,) = qm.put(queue, [fields])
-    got = qm.get(reply_to, consumer, wait=timeout, correl_id=correl_id)
+    got = get(qm, GetRequest(reply_to, consumer, wait=timeout, correl_id=correl_id))
     if got.num_rows == 0:
         raise MQError(
             f"request {msg_id} to queue {queue}: no reply on queue {reply_to} within {timeout:g} s",

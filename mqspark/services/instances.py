@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from mqspark.qmgr import QueueManager
+    from mqspark.engine.queues import Queues
 
 _log = logging.getLogger(__name__)
 # How often a standby looks whether the group's lease lapsed: a read of the state table, so often
@@ -131,7 +131,7 @@ class Instance:
 
     def __init__(
         self,
-        qm: QueueManager,
+        qm: Queues,
         queue: str,
         consumer: str = "default",
         *,
@@ -278,7 +278,7 @@ class Instance:
             out.write(json.dumps(entry).encode())
 
 
-def switchover(qm: QueueManager, queue: str, consumer: str) -> None:
+def switchover(qm: Queues, queue: str, consumer: str) -> None:
     """Ask the active instance of group ``consumer``'s service to hand over (MQ's ``endmqm -s``): at
     its next micro-batch boundary its query records the last batch consumed, releases the lease
     and stops, and a standby takes over at once with nothing to redeliver. With no standby, the
@@ -293,7 +293,7 @@ def _file_name(instance: str) -> str:
 
 
 def instances(
-    qm: QueueManager, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT
+    qm: Queues, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT
 ) -> list[InstanceInfo]:
     """The instances of group ``consumer``'s service on ``queue``: the one holding the group's lease
     is active, the others whose heartbeat is within ``lease_timeout`` stand by. Entries older than a

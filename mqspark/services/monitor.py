@@ -65,8 +65,8 @@ from mqspark.model.ranges import in_ranges, merge_ranges, single_ranges
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
+    from mqspark.engine.queues import Queues
     from mqspark.model.definitions import QueueDefinition
-    from mqspark.qmgr import QueueManager
 
 _log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def _event(reason: Reason) -> str:
 
 
 def claimable_messages(
-    qm: QueueManager,
+    qm: Queues,
     definition: QueueDefinition,
     state: ConsumerState,
     consumer: str,
@@ -367,7 +367,7 @@ class GroupHealth:
     rate_per_s: float | None
 
 
-def latest_point(qm: QueueManager, queue: str, consumer: str) -> dict[str, Any] | None:
+def latest_point(qm: Queues, queue: str, consumer: str) -> dict[str, Any] | None:
     """The newest point of the monitor history of ``queue`` and group ``consumer``, or None."""
     table = store.open_table(store.monitor_location(qm.root, queue), qm.storage_options)
     if table is None:
@@ -380,7 +380,7 @@ def latest_point(qm: QueueManager, queue: str, consumer: str) -> dict[str, Any] 
 
 
 def group_health(
-    qm: QueueManager,
+    qm: Queues,
     queue: str,
     consumer: str,
     now: datetime | None = None,
@@ -435,7 +435,7 @@ class Monitor:
 
     def __init__(
         self,
-        qm: QueueManager,
+        qm: Queues,
         queue: str,
         consumer: str = "default",
         *,

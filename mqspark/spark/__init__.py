@@ -1,2 +1,3 @@
 """Everything Spark calls: the session and jars, the ``mq`` data source, the sink, the streaming get,
-the browse reader and the routing UDF. Spark is imported only by code under this package."""
+the browse reader, routing on Spark and the forwarding service's query and reply data source.
+Spark is imported only by code under this package and ``mqspark.jobs``."""

@@ -29,7 +29,8 @@ from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
-from mqspark.qmgr import BROWSE_SCHEMA, QueueManager
+from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.qmgr import QueueManager
 from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode, reconnect_mode
 from mqspark.spark.browse import BrowsePlan, BrowseReader
 from mqspark.spark.routing import cluster_names

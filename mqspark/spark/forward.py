@@ -43,18 +43,18 @@ from mqspark.services.forward import (
     REQUEST_FIELDS,
     RESULT_SCHEMA,
     ServiceError,
-    _by_value,
-    _dead_letter_header,
-    _entries,
-    _failed,
-    _is_payload,
-    _landed,
-    _open,
-    _outcome,
-    _state_rows,
-    _targets,
-    _with_properties,
+    by_value,
+    dead_letter_header,
+    failed_outcome,
+    is_payload,
     load_service,
+    open_queues,
+    outcome_of,
+    reply_entries,
+    reply_landed,
+    reply_state_rows,
+    reply_targets,
+    with_properties,
 )
 
 # The format of the forwarder's internal write: its tasks call the service and write the replies.
@@ -144,7 +144,7 @@ class _Caller:
         service = load_service(self.service)
         self._pool: ThreadPoolExecutor | None = None
         try:
-            results = [self._results(service, _with_properties(batch)) for batch in batches if batch.num_rows]
+            results = [self._results(service, with_properties(batch)) for batch in batches if batch.num_rows]
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
@@ -174,22 +174,22 @@ class _Caller:
                 replies = self._call(lambda: service(requests))
                 if len(replies) != count:
                     raise ServiceError(f"the service returned {len(replies)} replies for {count} requests")
-                if isinstance(replies, pa.Array | pa.ChunkedArray) and _is_payload(replies.type):
+                if isinstance(replies, pa.Array | pa.ChunkedArray) and is_payload(replies.type):
                     # Arrow in, Arrow out: every request succeeded, with return code 0.
                     replies = pc.cast(replies, pa.binary())
                     replies = replies.combine_chunks() if isinstance(replies, pa.ChunkedArray) else replies
                     columns += [replies, pa.nulls(count, pa.int32()).fill_null(0), pa.nulls(count, pa.string())]
                     return pa.RecordBatch.from_arrays(columns, schema=RESULT_SCHEMA)
-                outcomes = [_outcome(reply) for reply in replies]
+                outcomes = [outcome_of(reply) for reply in replies]
             except Exception as error:  # noqa: BLE001 - every failure of the service fails its requests
-                outcomes = [_failed(error)] * count
+                outcomes = [failed_outcome(error)] * count
         else:
             outcomes = []
             for message in requests.to_pylist():
                 try:
-                    outcomes.append(_outcome(self._call(lambda message=message: service(message))))
+                    outcomes.append(outcome_of(self._call(lambda message=message: service(message))))
                 except Exception as error:  # noqa: BLE001 - a failed call fails its request
-                    outcomes.append(_failed(error))
+                    outcomes.append(failed_outcome(error))
         reply, code, error = zip(*outcomes, strict=True)
         columns += [pa.array(reply, pa.binary()), pa.array(code, pa.int32()), pa.array(error, pa.string())]
         return pa.RecordBatch.from_arrays(columns, schema=RESULT_SCHEMA)
@@ -223,7 +223,7 @@ class _Batch:
 
     def process(self, df: DataFrame, batch_id: int) -> None:
         if self._qm is None:
-            self._qm = _open(self.root)
+            self._qm = open_queues(self.root)
             self._state = ConsumerState(self._qm.root, self.queue, self._qm.storage_options)
         qm, state = self._qm, self._state
         producer = self._producer(qm)
@@ -258,7 +258,7 @@ class _Batch:
             state.append(
                 pa.concat_tables(
                     failure_rows(self.consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error)
-                    for error, chosen in _by_value(failed, "error")
+                    for error, chosen in by_value(failed, "error")
                 )
             )
 
@@ -303,15 +303,15 @@ class _Batch:
             self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", *RANGE_COLUMNS]
         )
         records = rows.filter(pc.equal(rows["event"], "reply"))
-        cancelled = set(_entries(rows.filter(pc.equal(rows["event"], "unreplied"))))
+        cancelled = set(reply_entries(rows.filter(pc.equal(rows["event"], "unreplied"))))
         replied, cancel = [records.slice(0, 0).select(RANGE_COLUMNS)], []
-        for entry, mine in _by_value(records, "plan_id", "seq", "target"):
+        for entry, mine in by_value(records, "plan_id", "seq", "target"):
             if entry in cancelled:
                 continue
             if entry not in self._landed:
                 qmgr, queue = json.loads(entry[2])
-                if not _landed(qm, qmgr, queue, producer, entry[1]):
-                    cancel.append(_state_rows(self.consumer, producer, "unreplied", entry, mine))
+                if not reply_landed(qm, qmgr, queue, producer, entry[1]):
+                    cancel.append(reply_state_rows(self.consumer, producer, "unreplied", entry, mine))
                     continue
                 self._landed.add(entry)
             replied.append(mine.select(RANGE_COLUMNS))
@@ -327,10 +327,10 @@ class _Batch:
         if replied.num_rows:
             state.append(
                 pa.concat_tables(
-                    _state_rows(
+                    reply_state_rows(
                         self.consumer, producer, "reply", (plan_id, batch_id, target), merge_ranges(single_ranges(rows))
                     )
-                    for target, rows in _by_value(replied, "target")
+                    for target, rows in by_value(replied, "target")
                 )
             )
 
@@ -385,14 +385,14 @@ def _write_replies(root: str, results: pa.Table) -> Outcomes:
     files written (executor side)."""
     from pyspark import TaskContext
 
-    qm = _open(root)
+    qm = open_queues(root)
     answered = pc.and_(pc.is_null(results["error"]), pc.fill_null(pc.not_equal(results["reply_to_queue"], ""), False))
     written = PutCommitMessage(None)
     first_seq = TaskContext.get().partitionId() << PARTITION_SHIFT
     targets = {}
-    for target, rows in _targets(qm, results.filter(answered)).items():
-        target_qm = qm if target.root == qm.root else _open(target.root)
-        header = _dead_letter_header(rows) if target.queue == qm.dead_letter_queue and target_qm is qm else None
+    for target, rows in reply_targets(qm, results.filter(answered)).items():
+        target_qm = qm if target.root == qm.root else open_queues(target.root)
+        header = dead_letter_header(rows) if target.queue == qm.dead_letter_queue and target_qm is qm else None
         share = QueueShare(target.root, target_qm.resolve_for_put(target.queue), False, first_seq)
         share.write(written, [(rows.select(REPLY_FIELDS), header)])
         targets.update(dict.fromkeys(rows["delivery_seq"].to_pylist(), target.key()))

@@ -203,7 +203,6 @@ def register(spark: SparkSession) -> SparkSession:
         # pyarrow.dataset does, through concurrent.futures) can no longer be imported.
         import pyarrow.dataset  # noqa: F401
 
-
         listener = ConsumptionListener()
         spark.streams.addListener(listener)
         spark._mqspark_listener = listener

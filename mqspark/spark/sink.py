@@ -27,12 +27,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from mqspark import store
+from mqspark.engine.queues import before_targets
 from mqspark.errors import MQError
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put
-from mqspark.qmgr import QueueManager, before_targets
+from mqspark.qmgr import QueueManager
 from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode
 from mqspark.spark import routing
 

@@ -17,7 +17,7 @@ from mqspark.errors import MQError, Reason
 from mqspark.store.files import DataFile, remove_data_files
 from mqspark.store.layout import StorageOptions
 from mqspark.store.log import LogEntryGone
-from mqspark.store.tables import _options, log_file_gone, open_table
+from mqspark.store.tables import log_file_gone, open_table, table_options
 
 
 def commit_files(
@@ -51,7 +51,7 @@ def commit_files(
             ),
         )
     except DeltaError as error:
-        if not read_back_failed(error, table.table_uri, version, _options(table)):
+        if not read_back_failed(error, table.table_uri, version, table_options(table)):
             raise
     return version
 

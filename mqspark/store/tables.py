@@ -119,7 +119,7 @@ def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema, ver
     """Every message of the table's version (or of ``version``), with the version of the put that
     committed it as ``commit_version``, in no particular order."""
     if version is not None and version != table.version():
-        table = DeltaTable(table.table_uri, version=version, storage_options=_options(table))
+        table = DeltaTable(table.table_uri, version=version, storage_options=table_options(table))
     files = live_files(table)
     pieces = []
     for path, file_version in zip(files["path"].to_pylist(), files["version"].to_pylist(), strict=True):
@@ -131,7 +131,7 @@ def read_committed(table: DeltaTable, columns: list[str], schema: pa.Schema, ver
     return pa.concat_tables(pieces)
 
 
-def _options(table: DeltaTable) -> StorageOptions:
+def table_options(table: DeltaTable) -> StorageOptions:
     return getattr(table, "_storage_options", None)
 
 
@@ -167,7 +167,7 @@ def trim_history(table: DeltaTable, keep_from: int, retention_seconds: int) -> t
             "delta.deletedFileRetentionDuration": f"interval {max(retention_seconds, _VACUUM_FLOOR_SECONDS)} seconds",
         },
     )
-    options = _options(table)
+    options = table_options(table)
     cleaned, _ = clean_up_log(DeltaTable(location, version=keep_from, storage_options=options))
     return cleaned, len(DeltaTable(location, storage_options=options).vacuum(dry_run=False, full=True))
 
