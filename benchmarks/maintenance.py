@@ -8,7 +8,7 @@ without re-reading the catalog every time). A put that leaves the table with
 large queue's build includes those runs (``large_build_put_triggered_maintenance_runs``);
 ``run(put_maintenance=False)`` switches them off for a queue that no maintenance ever touched. One
 consumer group ``g`` consumes all but the last ``waiting`` messages of each queue (a planner-level
-:class:`mqspark.stream.QueueStreamReader`: one plan of the messages, recorded consumed by
+:class:`mqspark.spark.stream.QueueStreamReader`: one plan of the messages, recorded consumed by
 ``commit``). Then, in this order:
 
 1. **Before qm.maintain** (``*_before_maintain``): ``put_samples`` single-message ``qm.put`` calls on

@@ -3,7 +3,7 @@
 A queue gets ``messages`` messages of 16 B in ``puts`` puts; group ``g`` consumes all but the last
 ``waiting`` (one planned batch, recorded consumed, as a streaming get does). Then:
 
-1. ``points`` monitor points (:meth:`mqspark.monitor.Monitor.point`, history table on) after one
+1. ``points`` monitor points (:meth:`mqspark.services.monitor.Monitor.point`, history table on) after one
    warm-up point: ``point_ms_p50`` / ``point_ms_p99``. The anchor, in the same run, is the native
    Delta path's count of the queue's rows (``DeltaTable(...).to_pyarrow_dataset().count_rows()``,
    which reads file statistics only): ``ratio_point_to_native_count``.

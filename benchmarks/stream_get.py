@@ -39,7 +39,7 @@ written to an in-memory Arrow IPC stream as Spark's Python worker writes it to t
 
 ``planning``: the planner alone, without Spark. Two queues get ``small_versions`` and
 ``large_versions`` commits of one small message each (``qm.put``). For each, a
-:class:`mqspark.stream.QueueStreamReader` is built as Spark builds it (option keys lower-cased);
+:class:`mqspark.spark.stream.QueueStreamReader` is built as Spark builds it (option keys lower-cased);
 start-up is ``initialOffset()`` plus the first ``latestOffset()`` (which reads the table's history
 and plans the whole backlog in one batch); the backlog is then drained, and ``rounds`` rounds of
 one ``qm.put`` (not timed) then ``latestOffset(start, ReadMaxRows(10))`` + ``partitions(start, end)``

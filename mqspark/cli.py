@@ -24,8 +24,9 @@ from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import ATTRIBUTE_NAMES, RECONNECT_MODES, QueueDefinition
 from mqspark.model.messages import DEAD_LETTER_FIELDS
 from mqspark.qmgr import QueueManager
+from mqspark.services.backlog_judge import Verdict
 from mqspark.services.instances import instances, switchover
-from mqspark.services.monitor import Monitor, Verdict, group_health
+from mqspark.services.monitor import Monitor, group_health
 
 DEFAULT_ROOT = "./mq-data"
 # Job files under mqspark/jobs, for spark-submit.

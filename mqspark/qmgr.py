@@ -20,7 +20,6 @@ from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
 from mqspark.cluster.repository import AdvertisedQueue, Cluster
-from mqspark.engine.backout import redrive
 from mqspark.engine.catalog import CatalogState
 from mqspark.engine.depth import waiting
 from mqspark.engine.get import GetRequest, get, syncpoint_get
@@ -28,6 +27,7 @@ from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
 from mqspark.engine.ordering import DeliveryOptions, deliver
 from mqspark.engine.queues import PUT_ATTEMPTS, Queues, create_message_table
+from mqspark.engine.redrive import redrive
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition, validate_name
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA
@@ -169,7 +169,7 @@ class QueueManager(Queues):
 
     def depth(self, queue: str, consumer: str | None = None) -> int:
         """MQ's CURDEPTH: the messages still waiting for at least one counted consumer group (see
-        :mod:`mqspark.depth`); with ``consumer``, the messages still waiting for that group.
+        :mod:`mqspark.engine.depth`); with ``consumer``, the messages still waiting for that group.
         Expired messages are not counted."""
         return self.backlog(queue, consumer, oldest=False).depth
 
@@ -214,7 +214,7 @@ class QueueManager(Queues):
     def maintain(self, queue: str, retention: timedelta = DEFAULT_RETENTION) -> MaintenanceSummary:
         """Run maintenance on ``queue`` (its target, for an alias): remove what every counted group has
         consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping
-        time travel for ``retention``. See :mod:`mqspark.services.maintenance`."""
+        time travel for ``retention``. See :mod:`mqspark.engine.maintenance`."""
         check_retention(retention)
         return maintain(self, self._resolve(queue).name, retention)
 
@@ -242,7 +242,7 @@ class QueueManager(Queues):
         exactly once, with the dead-letter header cleared and ``backout_count`` reset, in the order
         they arrived: all of them, or those matching every selector given (msg_id, correl_id,
         ``dlq_reason``). Returns how many went back to each queue. See
-        :func:`mqspark.services.backout.redrive`."""
+        :func:`mqspark.engine.backout.redrive`."""
         validate_name(queue)
         return redrive(self, queue, msg_ids=msg_ids, correl_ids=correl_ids, reasons=reasons)
 
@@ -259,7 +259,7 @@ class QueueManager(Queues):
         """MQGET: up to ``max_messages`` messages of ``queue`` in logical order, consumed for consumer
         group ``consumer`` as they are returned, waiting up to ``wait`` seconds for the first. Matches
         msg_id, correl_id and group_id. Empty when nothing matched in time. Columns as :meth:`browse`.
-        See :mod:`mqspark.get` for how it shares a group with a streaming query."""
+        See :mod:`mqspark.engine.get` for how it shares a group with a streaming query."""
         return get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
 
     def syncpoint_get(

@@ -58,7 +58,7 @@ DEFAULT_RECONNECT_TIMEOUT = timedelta(seconds=1800)
 _FIRST_DELAY = 0.2
 _MAX_DELAY = 5.0
 _Result = TypeVar("_Result")
-_log = logging.getLogger("mqspark.connection")
+_log = logging.getLogger("mqspark.reconnect")
 
 
 class ReconnectMode(StrEnum):

@@ -1,7 +1,7 @@
 """A reference model of spec section 4, written straight from the text in plain Python.
 
 It is deliberately slow and simple: a loop over messages in physical order, and a walk over each
-group's items. The ordering engine (mqspark.ordering) must agree with it on every input.
+group's items. The ordering engine (mqspark.engine.ordering) must agree with it on every input.
 """
 
 from __future__ import annotations

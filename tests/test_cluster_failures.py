@@ -28,7 +28,7 @@ from mqspark.cluster.repository import Cluster
 from .processes import finish_driver, kill_run, last_spark_commit, start_driver
 
 REPLICAS = ("QM2", "QM3", "QM4")
-# The sink's report of a replica share it found committed already (mqspark.sink.commit_batch).
+# The sink's report of a replica share it found committed already (mqspark.spark.sink.commit_batch).
 REPLAYED = re.compile(r"batch (\d+) of producer \S+ was committed before")
 
 # A streaming producer in its own process, putting to the cluster queue: one file per micro-batch.

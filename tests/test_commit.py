@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from mqspark import MQError, MQValidationError, qmgr, store
+from mqspark import MQError, MQValidationError, store
+from mqspark.engine import queues
 from mqspark.model.groups import GROUP_COLUMNS
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put
@@ -63,7 +64,7 @@ def test_alias_retargeted_during_a_put_backs_it_out(qm, before_commit):
 
 
 def test_put_that_gives_up_leaves_no_files(qm, before_commit, monkeypatch):
-    monkeypatch.setattr(qmgr, "_PUT_ATTEMPTS", 3)
+    monkeypatch.setattr(queues, "PUT_ATTEMPTS", 3)
     qm.define_queue("Q")
     before_commit.append(lambda: _rival_put(qm, "Q"))
     with pytest.raises(

@@ -24,8 +24,8 @@ from mqspark.cli import main
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.engine.maintenance import EXPIRY_GRACE, maintain
+from mqspark.engine.queues import MAINTAIN_AT_FILES
 from mqspark.model.messages import MESSAGE_SCHEMA
-from mqspark.qmgr import MAINTAIN_AT_FILES
 from mqspark.spark.stream import QueueStreamReader
 
 from .planner import read_batch

@@ -12,7 +12,8 @@ from chispa import assert_df_equality
 
 from mqspark import MQError, MQValidationError, Reason, store
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.services.monitor import GroupStatus, Monitor, Verdict, group_health
+from mqspark.services.backlog_judge import Verdict
+from mqspark.services.monitor import GroupStatus, Monitor, group_health
 
 from .test_cli import mqspark
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mqspark import MQValidationError
-from mqspark.services.monitor import BacklogJudge, MonitorState, Verdict, validate_watch_interval
+from mqspark.services.backlog_judge import BacklogJudge, MonitorState, Verdict, validate_watch_interval
 
 
 def _points(judge: BacklogJudge, observations: list[tuple[int, int | None]]) -> list[tuple]:

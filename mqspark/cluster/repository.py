@@ -11,7 +11,7 @@ A repository is one small Delta table at ``<cluster root>/_cluster``. Every row 
 - ``producer``: the routing journal of one producer and queue (:meth:`Cluster.routing_snapshot`).
 
 Every change rewrites the table in one commit at exactly the version after the one it read, with
-no automatic retry (:func:`mqspark.catalog.rewrite_until_landed`). A snapshot is one committed
+no automatic retry (:func:`mqspark.engine.catalog.rewrite_until_landed`). A snapshot is one committed
 version of a repository; routing decisions are made against a snapshot, so a replayed micro-batch
 routes exactly as the first attempt did. The table keeps its whole log, so that every snapshot
 stays readable: never vacuum it.

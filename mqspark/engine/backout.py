@@ -7,7 +7,7 @@ A delivery of a message to a consumer group fails in one of two ways:
   the batch itself succeeds, and the message is not consumed with it;
 - **implicitly**: the batch fails and Spark replays it (a rolled-back unit of work).
 
-Each failure is a row of the queue's state table (:mod:`mqspark.consumers`): ``backout`` for an
+Each failure is a row of the queue's state table (:mod:`mqspark.engine.consumer_groups`): ``backout`` for an
 explicit one, ``rollback`` for a replayed plan, with the plan it happened in. A message's
 ``backout_count`` for a group is the number of its failures. A failure **pinpoints** its message
 when it was explicit, or when the replayed plan delivered that message alone; a failed batch of many
@@ -73,7 +73,7 @@ from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
 from mqspark.model.groups import group_items
-from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP
+from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP
 from mqspark.model.ranges import expand_ranges, single_ranges
 
 if TYPE_CHECKING:
@@ -392,8 +392,8 @@ class Transfer:
         order = np.argsort(np.concatenate([np.flatnonzero(file == n) for n in np.unique(file)]))
         messages = pa.concat_tables(pieces).cast(MESSAGE_SCHEMA).take(pa.array(order))
         count = messages.num_rows
-        messages = _replace(messages, "put_time", pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count))
-        messages = _replace(messages, "put_seq", pa.array(np.arange(count, dtype=np.int64)))
+        messages = replace_column(messages, "put_time", pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count))
+        messages = replace_column(messages, "put_seq", pa.array(np.arange(count, dtype=np.int64)))
         messages = self.copy(messages, move)
         data = store.write_data_file(
             store.queue_location(self.qm.root, target), messages.to_batches(), QUEUE_TABLE_SCHEMA
@@ -408,7 +408,7 @@ class Transfer:
         )
 
 
-def _replace(messages: pa.Table, name: str, column: pa.Array) -> pa.Table:
+def replace_column(messages: pa.Table, name: str, column: pa.Array) -> pa.Table:
     index = MESSAGE_SCHEMA.get_field_index(name)
     return messages.set_column(index, MESSAGE_SCHEMA.field(index), column.cast(MESSAGE_SCHEMA.field(index).type))
 
@@ -498,82 +498,7 @@ class Mover:
 
     def _copy(self, messages: pa.Table, move: pa.Table) -> pa.Table:
         """The copy with its dead-letter header and backout count (kept in the move's ``delivery_seq``)."""
-        messages = _replace(messages, "backout_count", move["delivery_seq"])
+        messages = replace_column(messages, "backout_count", move["delivery_seq"])
         return dead_letter(
             messages, move["reason"], move["error"], self.policy.queue, self.policy.qmgr, datetime.now(UTC)
         )
-
-
-# The consumer group under which redrive takes messages off a backout, error or dead-letter queue.
-REDRIVER = "mqspark.redrive"
-
-
-def redrive(
-    qm: Queues,
-    queue: str,
-    msg_ids: Sequence[str] | None = None,
-    correl_ids: Sequence[str] | None = None,
-    reasons: Sequence[int] | None = None,
-    lease_timeout: timedelta = timedelta(seconds=30),
-) -> dict[str, int]:
-    """Move messages of ``queue`` (a backout, error or dead-letter queue) back to the queues they came
-    from (``dlq_original_queue``), with their dead-letter header cleared and ``backout_count`` reset,
-    in the order they arrived, exactly once. All of them, or those matching every selector given.
-    Returns how many went back to each queue. Messages without an original queue, or whose original
-    queue is no longer defined here, stay."""
-    from mqspark.engine.pending import PendingMessages
-
-    definition = qm.resolve_for_get(queue)
-    local = definition.name
-    for name, values in (("msg_ids", msg_ids), ("correl_ids", correl_ids), ("reasons", reasons)):
-        if values is not None and (isinstance(values, str | bytes) or not values):
-            raise MQValidationError(f"redrive: queue {local}: {name} must be a non-empty list, got {values!r}")
-    state = ConsumerState(qm.root, local, qm.storage_options)
-    owner = uuid.uuid4().hex
-    state.acquire(REDRIVER, owner, lease_timeout)
-    try:
-        pending = PendingMessages(store.queue_location(qm.root, local), qm.storage_options)
-        pending.load(state.consumed_ranges(REDRIVER))
-        transfer = Transfer(qm, local, state, REDRIVER, owner, f"mqspark.redrive/{qm.name}/{local}", _without_header)
-        pending.mark_consumed(pending.range_keys(single_ranges(transfer.finish_pending(pending))))
-        waiting = pending.rows.filter(pc.invert(pending.rows["consumed"]))
-        headers = _headers(pending, waiting)
-        keep = pc.is_valid(headers["dlq_original_queue"])
-        for values, column in ((msg_ids, "msg_id"), (correl_ids, "correl_id"), (reasons, "dlq_reason")):
-            if values is not None:
-                keep = pc.and_(keep, pc.fill_null(pc.is_in(headers[column], pa.array(list(values))), False))
-        chosen = headers.filter(keep)
-        chosen = chosen.take(pc.sort_indices(chosen, [("commit_version", "ascending"), ("put_seq", "ascending")]))
-        known = {q.name for q in qm.queues()}
-        moved: dict[str, int] = {}
-        for target in sorted(pc.unique(chosen["dlq_original_queue"]).to_pylist()):
-            if target not in known:
-                continue
-            mine = chosen.filter(pc.equal(chosen["dlq_original_queue"], target))
-            transfer.transfer(mine.select(IDENTITY_SCHEMA.names), qm.resolve_for_put(target).name, pending)
-            moved[target] = mine.num_rows
-        return moved
-    finally:
-        state.release(REDRIVER, owner)
-
-
-def _headers(pending: PendingMessages, waiting: pa.Table) -> pa.Table:
-    """Identity, physical order, selectors and original queue of the ``waiting`` index rows."""
-    data = pending.read_columns(waiting, ["msg_id", "correl_id", "dlq_reason", "dlq_original_queue"])
-    return pa.table(
-        {
-            "origin": pa.array(pending.origins, pa.string()).take(waiting["origin"]),
-            "row": waiting["row"],
-            "commit_version": waiting["commit_version"],
-            "put_seq": waiting["put_seq"],
-            **{name: data[name] for name in data.column_names},
-        }
-    )
-
-
-def _without_header(messages: pa.Table, move: pa.Table) -> pa.Table:
-    """A redriven copy: no dead-letter header, backout count 0."""
-    count = messages.num_rows
-    for name in DEAD_LETTER_FIELDS:
-        messages = _replace(messages, name, pa.nulls(count, MESSAGE_SCHEMA.field(name).type))
-    return _replace(messages, "backout_count", pa.array(np.zeros(count, dtype=np.int32)))

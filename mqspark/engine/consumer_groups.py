@@ -3,7 +3,7 @@
 ``<root>/state/<queue>`` is a small Delta table. Rows, by ``event``:
 
 - ``plan``: the messages of a planned micro-batch as ranges: ``count`` messages of origin ``origin``
-  from row ``row`` on (a message's identity, see :func:`mqspark.messages.origins`), delivered as
+  from row ``row`` on (a message's identity, see :func:`mqspark.model.messages.origins`), delivered as
   ``delivery_seq``, ``delivery_seq`` + 1, ... (null: expired messages the batch discards).
   Recorded before the batch runs, so a replay after a crash delivers the same messages.
 - ``consumed``: the plan ``plan_id`` has been processed; its messages are gone for the group.
@@ -12,13 +12,13 @@
 - ``lease`` / ``release``: the query (``owner``) reading for the group, renewed while it runs.
 - ``declare``: the group was declared on the queue before it first read, so it counts already.
 - ``abort``: the backlog monitor stopped the group's reader (its ``reason`` and ``error`` text); a
-  query whose lease began before it fails at its next trigger (see :mod:`mqspark.monitor`).
+  query whose lease began before it fails at its next trigger (see :mod:`mqspark.services.monitor`).
 - ``switchover``: an administrator asked the group's active instance to hand over (``endmqm -s``):
   a query whose lease began before it records its last micro-batch, releases the lease and plans
   nothing more (see :mod:`mqspark.services.instances`).
 - ``backout`` / ``rollback``: a delivery of a message in plan ``plan_id`` failed, explicitly (given
   back, with its ``error``) or because the plan's batch was replayed; see
-  :mod:`mqspark.services.backout`. A backed-out message is not consumed with its plan.
+  :mod:`mqspark.engine.backout`. A backed-out message is not consumed with its plan.
 - ``return``: a later item of a backed-out message's group in the same plan, which goes back with
   it (not a failure of its own); or, with ``batch_limit``, a message of a plan given up after its
   replay failed too, delivered from then on in batches of at most ``batch_limit`` units.

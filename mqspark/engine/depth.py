@@ -99,7 +99,7 @@ def _identities(
 
 
 def identity_columns(commit_version: np.ndarray, put_seq: np.ndarray) -> tuple[pa.Array, pa.Array]:
-    """The ``origin`` and ``row`` columns of messages' identities (see :func:`mqspark.messages.origins`)."""
+    """The ``origin`` and ``row`` columns of messages' identities (see :func:`mqspark.model.messages.origins`)."""
     names, number, row = origins(commit_version, put_seq)
     origin = pa.DictionaryArray.from_arrays(pa.array(number), pa.array(names, pa.string())).cast(pa.string())
     return origin, pa.array(row)

@@ -1,13 +1,13 @@
 """The Python get (MQGET), without Spark: destructive for a consumer group, in logical order, with
 match, wait and syncpoint. ``QueueManager.get`` and ``QueueManager.syncpoint_get`` call it.
 
-A get plans like the streaming get (:class:`~mqspark.planner.Planner`): the same ordering, failed
+A get plans like the streaming get (:class:`~mqspark.engine.planner.Planner`): the same ordering, failed
 messages, retry delays and backout moves. It records its plan in the queue's state table before it
 reads the messages, and their consumption after, so a get that dies in between gives its messages
 back (counted as a rolled-back delivery by the next get of the group).
 
 **Sharing a consumer group with a streaming query.** Gets and queries of one group take turns on
-the group's lease (:meth:`~mqspark.consumers.ConsumerState.acquire`). A get holds it only while
+the group's lease (:meth:`~mqspark.engine.consumer_groups.ConsumerState.acquire`). A get holds it only while
 it plans, reads and records (owner ``get:<id>``); while it waits for messages, it holds nothing.
 
 - A get refuses with 2042 ``MQRC_OBJECT_IN_USE`` while a streaming query reads the group, and while
@@ -20,7 +20,7 @@ Plans of gets and of queries are numbered in one sequence: a query goes on after
 
 **Syncpoint** (:func:`syncpoint_get`): the messages are consumed only when the caller's block ends
 without an exception. When it raises, each message counts one failed delivery, with the exception's
-text as its error (see :mod:`mqspark.services.backout`): it comes back after the queue's retry delay,
+text as its error (see :mod:`mqspark.engine.backout`): it comes back after the queue's retry delay,
 or moves to the backout, error or dead-letter queue once it has failed too often. The lease is held
 and renewed for the whole block, so a streaming query of the group waits for it.
 """

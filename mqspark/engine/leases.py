@@ -21,7 +21,7 @@ DEFAULT_LEASE_TIMEOUT = timedelta(seconds=30)
 # The lease maintenance runs under is kept like a consumer group's, under this name, in a table of its
 # own (``store.maintenance_location``). It is not a valid group name, so it never passes for one.
 MAINTENANCE = "*maintenance"
-# Owners of the Python get (:mod:`mqspark.get`) are named with this prefix: they hold the lease briefly.
+# Owners of the Python get (:mod:`mqspark.engine.get`) are named with this prefix: they hold the lease briefly.
 GET_OWNER = "get:"
 # How often a reader waiting for a Python get's lease looks again.
 LEASE_POLL = 0.05
@@ -76,5 +76,5 @@ class Heartbeat:
             except Exception as error:
                 if not store.broken(error, self.state.root, self.state.storage_options):
                     raise
-                # Out of reach: renewals go on once it is back (see :mod:`mqspark.connection`).
+                # Out of reach: renewals go on once it is back (see :mod:`mqspark.reconnect`).
                 continue

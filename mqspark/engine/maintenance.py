@@ -60,7 +60,7 @@ EXPIRY_GRACE = timedelta(minutes=5)
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 LEASE_TIMEOUT = timedelta(seconds=30)
 _ATTEMPTS = 100
-_log = logging.getLogger("mqspark.services.maintenance")
+_log = logging.getLogger("mqspark.engine.maintenance")
 
 
 @dataclass(frozen=True)

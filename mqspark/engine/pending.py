@@ -2,7 +2,7 @@
 
 It holds, for one queue and one consumer group, every live message the group has not consumed,
 without payloads: the columns the ordering engine needs, each message's payload length, its commit
-version, its identity (origin and row, see :func:`mqspark.messages.origins`) and where it lies now
+version, its identity (origin and row, see :func:`mqspark.model.messages.origins`) and where it lies now
 (data file and row in it). It is built once when a query starts, from the table's snapshot (the
 live files only), and then kept current by reading only the log entries of new commits: a put adds
 messages; maintenance or purge moves them to other files or removes them. So planning a

@@ -1,16 +1,16 @@
 """Planning a consumer group's deliveries: which messages go next, in which order, recorded before
 they are delivered. The streaming get (:mod:`mqspark.spark.stream`) and the Python get
-(:mod:`mqspark.get`) both plan with a :class:`Planner`.
+(:mod:`mqspark.engine.get`) both plan with a :class:`Planner`.
 
-A planner holds the group's lease while it lives (renewed by a :class:`~mqspark.consumers.Heartbeat`)
-and its pending messages (:mod:`mqspark.pending`). A planning step:
+A planner holds the group's lease while it lives (renewed by a :class:`~mqspark.engine.consumer_groups.Heartbeat`)
+and its pending messages (:mod:`mqspark.engine.pending`). A planning step:
 
 1. records the plan that ended as consumed (:meth:`Planner.consume`), without the messages backed
    out of it;
 2. reads new commits into the pending index (:meth:`Planner.catch_up`);
 3. deals with failed messages (moves those that failed too often, holds the others back until
-   their retry delay has passed, see :mod:`mqspark.services.backout`);
-4. orders the waiting messages (:mod:`mqspark.ordering`) and admits a prefix (:func:`admit`): higher
+   their retry delay has passed, see :mod:`mqspark.engine.backout`);
+4. orders the waiting messages (:mod:`mqspark.engine.ordering`) and admits a prefix (:func:`admit`): higher
    priorities first, never ending inside a logical message, or inside a group under
    ``allMessagesAvailable``;
 5. records the plan in the state table (:meth:`Planner.record`) before anything is delivered, so a
@@ -21,7 +21,6 @@ The planned messages are then read from their data files (:class:`PlannedRows`).
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,13 +45,10 @@ from mqspark.engine.consumer_groups import STATE_SCHEMA, ConsumerState, consumed
 from mqspark.engine.leases import Heartbeat
 from mqspark.engine.ordering import DeliveryOptions, deliver, join_segments, keep_rows
 from mqspark.engine.pending import PendingMessages, lookup
+from mqspark.engine.plans import admit, file_runs, keys_of, locate_plan, plan_ranges
 from mqspark.engine.queues import Queues
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
-from mqspark.model.ranges import expand_ranges, single_ranges
-
-# Planned messages are split into partitions of about this many payload bytes.
-PARTITION_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -364,7 +360,7 @@ class Planner:
     def count_replay(self, plan_id: str, plan: pa.Table) -> bool:
         """A plan this reader did not make is being replayed: its batch failed, once for each message.
         True when the plan is given up: an earlier replay of it failed too (see
-        :mod:`mqspark.services.backout`)."""
+        :mod:`mqspark.engine.backout`)."""
         if plan_id in self.replayed:
             return self.replayed[plan_id]
         messages = plan_messages(plan).select(["origin", "row"])
@@ -460,135 +456,3 @@ class Planner:
             pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
         )
         self.plans[plan_id] = plan
-
-
-def admit(
-    candidates: pa.Table,
-    max_messages: int | None,
-    max_bytes: int | None,
-    first_seq: int,
-    delivery: DeliveryOptions,
-    max_units: int | None = None,
-) -> tuple[pa.Table, int]:
-    """The prefix of ``candidates`` a plan delivers, with delivery_seq and partition, and the next
-    delivery_seq. Limits count delivered messages and payload bytes; at least one unit goes."""
-    count = candidates.num_rows
-    if count == 0:
-        return candidates.append_column("delivery_seq", pa.array([], pa.int64())).append_column(
-            "partition", pa.array([], pa.int32())
-        ), first_seq
-    grouped = pc.is_valid(candidates["group_id"]).to_numpy(zero_copy_only=False)
-    group = pc.dictionary_encode(pc.fill_null(candidates["group_id"], "")).combine_chunks().indices.to_numpy()
-    seq = candidates["msg_seq_number"].to_numpy()
-    segmented = candidates["segmented"].to_numpy(zero_copy_only=False)
-    same_group = np.zeros(count, dtype=bool)
-    same_group[1:] = grouped[1:] & grouped[:-1] & (group[1:] == group[:-1])
-    same_message = np.zeros(count, dtype=bool)
-    same_message[1:] = same_group[1:] & (seq[1:] == seq[:-1]) & segmented[1:] & segmented[:-1]
-    unit_start = ~(same_group if delivery.all_messages_available else same_message)
-    message_start = ~same_message if delivery.complete_message else np.ones(count, dtype=bool)
-    messages = np.cumsum(message_start)
-    size = np.cumsum(candidates["payload_length"].to_numpy())
-    unit_end = np.append(unit_start[1:], True)
-    ends = np.flatnonzero(unit_end)
-    fits = np.ones(len(ends), dtype=bool)
-    if max_messages is not None:
-        fits &= messages[ends] <= max_messages
-    if max_bytes is not None:
-        fits &= size[ends] <= max_bytes
-    # Whole units are taken while they fit; the first always goes, so a big message cannot stall.
-    units = len(ends) if fits.all() else max(1, int(np.argmin(fits)))
-    if max_units is not None:
-        units = min(units, max_units)
-    stop = int(ends[units - 1]) + 1
-    taken = candidates.slice(0, stop)
-    total = int(size[stop - 1])
-    parts = max(1, min(units, math.ceil(total / PARTITION_BYTES)))
-    length = candidates["payload_length"].to_numpy()[:stop]
-    file = candidates["file"].to_numpy()[:stop]
-    # Partitions of about total / parts bytes, cut only where a unit starts in another data file
-    # than the row before, so that a file is read by one task where the order allows it.
-    cut = unit_start[:stop].copy()
-    cut[1:] &= file[1:] != file[:-1]
-    wanted = np.where(cut, (size[:stop] - length) * parts // max(total, 1), 0)
-    # Non-decreasing, so codes in order of first appearance number the partitions in order.
-    partition = pc.dictionary_encode(pa.array(np.maximum.accumulate(wanted))).indices
-    delivery_seq = first_seq + messages[:stop] - 1
-    taken = taken.append_column("delivery_seq", pa.array(delivery_seq, pa.int64()))
-    taken = taken.append_column("partition", partition)
-    return taken, int(first_seq + messages[stop - 1])
-
-
-def keys_of(pending: PendingMessages, messages: pa.Table) -> np.ndarray:
-    """The pending-index keys of ``origin``/``row`` identities."""
-    if messages.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    return pending.range_keys(single_ranges(messages))
-
-
-def plan_ranges(taken: pa.Table, origins: list[str]) -> pa.Table:
-    """A plan as ranges of message identities: one range per run of consecutive rows of one origin, in
-    one partition, with consecutive delivery_seq (or all discarded, delivery_seq null)."""
-    origin = taken["origin"].to_numpy()
-    row = taken["row"].to_numpy()
-    partition = pc.fill_null(taken["partition"], -1).to_numpy()
-    delivered = pc.is_valid(taken["delivery_seq"]).to_numpy(zero_copy_only=False)
-    delivery_seq = pc.fill_null(taken["delivery_seq"], -1).to_numpy()
-    starts = np.ones(len(row), dtype=bool)
-    starts[1:] = (
-        (origin[1:] != origin[:-1])
-        | (row[1:] != row[:-1] + 1)
-        | (partition[1:] != partition[:-1])
-        | (delivered[1:] != delivered[:-1])
-        | (delivered[1:] & (delivery_seq[1:] != delivery_seq[:-1] + 1))
-    )
-    first = np.flatnonzero(starts)
-    first_taken = pa.array(first)
-    return pa.table(
-        {
-            "origin": pa.DictionaryArray.from_arrays(pa.array(origin[first]), pa.array(origins, pa.string())).cast(
-                pa.string()
-            ),
-            "row": pa.array(row[first]),
-            "count": pa.array(np.diff(np.append(first, len(row)))),
-            "delivery_seq": taken["delivery_seq"].take(first_taken),
-            "partition": taken["partition"].take(first_taken),
-        }
-    )
-
-
-def locate_plan(delivered: pa.Table, pending: PendingMessages) -> dict[str, np.ndarray]:
-    """Where the messages of a plan's delivered ranges (in delivery order) lie now, as runs of
-    consecutive rows of one data file: ``file`` (numbers into ``pending.files``), ``file_row``,
-    ``count``, ``delivery_seq`` and ``partition`` of each run.
-
-    Maintenance may have moved them to other files since the plan was made; only a purge removes
-    planned messages, and those are left out."""
-    count = delivered["count"].to_numpy()
-    file, file_row = pending.locate(pending.range_keys(delivered))
-    delivery_seq = expand_ranges(delivered["delivery_seq"].to_numpy(), count)
-    partition = np.repeat(delivered["partition"].to_numpy(), count)
-    found = file >= 0
-    return file_runs(file[found], file_row[found], delivery_seq[found], partition[found])
-
-
-def file_runs(
-    file: np.ndarray, file_row: np.ndarray, delivery_seq: np.ndarray, partition: np.ndarray
-) -> dict[str, np.ndarray]:
-    """Messages in delivery order (data file numbers, rows in them, delivery_seq, partition) as runs
-    of consecutive rows of one data file in one partition, with consecutive delivery_seq."""
-    starts = np.ones(len(file), dtype=bool)
-    starts[1:] = (
-        (file[1:] != file[:-1])
-        | (file_row[1:] != file_row[:-1] + 1)
-        | (partition[1:] != partition[:-1])
-        | (delivery_seq[1:] != delivery_seq[:-1] + 1)
-    )
-    first = np.flatnonzero(starts)
-    return {
-        "file": file[first],
-        "file_row": file_row[first],
-        "count": np.diff(np.append(first, len(file))),
-        "delivery_seq": delivery_seq[first],
-        "partition": partition[first],
-    }

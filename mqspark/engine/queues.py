@@ -135,7 +135,7 @@ class Queues:
         exceed the queue's max depth. With ``producer`` and ``batch_id`` the put is exactly once: a
         transaction of the producer at or below ``batch_id`` already committed puts nothing again.
         ``before_commit`` is called with the msg_ids once the commit begins: from then on, a broken
-        connection leaves the put in doubt (see :mod:`mqspark.connection`).
+        connection leaves the put in doubt (see :mod:`mqspark.reconnect`).
         """
         validate_name(queue)
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
@@ -253,7 +253,7 @@ class Queues:
 
     def live_messages(self, queue: str, columns: Sequence[str] = ()) -> tuple[pa.Table, pa.Table]:
         """The live files of local queue ``queue`` and its live messages, with ``columns``: see
-        :func:`mqspark.depth.live_messages`."""
+        :func:`mqspark.engine.depth.live_messages`."""
         return self._with_snapshot(queue, lambda table: live_messages(table, list(columns) or None))
 
     def depth_by_original_queue(self, queue: str) -> dict[str, int]:

@@ -25,7 +25,7 @@ runs, and the request is consumed when the batch ends.
   put's reason).
 - **Failure**: the service raised (a :class:`ServiceError` carries a return code), ran over the
   per-call time limit, or returned neither bytes nor str. The request is backed out, as
-  :func:`mqspark.services.backout.backout` records it: the queue's ``retry_count`` and ``retry_delay``
+  :func:`mqspark.engine.backout.backout` records it: the queue's ``retry_count`` and ``retry_delay``
   apply; when they are used up it moves to its ``failure_queue``, else to the error queue or the
   dead-letter queue, with the error text in its dead-letter header.
 

@@ -4,7 +4,7 @@ Several Spark applications may run the same consumer (a streaming get of group G
 instances of one service. They share the queue manager root and one checkpoint location on shared
 storage, as MQ's multi-instance queue managers share their data; no server is added.
 
-**Who is active.** The group's lease in the queue's state table (see :mod:`mqspark.consumers`)
+**Who is active.** The group's lease in the queue's state table (see :mod:`mqspark.engine.consumer_groups`)
 decides: the active instance is the one whose id holds it. An :class:`Instance` stands by while
 another holder's lease is alive, taking no lease and delivering nothing; once the lease lapsed
 (the active instance died, or could not renew it for ``lease_timeout``) or was released, it takes
@@ -19,7 +19,7 @@ messages, groups in flight go on at their next item.
 storage) must stop before the next one delivers:
 
 1. its planner renews the lease with a check at the next version
-   (:meth:`~mqspark.consumers.ConsumerState.renew`); once another instance holds it the renewal is
+   (:meth:`~mqspark.engine.consumer_groups.ConsumerState.renew`); once another instance holds it the renewal is
    refused, and the query fails at its next trigger with ``MQRC_OBJECT_IN_USE`` (2042), before it
    plans or delivers another micro-batch;
 2. a micro-batch that was already planned is checked again before the user's code sees it:

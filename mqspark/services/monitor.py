@@ -32,7 +32,7 @@ the previous point's backlog still wait, not only how many. Each point also repo
 Every point is appended to the monitor history table ``<root>/monitor/<queue>``. An ``abort``
 verdict records an ``abort`` row in the queue's state table for the group: the query holding the
 group's lease fails at its next trigger with ``MQRC_Q_SERVICE_INTERVAL_HIGH`` (2226) and the numbers,
-wherever it runs (see :meth:`mqspark.planner.Planner.stopped_by_monitor`).
+wherever it runs (see :meth:`mqspark.engine.planner.Planner.stopped_by_monitor`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from itertools import pairwise
@@ -67,121 +67,17 @@ if TYPE_CHECKING:
 
     from mqspark.engine.queues import Queues
     from mqspark.model.definitions import QueueDefinition
+from mqspark.services.backlog_judge import (
+    BacklogJudge,
+    JudgementPoint,
+    MonitorState,
+    Verdict,
+    count_parameter,
+    validate_watch_interval,
+)
 
-_log = logging.getLogger(__name__)
-
-
-class MonitorState(StrEnum):
-    """The judge's state after a point."""
-
-    WATCHING = "watching"
-    JUDGING = "judging"
-
-
-class Verdict(StrEnum):
-    """What a point asks of the consumer's stream."""
-
-    CONTINUE = "continue"
-    WARN = "warn"
-    ABORT = "abort"
-
-
-@dataclass(frozen=True)
-class JudgementPoint:
-    """One point of the judge: the state after it and its verdict, with the numbers behind them.
-
-    ``processed`` (A) is known from the second point on; ``previous_backlog`` (C) likewise.
-    ``judged`` tells whether the rule A >= B or A >= C was applied at this point.
-    """
-
-    backlog: int
-    still_waiting: int | None
-    state: MonitorState
-    verdict: Verdict
-    judged: bool
-    processed: int | None
-    expected: int
-    previous_backlog: int | None
-
-    @property
-    def A(self) -> int | None:  # noqa: N802 - the spec's name
-        return self.processed
-
-    @property
-    def B(self) -> int:  # noqa: N802 - the spec's name
-        return self.expected
-
-    @property
-    def C(self) -> int | None:  # noqa: N802 - the spec's name
-        return self.previous_backlog
-
-    def as_dict(self) -> dict[str, Any]:
-        point = asdict(self)
-        point["state"], point["verdict"] = self.state.value, self.verdict.value
-        return point
-
-
-def _count(name: str, value: Any, least: int, what: str = "monitor parameter") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise MQValidationError(f"{what} {name} must be an integer >= {least}, got {value!r}")
-    return value
-
-
-def validate_watch_interval(value: Any) -> float:
-    """``watch_interval`` in seconds: a number > 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise MQValidationError(f"monitor parameter watch_interval must be a number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-class BacklogJudge:
-    """The OpenTP1 backlog judge for one queue and consumer group (see the module docstring)."""
-
-    def __init__(self, watch_count: int, expected_count: int, abort: bool = False) -> None:
-        self.watch_count = _count("watch_count", watch_count, 0)
-        self.expected_count = _count("expected_count", expected_count, 1)
-        if not isinstance(abort, bool):
-            raise MQValidationError(f"monitor parameter abort must be True or False, got {abort!r}")
-        self.abort = abort
-        self.state = MonitorState.WATCHING
-        self.previous_backlog: int | None = None
-
-    def observe(self, backlog: int, still_waiting: int | None) -> JudgementPoint:
-        """Judge one point: ``backlog`` now, and how many messages of the previous point's backlog
-        are still waiting (``None`` only at the first point)."""
-        backlog = _count("backlog", backlog, 0, "monitor point")
-        previous = self.previous_backlog
-        if previous is None:
-            if still_waiting is not None:
-                raise MQValidationError(
-                    f"monitor point still_waiting must be None at the first point, got {still_waiting!r}"
-                )
-            processed = None
-        else:
-            if still_waiting is None:
-                raise MQValidationError("monitor point still_waiting must be given after the first point, got None")
-            still_waiting = _count("still_waiting", still_waiting, 0, "monitor point")
-            if still_waiting > previous:
-                raise MQValidationError(
-                    f"monitor point still_waiting must be at most the previous backlog {previous}, got {still_waiting}"
-                )
-            processed = previous - still_waiting
-        judged = False
-        verdict = Verdict.CONTINUE
-        if self.state is MonitorState.WATCHING:
-            if backlog >= self.watch_count:
-                self.state = MonitorState.JUDGING
-        elif backlog < self.watch_count:
-            self.state = MonitorState.WATCHING
-        else:
-            judged = True
-            assert processed is not None and previous is not None  # judging starts after a first point
-            if processed < self.expected_count and processed < previous:
-                verdict = Verdict.ABORT if self.abort else Verdict.WARN
-        self.previous_backlog = backlog
-        return JudgementPoint(
-            backlog, still_waiting, self.state, verdict, judged, processed, self.expected_count, previous
-        )
+# The logger users configure for monitor warnings (README); it keeps its name wherever the module lives.
+_log = logging.getLogger("mqspark.monitor")
 
 
 class GroupStatus(StrEnum):
@@ -452,7 +348,7 @@ class Monitor:
     ) -> None:
         self.watch_interval = validate_watch_interval(watch_interval)
         self.judge = BacklogJudge(watch_count, expected_count, abort)
-        self.window: deque[MonitorPoint] = deque(maxlen=_count("window", window, 2))
+        self.window: deque[MonitorPoint] = deque(maxlen=count_parameter("window", window, 2))
         for name, value in (("depth_high", depth_high), ("depth_low", depth_low)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
                 raise MQValidationError(f"monitor parameter {name} must be a percentage 0-100, got {value!r}")

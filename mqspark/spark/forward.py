@@ -254,7 +254,7 @@ class _Batch:
         commit_batch(sink, written, batch_id)
         failed = outcomes.filter(pc.is_valid(outcomes["error"]))
         if failed.num_rows:
-            # Failed calls are failed deliveries (see mqspark.services.backout), recorded in one commit.
+            # Failed calls are failed deliveries (see mqspark.engine.backout), recorded in one commit.
             state.append(
                 pa.concat_tables(
                     failure_rows(self.consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error)

@@ -6,7 +6,7 @@ Ivy resolves both from Maven Central. That resolution costs seconds at every sta
 once into a cache folder and later sessions load the cached jars directly.
 
 The Azure credentials come from the same ``AZURE_STORAGE_*`` environment variables delta-rs reads
-(see ``mqspark.filesystems``): a session made here passes them on to Hadoop's ABFS driver.
+(see ``mqspark.store.filesystems``): a session made here passes them on to Hadoop's ABFS driver.
 """
 
 from __future__ import annotations

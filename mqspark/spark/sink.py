@@ -1,6 +1,6 @@
 """Putting from Spark: ``df.write`` / ``df.writeStream`` ``.format("mq")``, one atomic commit per (micro-)batch.
 
-Executors validate their rows with the same :func:`mqspark.messages.prepare_put` as every other put
+Executors validate their rows with the same :func:`mqspark.model.messages.prepare_put` as every other put
 and write Parquet files into the queue table's folder. The driver then commits every task's files in
 one Delta commit (:meth:`mqspark.QueueManager.commit_put`). A streaming commit carries a Delta
 ``txn`` of (producer, batchId), so a micro-batch replayed after a failure is recognised and never

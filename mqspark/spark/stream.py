@@ -13,12 +13,12 @@ How a micro-batch goes (the planner methods run in one long-lived driver process
 3. ``read(partition)``: the executor reads the planned rows from their data files.
 
 Planning itself (pending messages, failed messages, ordering, admission, the records of plans and
-consumption) is the :class:`~mqspark.planner.Planner`'s, shared with the Python get.
+consumption) is the :class:`~mqspark.engine.planner.Planner`'s, shared with the Python get.
 
 Every ``maintenanceInterval`` the planner also starts a maintenance run of the queue in the
-background (see :mod:`mqspark.services.maintenance`); a run already going elsewhere is left to finish.
+background (see :mod:`mqspark.engine.maintenance`); a run already going elsewhere is left to finish.
 
-Failed deliveries (:mod:`mqspark.services.backout`): messages given back with ``mqspark.backout``
+Failed deliveries (:mod:`mqspark.engine.backout`): messages given back with ``mqspark.backout``
 are left out when their plan is recorded consumed; a plan replayed by a new run counts a rolled-back
 delivery for each of its messages. Planning moves the messages that failed too often, holds the
 others back until their retry delay has passed, and delivered rows carry their ``backout_count``.
@@ -91,7 +91,7 @@ def is_offset(value: object) -> bool:
 
 @dataclass
 class QueuePartition(PlannedRows, InputPartition):
-    """Planned messages for one task (see :class:`~mqspark.planner.PlannedRows`)."""
+    """Planned messages for one task (see :class:`~mqspark.engine.planner.PlannedRows`)."""
 
     value: int = 0
 

@@ -88,7 +88,7 @@ def commit_until_landed(
     (a call of :func:`commit_files` on the table it checked), or None when nothing is to be
     committed. A commit that loses to a concurrent one (``CommitFailedError``) is prepared again.
     Files stay when a commit failed in an unknown way (it may have landed), and when the table could
-    not be read (a reconnect commits them after all, see :mod:`mqspark.connection`).
+    not be read (a reconnect commits them after all, see :mod:`mqspark.reconnect`).
     """
     committing = False
     try:

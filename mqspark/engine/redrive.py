@@ -1,0 +1,99 @@
+"""Redrive: moving messages of a backout, error or dead-letter queue back to the queues they came
+from, exactly once, with the dead-letter header cleared and the backout count reset.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mqspark import store
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.errors import MQValidationError
+from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA
+from mqspark.model.ranges import single_ranges
+
+if TYPE_CHECKING:
+    from mqspark.engine.pending import PendingMessages
+    from mqspark.engine.queues import Queues
+from mqspark.engine.backout import IDENTITY_SCHEMA, Transfer, replace_column
+
+# The consumer group under which redrive takes messages off a backout, error or dead-letter queue.
+REDRIVER = "mqspark.redrive"
+
+
+def redrive(
+    qm: Queues,
+    queue: str,
+    msg_ids: Sequence[str] | None = None,
+    correl_ids: Sequence[str] | None = None,
+    reasons: Sequence[int] | None = None,
+    lease_timeout: timedelta = timedelta(seconds=30),
+) -> dict[str, int]:
+    """Move messages of ``queue`` (a backout, error or dead-letter queue) back to the queues they came
+    from (``dlq_original_queue``), with their dead-letter header cleared and ``backout_count`` reset,
+    in the order they arrived, exactly once. All of them, or those matching every selector given.
+    Returns how many went back to each queue. Messages without an original queue, or whose original
+    queue is no longer defined here, stay."""
+    from mqspark.engine.pending import PendingMessages
+
+    definition = qm.resolve_for_get(queue)
+    local = definition.name
+    for name, values in (("msg_ids", msg_ids), ("correl_ids", correl_ids), ("reasons", reasons)):
+        if values is not None and (isinstance(values, str | bytes) or not values):
+            raise MQValidationError(f"redrive: queue {local}: {name} must be a non-empty list, got {values!r}")
+    state = ConsumerState(qm.root, local, qm.storage_options)
+    owner = uuid.uuid4().hex
+    state.acquire(REDRIVER, owner, lease_timeout)
+    try:
+        pending = PendingMessages(store.queue_location(qm.root, local), qm.storage_options)
+        pending.load(state.consumed_ranges(REDRIVER))
+        transfer = Transfer(qm, local, state, REDRIVER, owner, f"mqspark.redrive/{qm.name}/{local}", _without_header)
+        pending.mark_consumed(pending.range_keys(single_ranges(transfer.finish_pending(pending))))
+        waiting = pending.rows.filter(pc.invert(pending.rows["consumed"]))
+        headers = _headers(pending, waiting)
+        keep = pc.is_valid(headers["dlq_original_queue"])
+        for values, column in ((msg_ids, "msg_id"), (correl_ids, "correl_id"), (reasons, "dlq_reason")):
+            if values is not None:
+                keep = pc.and_(keep, pc.fill_null(pc.is_in(headers[column], pa.array(list(values))), False))
+        chosen = headers.filter(keep)
+        chosen = chosen.take(pc.sort_indices(chosen, [("commit_version", "ascending"), ("put_seq", "ascending")]))
+        known = {q.name for q in qm.queues()}
+        moved: dict[str, int] = {}
+        for target in sorted(pc.unique(chosen["dlq_original_queue"]).to_pylist()):
+            if target not in known:
+                continue
+            mine = chosen.filter(pc.equal(chosen["dlq_original_queue"], target))
+            transfer.transfer(mine.select(IDENTITY_SCHEMA.names), qm.resolve_for_put(target).name, pending)
+            moved[target] = mine.num_rows
+        return moved
+    finally:
+        state.release(REDRIVER, owner)
+
+
+def _headers(pending: PendingMessages, waiting: pa.Table) -> pa.Table:
+    """Identity, physical order, selectors and original queue of the ``waiting`` index rows."""
+    data = pending.read_columns(waiting, ["msg_id", "correl_id", "dlq_reason", "dlq_original_queue"])
+    return pa.table(
+        {
+            "origin": pa.array(pending.origins, pa.string()).take(waiting["origin"]),
+            "row": waiting["row"],
+            "commit_version": waiting["commit_version"],
+            "put_seq": waiting["put_seq"],
+            **{name: data[name] for name in data.column_names},
+        }
+    )
+
+
+def _without_header(messages: pa.Table, move: pa.Table) -> pa.Table:
+    """A redriven copy: no dead-letter header, backout count 0."""
+    count = messages.num_rows
+    for name in DEAD_LETTER_FIELDS:
+        messages = replace_column(messages, name, pa.nulls(count, MESSAGE_SCHEMA.field(name).type))
+    return replace_column(messages, "backout_count", pa.array(np.zeros(count, dtype=np.int32)))
