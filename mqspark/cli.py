@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow as pa
 
 from mqspark import jobs
-from mqspark.cluster.repository import ROUTE_STATES, Cluster
+from mqspark.cluster.records import ROUTE_STATES
+from mqspark.cluster.repository import Cluster
 from mqspark.engine.maintenance import DEFAULT_RETENTION
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQError, Reason

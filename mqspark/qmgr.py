@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
-from mqspark.cluster.repository import AdvertisedQueue, Cluster
+from mqspark.cluster.records import AdvertisedQueue
+from mqspark.cluster.repository import Cluster
 from mqspark.engine.catalog import CatalogState
 from mqspark.engine.depth import waiting
 from mqspark.engine.get import GetRequest, get, syncpoint_get
@@ -53,7 +54,8 @@ class Backlog:
 
 
 class QueueManager(Queues):
-    """A named root location holding queues. Create one with :meth:`create`, reopen it with :meth:`open`."""
+    """A queue manager: a named root location holding queues. Create one with :meth:`create`, reopen
+    it with :meth:`open`. Its put, resolution and live messages are those of :class:`Queues`."""
 
     def alter_qmgr(self, **attributes: Any) -> QueueManagerDefinition:
         """Change the queue manager's own attributes (``description``, ``default_reconnect``)."""

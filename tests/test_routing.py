@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from mqspark import MQValidationError
-from mqspark.cluster.repository import AdvertisedQueue, Binding, ClusterSnapshot, Member
+from mqspark.cluster.records import AdvertisedQueue, Binding, ClusterSnapshot, Member
 from mqspark.cluster.routing import BIND_MODES, RouteRequest, route_messages
 from mqspark.model.messages import MESSAGE_SCHEMA
 

@@ -37,12 +37,20 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import DEFAULT_RETENTION, check_retention
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, int_in, one_of, validate_name
-from mqspark.model.messages import TIMESTAMP
 
 if TYPE_CHECKING:
     from mqspark.engine.queues import Queues
-
-ROUTE_STATES = ("running", "stopped", "retrying", "unavailable")
+from mqspark.cluster.records import (
+    ROUTE_STATES,
+    AdvertisedQueue,
+    Binding,
+    ClusterSnapshot,
+    Member,
+    ProducerEntry,
+    RepositoryState,
+    binding_key,
+    repository_of,
+)
 
 CLUSTER_DIR = "_cluster"
 # Checkpoints keep reads cheap. Only :meth:`Cluster.maintain` cleans up the log, keeping every snapshot a
@@ -50,199 +58,6 @@ CLUSTER_DIR = "_cluster"
 TABLE_CONFIGURATION = {"delta.checkpointInterval": "100", "delta.enableExpiredLogCleanup": "false"}
 # Recording a routed batch trims the repository's history every this many versions.
 TRIM_EVERY = 100
-
-
-@dataclass(frozen=True)
-class Member:
-    """A queue manager in a cluster, reached through this cluster's route (channel) to it.
-
-    ``route_state_by`` is None while the health check keeps ``route_state``, else the administrator
-    who set it; ``route_state_at`` is when it was last set.
-    """
-
-    cluster: str
-    qmgr: str
-    root: str
-    suspended: bool = False
-    route_state: str = "running"
-    network_priority: int = 0
-    last_used: datetime | None = None
-    route_state_by: str | None = None
-    route_state_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class AdvertisedQueue:
-    """A queue a member advertises in a cluster, with its cluster-visible attributes."""
-
-    cluster: str
-    qmgr: str
-    name: str
-    type: str = "local"
-    default_bind: str = "on_open"
-    default_priority: int = 0
-    put_inhibited: bool = False
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A fixed choice of replica: a producer's (``group_id`` None, bind on open) or a group's (bind on group)."""
-
-    cluster: str
-    queue: str
-    producer: str
-    group_id: str | None
-    qmgr: str
-
-
-@dataclass(frozen=True)
-class ClusterSnapshot:
-    """One committed version of a cluster repository.
-
-    Members are sorted by queue manager, queues by name then queue manager, bindings by queue,
-    producer and group (the producer's own binding first).
-    """
-
-    cluster: str
-    version: int
-    members: tuple[Member, ...] = ()
-    queues: tuple[AdvertisedQueue, ...] = ()
-    bindings: tuple[Binding, ...] = ()
-
-
-@dataclass(frozen=True)
-class _Producer:
-    """The routing journal of one producer and queue.
-
-    ``routed_batch`` is the last batch recorded (-1: none yet), routed with snapshot ``routed_with``;
-    the next batch routes with ``next_snapshot``, the version of the commit that wrote this row.
-    """
-
-    producer: str
-    queue: str
-    routed_batch: int
-    routed_with: int | None
-    next_snapshot: int
-
-
-REPOSITORY_SCHEMA = pa.schema(
-    [
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("cluster", pa.string()),
-        pa.field("qmgr", pa.string()),
-        pa.field("root", pa.string()),
-        pa.field("suspended", pa.bool_()),
-        pa.field("route_state", pa.string()),
-        pa.field("network_priority", pa.int32()),
-        pa.field("last_used", TIMESTAMP),
-        pa.field("route_state_by", pa.string()),
-        pa.field("route_state_at", TIMESTAMP),
-        pa.field("queue", pa.string()),
-        pa.field("type", pa.string()),
-        pa.field("default_bind", pa.string()),
-        pa.field("default_priority", pa.int32()),
-        pa.field("put_inhibited", pa.bool_()),
-        pa.field("description", pa.string()),
-        pa.field("producer", pa.string()),
-        pa.field("group_id", pa.string()),
-        pa.field("routed_batch", pa.int64()),
-        pa.field("routed_with", pa.int64()),
-        pa.field("next_snapshot", pa.int64()),
-    ]
-)
-
-
-def _binding_key(binding: Binding) -> tuple[str, str, str | None]:
-    return (binding.queue, binding.producer, binding.group_id)
-
-
-# Row kind -> the dataclass its rows hold, and the key it is found by in a repository.
-_KINDS: dict[str, tuple[type, Callable[[Any], Any]]] = {
-    "member": (Member, lambda m: m.qmgr),
-    "queue": (AdvertisedQueue, lambda q: (q.qmgr, q.name)),
-    "binding": (Binding, _binding_key),
-    "producer": (_Producer, lambda p: (p.producer, p.queue)),
-}
-
-
-def _columns(kind: str) -> list[tuple[str, str]]:
-    """(dataclass field, table column) of a row kind; the cluster's name is on the cluster row only."""
-    return [
-        (f.name, "queue" if (kind, f.name) == ("queue", "name") else f.name)
-        for f in dataclasses.fields(_KINDS[kind][0])
-        if f.name != "cluster"
-    ]
-
-
-@dataclass(frozen=True)
-class _Repository:
-    """One version of the repository table, keyed for changes (see ``_KINDS``)."""
-
-    name: str
-    version: int
-    members: dict[str, Member]
-    queues: dict[tuple[str, str], AdvertisedQueue]
-    bindings: dict[tuple[str, str, str | None], Binding]
-    producers: dict[tuple[str, str], _Producer]
-
-    def snapshot(self) -> ClusterSnapshot:
-        return ClusterSnapshot(
-            self.name,
-            self.version,
-            tuple(sorted(self.members.values(), key=lambda m: m.qmgr)),
-            tuple(sorted(self.queues.values(), key=lambda q: (q.name, q.qmgr))),
-            tuple(
-                sorted(
-                    self.bindings.values(),
-                    key=lambda b: (b.queue, b.producer, b.group_id is not None, b.group_id or ""),
-                )
-            ),
-        )
-
-    def member(self, qmgr: str) -> Member:
-        try:
-            return self.members[qmgr]
-        except KeyError:
-            raise MQError(
-                f"queue manager {qmgr} is not a member of cluster {self.name}", Reason.MQRC_UNKNOWN_OBJECT_NAME
-            ) from None
-
-    def with_member(self, member: Member) -> _Repository:
-        return dataclasses.replace(self, members={**self.members, member.qmgr: member})
-
-    def to_rows(self) -> pa.Table:
-        snapshot = self.snapshot()
-        items = {
-            "member": snapshot.members,
-            "queue": snapshot.queues,
-            "binding": snapshot.bindings,
-            "producer": [self.producers[key] for key in sorted(self.producers)],
-        }
-        rows: list[dict[str, Any]] = [{"kind": "cluster", "cluster": self.name}]
-        for kind, values in items.items():
-            columns = _columns(kind)
-            rows += [{"kind": kind, **{column: getattr(v, field) for field, column in columns}} for v in values]
-        return pa.Table.from_pylist(rows, schema=REPOSITORY_SCHEMA)
-
-
-def _from_table(table: DeltaTable) -> _Repository:
-    rows = table.to_pyarrow_table().to_pylist()
-    names = [row["cluster"] for row in rows if row["kind"] == "cluster"]
-    if len(names) != 1:
-        raise MQError(f"cluster repository {table.table_uri} has {len(names)} cluster rows, not one")
-    items: dict[str, dict[Any, Any]] = {kind: {} for kind in _KINDS}
-    for row in rows:
-        kind = row["kind"]
-        if kind == "cluster":
-            continue
-        if kind not in _KINDS:
-            raise MQError(f"cluster repository {table.table_uri} has a row of unknown kind {kind!r}")
-        cls, key = _KINDS[kind]
-        values = {field: row[column] for field, column in _columns(kind)}
-        item = cls(**values) if cls is _Producer else cls(cluster=names[0], **values)
-        items[kind][key(item)] = item
-    return _Repository(names[0], table.version(), items["member"], items["queue"], items["binding"], items["producer"])
 
 
 class Cluster:
@@ -278,11 +93,11 @@ class Cluster:
         existing = store.open_table(cluster.location, storage_options)
         if existing is not None:
             raise MQError(
-                f"cluster {_from_table(existing).name} already exists at {cluster.root}", Reason.MQRC_OBJECT_IN_USE
+                f"cluster {repository_of(existing).name} already exists at {cluster.root}", Reason.MQRC_OBJECT_IN_USE
             )
         write_deltalake(
             cluster.location,
-            _Repository(name, 0, {}, {}, {}, {}).to_rows(),
+            RepositoryState(name, 0, {}, {}, {}, {}).to_rows(),
             mode="error",
             configuration=TABLE_CONFIGURATION,
             storage_options=storage_options,
@@ -293,7 +108,7 @@ class Cluster:
     def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> Cluster:
         """Open the repository at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
         location = store.normalize_root(root)
-        return cls(location, _from_table(_open_table(location, storage_options)).name, storage_options)
+        return cls(location, repository_of(_open_table(location, storage_options)).name, storage_options)
 
     # Membership and advertisements
 
@@ -311,7 +126,7 @@ class Cluster:
                 f"queue manager {qm.name} is already a member of another cluster {self.name} (repository {known})"
             )
 
-        def apply(repository: _Repository) -> _Repository:
+        def apply(repository: RepositoryState) -> RepositoryState:
             if qm.name in repository.members:
                 raise MQValidationError(
                     f"queue manager {qm.name} is already a member of cluster {self.name} "
@@ -329,7 +144,7 @@ class Cluster:
         name = _qmgr_name(qmgr)
         root = self._read().member(name).root
 
-        def apply(repository: _Repository) -> _Repository:
+        def apply(repository: RepositoryState) -> RepositoryState:
             repository.member(name)
             return dataclasses.replace(
                 repository,
@@ -362,7 +177,7 @@ class Cluster:
             )
         advertised = _advertised(self.name, qm.name, definition)
 
-        def apply(repository: _Repository) -> _Repository:
+        def apply(repository: RepositoryState) -> RepositoryState:
             member = repository.member(qm.name)
             if member.root != qm.root:
                 raise MQValidationError(
@@ -379,7 +194,7 @@ class Cluster:
         name = _qmgr_name(qmgr)
         validate_name(queue)
 
-        def apply(repository: _Repository) -> _Repository:
+        def apply(repository: RepositoryState) -> RepositoryState:
             if (name, queue) not in repository.queues:
                 raise MQError(
                     f"queue {queue} is not advertised by queue manager {name} in cluster {self.name}",
@@ -464,7 +279,7 @@ class Cluster:
             for name, member in before.members.items()
         }
 
-        def apply(repository: _Repository) -> _Repository:
+        def apply(repository: RepositoryState) -> RepositoryState:
             members = dict(repository.members)
             queues = dict(repository.queues)
             for name, probe in probes.items():
@@ -523,10 +338,10 @@ class Cluster:
             return self.snapshot()
         key = (producer, queue)
 
-        def apply(repository: _Repository) -> _Repository:
+        def apply(repository: RepositoryState) -> RepositoryState:
             if key in repository.producers:
                 return repository
-            opened = _Producer(producer, queue, -1, None, repository.version + 1)
+            opened = ProducerEntry(producer, queue, -1, None, repository.version + 1)
             return dataclasses.replace(repository, producers={**repository.producers, key: opened})
 
         repository, _ = self._change(apply)
@@ -575,7 +390,7 @@ class Cluster:
         finished = {(queue, producer, group_id) for group_id in finished_groups}
         key = (producer, queue)
 
-        def apply(repository: _Repository) -> _Repository:
+        def apply(repository: RepositoryState) -> RepositoryState:
             journal = repository.producers.get(key)
             if batch_id is not None and journal is not None and journal.routed_batch >= batch_id:
                 return repository
@@ -583,11 +398,11 @@ class Cluster:
             for offset, name in enumerate(used):
                 if name in members:
                     members[name] = dataclasses.replace(members[name], last_used=at + timedelta(microseconds=offset))
-            added = {**repository.bindings, **{_binding_key(b): b for b in bindings}}
+            added = {**repository.bindings, **{binding_key(b): b for b in bindings}}
             kept = {k: b for k, b in added.items() if k not in finished}
             producers = dict(repository.producers)
             if batch_id is not None:
-                producers[key] = _Producer(producer, queue, batch_id, snapshot_version, repository.version + 1)
+                producers[key] = ProducerEntry(producer, queue, batch_id, snapshot_version, repository.version + 1)
             return dataclasses.replace(repository, members=members, bindings=kept, producers=producers)
 
         repository, committed = self._change(apply)
@@ -602,7 +417,7 @@ class Cluster:
         :data:`TRIM_EVERY` versions."""
         check_retention(retention)
         table = self._table()
-        repository = _from_table(table)
+        repository = repository_of(table)
         needed = [v for j in repository.producers.values() for v in (j.routed_with, j.next_snapshot) if v is not None]
         keep_from = min([*needed, repository.version])
         cleaned, vacuumed = store.trim_history(table, keep_from, int(retention.total_seconds()))
@@ -618,7 +433,7 @@ class Cluster:
     def _table(self) -> DeltaTable:
         return _open_table(self.root, self.storage_options)
 
-    def _read(self, version: int | None = None) -> _Repository:
+    def _read(self, version: int | None = None) -> RepositoryState:
         table = self._table()
         if version is not None:
             if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= table.version():
@@ -627,15 +442,15 @@ class Cluster:
                     Reason.MQRC_UNKNOWN_OBJECT_NAME,
                 )
             table.load_as_version(version)
-        return _from_table(table)
+        return repository_of(table)
 
-    def _change(self, apply: Callable[[_Repository], _Repository]) -> tuple[_Repository, bool]:
+    def _change(self, apply: Callable[[RepositoryState], RepositoryState]) -> tuple[RepositoryState, bool]:
         """Commit ``apply(repository)`` against the version it was computed from (nothing when it is the
         same); the repository as it now stands, and whether it was committed."""
 
-        def prepare() -> tuple[DeltaTable, pa.Table | None, tuple[_Repository, bool]]:
+        def prepare() -> tuple[DeltaTable, pa.Table | None, tuple[RepositoryState, bool]]:
             table = self._table()
-            read = _from_table(table)
+            read = repository_of(table)
             changed = apply(read)
             if changed == read:
                 return table, None, (read, False)

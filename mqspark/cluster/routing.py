@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqspark.cluster.repository import ROUTE_STATES, Binding, ClusterSnapshot
+from mqspark.cluster.records import ROUTE_STATES, Binding, ClusterSnapshot
 from mqspark.errors import MQValidationError, Reason
 from mqspark.model.definitions import BINDS
 

@@ -67,8 +67,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.consumer_groups import STATE_SCHEMA, ConsumerState, event_rows
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.pending import lookup
+from mqspark.engine.state_rows import STATE_SCHEMA, event_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name

@@ -37,11 +37,11 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 
 from mqspark.engine.backout import failure_rows, plan_messages
-from mqspark.engine.consumer_groups import consumed_rows, event_rows
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT, GET_OWNER
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.planner import Planner
 from mqspark.engine.queues import Queues
+from mqspark.engine.state_rows import consumed_rows, event_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA

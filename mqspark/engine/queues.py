@@ -50,7 +50,9 @@ _log = logging.getLogger("mqspark.engine.queues")
 
 
 class Queues:
-    """A named root location holding queues. Create one with :meth:`create`, reopen it with :meth:`open`."""
+    """The queues of the queue manager at a root, as the engine uses them. Create one with
+    :meth:`create`, reopen it with :meth:`open`; applications use the
+    :class:`~mqspark.qmgr.QueueManager` facade, which is one."""
 
     def __init__(self, root: str, catalog: Catalog, definition: QueueManagerDefinition) -> None:
         self.root = root

@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark.cluster.repository import Cluster
-from mqspark.engine.consumer_groups import STATE_SCHEMA
 from mqspark.engine.get import GetRequest, get
+from mqspark.engine.state_rows import STATE_SCHEMA
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.messages import PROPERTIES, TIMESTAMP

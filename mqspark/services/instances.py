@@ -62,8 +62,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from mqspark import store
-from mqspark.engine.consumer_groups import ConsumerState, event_rows
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
+from mqspark.engine.state_rows import event_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import validate_name
 

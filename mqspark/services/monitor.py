@@ -54,9 +54,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from mqspark import store
 from mqspark.engine.backout import failures
-from mqspark.engine.consumer_groups import STATE_SCHEMA, ConsumerState
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.depth import identity_columns, waiting, waiting_and_depth
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
+from mqspark.engine.state_rows import STATE_SCHEMA
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP

@@ -1,7 +1,7 @@
 """Workload routing on Spark (spec section 7): :func:`route`, and the routed put behind the sink's
 ``.option("cluster", ...)``.
 
-The decision itself is :func:`mqspark.routing.route_messages`; this module feeds it the right cluster
+The decision itself is :func:`mqspark.cluster.routing.route_messages`; this module feeds it the right cluster
 snapshots and applies it per Spark task. A streaming put routes micro-batch N of a producer against
 the snapshot its cluster journal names for N (:meth:`mqspark.cluster.Cluster.routing_snapshot`), so
 a replay routes exactly as the first attempt, and every replica commit is then made exactly once by
@@ -21,7 +21,8 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from mqspark.cluster.repository import Binding, Cluster, ClusterSnapshot
+from mqspark.cluster.records import Binding, ClusterSnapshot
+from mqspark.cluster.repository import Cluster
 from mqspark.cluster.routing import RouteRequest, Routing, check_bind, route_messages
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter

@@ -46,10 +46,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from mqspark.engine.consumer_groups import ConsumerState, consumed_rows
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import Maintenance
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.planner import PlannedRows, Planner
+from mqspark.engine.state_rows import consumed_rows
 from mqspark.errors import MQError, Reason
 from mqspark.qmgr import QueueManager
 from mqspark.reconnect import Reconnect
