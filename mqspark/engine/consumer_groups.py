@@ -53,11 +53,16 @@ from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
 from mqspark.engine.leases import GET_OWNER, LEASE_POLL, HeldByGet, Lease
-from mqspark.engine.state_rows import EVENT_RETENTION, STATE_SCHEMA, compact_rows, consumed_of, event_rows, position_of
+from mqspark.engine.state_rows import STATE_SCHEMA, compact_rows, consumed_of, event_rows, position_of
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS
 
+# Old log entries and removed files are kept this long for readers still on an older version.
+STATE_TABLE_CONFIGURATION = {
+    "delta.logRetentionDuration": "interval 1 hours",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+}
 # Compaction runs when the table has grown this many versions since the last one.
 COMPACT_EVERY = 100
 _ATTEMPTS = 100
@@ -133,7 +138,9 @@ class ConsumerState:
         if table is not None:
             return table
         try:
-            store.create_table(self.location, STATE_SCHEMA, self.storage_options, configuration=EVENT_RETENTION)
+            store.create_table(
+                self.location, STATE_SCHEMA, self.storage_options, configuration=STATE_TABLE_CONFIGURATION
+            )
         except Exception:
             # Another consumer created it first.
             if self.table() is None:

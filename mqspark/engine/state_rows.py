@@ -33,11 +33,6 @@ STATE_SCHEMA = pa.schema(
         pa.field("batch_limit", pa.int64()),
     ]
 )
-# Old log entries and removed files are kept this long for readers still on an older version.
-EVENT_RETENTION = {
-    "delta.logRetentionDuration": "interval 1 hours",
-    "delta.deletedFileRetentionDuration": "interval 1 hours",
-}
 
 
 def position_of(rows: pa.Table) -> tuple[int, int]:
