@@ -387,23 +387,23 @@ def _profile() -> dict[str, list[float]]:
     that lost to a concurrent commit (``CommitFailedError``)."""
     from deltalake.exceptions import CommitFailedError
 
-    from mqspark import consumers
     from mqspark.engine import depth
     from mqspark.engine import maintenance as module
+    from mqspark.engine.consumer_groups import ConsumerState
 
     totals: dict[str, list[float]] = {}
     steps = [
         (module, "_prepared_table"),
         (depth, "live_messages"),
-        (consumers.ConsumerState, "acquire"),
-        (consumers.ConsumerState, "release"),
-        (consumers.ConsumerState, "all_groups"),
+        (ConsumerState, "acquire"),
+        (ConsumerState, "release"),
+        (ConsumerState, "all_groups"),
         (module, "_kept_rows"),
         (module, "_write"),
         (module, "_commit"),
         (module, "_tidy"),
         (store, "delete_removed_files"),
-        (consumers.ConsumerState, "compact"),
+        (ConsumerState, "compact"),
         (store, "commit_files"),
     ]
     for owner, name in steps:

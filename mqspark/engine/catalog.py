@@ -22,7 +22,6 @@ from deltalake.exceptions import CommitFailedError
 from mqspark import store
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition
-from mqspark.store import filesystems
 
 CATALOG_SCHEMA = pa.schema(
     [
@@ -104,7 +103,7 @@ class Catalog:
         self.root = root
         self.location = store.catalog_location(root)
         self.storage_options = storage_options
-        filesystems.remember(root, storage_options)
+        store.remember(root, storage_options)
 
     def create(self, qmgr: QueueManagerDefinition, queues: list[QueueDefinition]) -> None:
         table = store.create_table(self.location, CATALOG_SCHEMA, self.storage_options)

@@ -24,6 +24,7 @@ from mqspark.store.files import (
     remove_data_files,
     write_data_file,
 )
+from mqspark.store.filesystems import filesystem_of, is_uri, options_for, remember
 from mqspark.store.layout import (
     CATALOG_DIR,
     FORWARD_DIR,
@@ -74,6 +75,10 @@ from mqspark.store.tables import (
 )
 
 __all__ = [
+    "filesystem_of",
+    "is_uri",
+    "options_for",
+    "remember",
     "CATALOG_DIR",
     "CLOSED_PROPERTY",
     "DataFile",
