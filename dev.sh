@@ -30,7 +30,7 @@ setup() {
         "$(find_python)" -m venv "$VENV"
     fi
     stamp="$VENV/.mqspark-setup"
-    wanted=$(cat setup.py requirements.lock | sha256sum | cut -d' ' -f1)
+    wanted=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         echo "dev.sh: installing pinned packages into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
