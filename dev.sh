@@ -12,13 +12,13 @@ VENV="${MQSPARK_VENV:-.venv}"
 die() { echo "dev.sh: $*" >&2; exit 1; }
 
 find_python() {
-    for candidate in ${PYTHON:-} python3.11 python3.12 python3; do
+    for candidate in ${PYTHON:-} python3.11 python3; do
         if command -v "$candidate" >/dev/null 2>&1 &&
-           "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
             echo "$candidate"; return
         fi
     done
-    die "needs Python 3.11 or newer (set PYTHON=/path/to/python3.11)"
+    die "needs Python 3.11 (set PYTHON=/path/to/python3.11)"
 }
 
 setup() {
