@@ -4,6 +4,7 @@
 #   ./dev.sh demo [--root DIR]   the demo pipeline on a local queue manager (./mq-data)
 #   ./dev.sh test [PYTEST ARGS]  the full test suite
 #   ./dev.sh bench [ARGS]        the benchmarks (JSON on stdout)
+#   ./dev.sh lint                ruff check, ruff format --check and mypy (fails on any finding)
 #   ./dev.sh setup               only the set-up
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -49,6 +50,15 @@ setup() {
     fi
 }
 
+# Runs all three checks, then fails if any of them found something.
+lint() {
+    status=0
+    "$VENV/bin/python" -m ruff check mqspark tests benchmarks || status=1
+    "$VENV/bin/python" -m ruff format --check mqspark tests benchmarks || status=1
+    "$VENV/bin/python" -m mypy || status=1
+    return "$status"
+}
+
 command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
@@ -56,5 +66,6 @@ case "$command" in
     demo) setup; exec "$VENV/bin/python" -m mqspark.demo "$@" ;;
     test) setup; exec "$VENV/bin/python" -m pytest "$@" ;;
     bench) setup; exec "$VENV/bin/python" -m benchmarks "$@" ;;
-    *) die "usage: ./dev.sh demo|test|bench|setup [ARGS]" ;;
+    lint) setup; lint ;;
+    *) die "usage: ./dev.sh demo|test|bench|lint|setup [ARGS]" ;;
 esac
