@@ -4,6 +4,7 @@
 #   ./dev.sh demo [--root DIR]   the demo pipeline on a local queue manager (./mq-data)
 #   ./dev.sh test [PYTEST ARGS]  the full test suite
 #   ./dev.sh bench [ARGS]        the benchmarks (JSON on stdout)
+#   ./dev.sh lint                ruff check, ruff format --check and mypy (fails on any finding)
 #   ./dev.sh setup               only the set-up
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -12,13 +13,13 @@ VENV="${MQSPARK_VENV:-.venv}"
 die() { echo "dev.sh: $*" >&2; exit 1; }
 
 find_python() {
-    for candidate in ${PYTHON:-} python3.11 python3.12 python3; do
+    for candidate in ${PYTHON:-} python3.11 python3; do
         if command -v "$candidate" >/dev/null 2>&1 &&
-           "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
             echo "$candidate"; return
         fi
     done
-    die "needs Python 3.11 or newer (set PYTHON=/path/to/python3.11)"
+    die "needs Python 3.11 (set PYTHON=/path/to/python3.11)"
 }
 
 setup() {
@@ -30,7 +31,7 @@ setup() {
         "$(find_python)" -m venv "$VENV"
     fi
     stamp="$VENV/.mqspark-setup"
-    wanted=$(cat setup.py requirements.lock | sha256sum | cut -d' ' -f1)
+    wanted=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         echo "dev.sh: installing pinned packages into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
@@ -49,6 +50,15 @@ setup() {
     fi
 }
 
+# Runs all three checks, then fails if any of them found something.
+lint() {
+    status=0
+    "$VENV/bin/python" -m ruff check mqspark tests benchmarks || status=1
+    "$VENV/bin/python" -m ruff format --check mqspark tests benchmarks || status=1
+    "$VENV/bin/python" -m mypy || status=1
+    return "$status"
+}
+
 command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
@@ -56,5 +66,6 @@ case "$command" in
     demo) setup; exec "$VENV/bin/python" -m mqspark.demo "$@" ;;
     test) setup; exec "$VENV/bin/python" -m pytest "$@" ;;
     bench) setup; exec "$VENV/bin/python" -m benchmarks "$@" ;;
-    *) die "usage: ./dev.sh demo|test|bench|setup [ARGS]" ;;
+    lint) setup; lint ;;
+    *) die "usage: ./dev.sh demo|test|bench|lint|setup [ARGS]" ;;
 esac
