@@ -18,7 +18,7 @@ from mqspark import MQError, MQValidationError, QueueManager, Reason
 from mqspark.consumers import ConsumerState
 from mqspark.services.backout import BackoutPolicy, failures
 
-from .samples import dead_letters
+from .support.samples import dead_letters
 
 ROWS = "delivery_seq, payload, backout_count, group_id"
 

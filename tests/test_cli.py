@@ -17,7 +17,7 @@ import pytest
 
 from mqspark import MQError, QueueManager, Reason
 
-from .samples import dead_letters
+from .support.samples import dead_letters
 
 REPO_CONF = Path(__file__).parents[1] / "conf" / "queue-manager.toml"
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"

@@ -28,7 +28,7 @@ from mqspark.cli import main
 from mqspark.cluster.repository import REPOSITORY_SCHEMA, AdvertisedQueue, Binding, Cluster, ClusterSnapshot, Member
 from mqspark.consumers import ConsumerState
 
-from .state import refused, unchanged
+from .support.error_checks import refused, unchanged
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=UTC)
 LEASE = timedelta(minutes=5)

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from mqspark import QueueManager, storage
 from mqspark.cluster.repository import Cluster
 
-from .processes import finish_driver, kill_run, last_spark_commit, start_driver
+from .support.processes import finish_driver, kill_run, last_spark_commit, start_driver
 
 REPLICAS = ("QM2", "QM3", "QM4")
 # The sink's report of a replica share it found committed already (mqspark.sink.commit_batch).

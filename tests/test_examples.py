@@ -11,7 +11,7 @@ import pytest
 
 from mqspark import QueueManager
 
-from .processes import finish_driver, start_process
+from .support.processes import finish_driver, start_process
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ from deltalake import DeltaTable
 from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
 
-from . import reference_model
-from .processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
+from .support import reference_model
+from .support.processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
 
 PRIORITIES = (0, 3, 5, 9)
 BATCH = 7

@@ -27,8 +27,8 @@ from deltalake import DeltaTable
 from mqspark import storage
 from mqspark.messages import MESSAGE_SCHEMA
 
-from . import reference_model
-from .processes import kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
+from .support import reference_model
+from .support.processes import kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
 from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill
 

@@ -27,8 +27,8 @@ from mqspark.qmgr import MAINTAIN_AT_FILES
 from mqspark.services.maintenance import EXPIRY_GRACE, maintain
 from mqspark.spark.stream import QueueStreamReader
 
-from .planner import read_batch
-from .samples import spec_example
+from .support.samples import spec_example
+from .support.stream_batches import read_batch
 
 ZERO = timedelta(0)
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"

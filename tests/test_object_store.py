@@ -22,7 +22,7 @@ import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, storage
 from mqspark.filesystems import filesystem_of
 
-from .samples import spec_example
+from .support.samples import spec_example
 
 OUTAGE = 4.0
 LOGICAL_ORDER = ["A", "Y1", "Y2", "Y3-1:", "Y3-2", "Z1", "Z2", "B"]

@@ -14,8 +14,8 @@ from mqspark import MQValidationError, QueueDefinition, storage
 from mqspark.messages import MESSAGE_SCHEMA, prepare_put, rows_to_table
 from mqspark.ordering import DeliveryOptions, deliver
 
-from . import reference_model
-from .samples import spec_example
+from .support import reference_model
+from .support.samples import spec_example
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from mqspark import QueueManager, storage
 from mqspark.messages import MESSAGE_SCHEMA
 
-from .processes import finish_driver, kill_run, last_spark_commit, start_driver
+from .support.processes import finish_driver, kill_run, last_spark_commit, start_driver
 
 REPLAYED = "was committed before"
 

@@ -18,8 +18,8 @@ from mqspark import MQValidationError, QueueManager
 from mqspark.cluster.repository import Cluster
 from mqspark.spark.session import DELTA_CONF, delta_jars
 
-from .processes import finish_driver, free_port, kill_run, start_driver, start_process
-from .standalone import SPARK_SUBMIT
+from .support.processes import finish_driver, free_port, kill_run, start_driver, start_process
+from .support.standalone import SPARK_SUBMIT
 from .test_stream_get import _expected_df, _reference
 
 CLIENT = """
@@ -38,7 +38,8 @@ schema = "payload string, group_id string, msg_seq_number int, last_in_group boo
     .load(root).selectExpr("delivery_seq", "msg_id", "offset", "cast(payload as string) as payload")
     .writeStream.format("delta").option("checkpointLocation", checkpoints + "/get")
     .trigger(availableNow=True).start(output).awaitTermination())
-mqspark.forward(spark, root, "REQUESTS", "tests.services:upper", exit_when_empty=True).awaitTermination()
+service = "tests.support.service_functions:upper"
+mqspark.forward(spark, root, "REQUESTS", service, exit_when_empty=True).awaitTermination()
 print("done", flush=True)
 """
 

@@ -21,8 +21,8 @@ from mqspark.consumers import COMPACT_EVERY, ConsumerState
 from mqspark.pending import is_in_runs
 from mqspark.spark.stream import OFFSET_KEYS
 
-from .planner import read_batch
-from .samples import spec_example
+from .support.samples import spec_example
+from .support.stream_batches import read_batch
 
 
 def _state_version(qm) -> int:
