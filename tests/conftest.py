@@ -27,6 +27,17 @@ S3 = MotoS3(Path(tempfile.mkdtemp(prefix="mqspark-s3-")))
 os.environ.update(S3.environment)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Mark ``spark`` every test that uses the session fixture ``spark``, directly or through other
+    fixtures, before ``-m`` selects. Tests that start Spark some other way (spark-submit, a Spark
+    Connect server, a standalone cluster, driver scripts, notebooks, the demo) carry the mark in their
+    modules."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(scope="session")
 def spark():
     import mqspark

@@ -27,6 +27,9 @@ from mqspark.cluster.repository import Cluster
 
 from .support.processes import finish_driver, kill_run, last_spark_commit, start_driver
 
+# Every test runs producers that are Spark drivers of their own (mqspark.session()).
+pytestmark = pytest.mark.spark
+
 REPLICAS = ("QM2", "QM3", "QM4")
 # The sink's report of a replica share it found committed already (mqspark.sink.commit_batch).
 REPLAYED = re.compile(r"batch (\d+) of producer \S+ was committed before")

@@ -13,7 +13,8 @@ from mqspark import QueueManager
 
 from .support.processes import finish_driver, start_process
 
-pytestmark = pytest.mark.slow
+# Each example runs under spark-submit.
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")

@@ -20,7 +20,8 @@ from mqspark.consumers import ConsumerState
 
 from .support.processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process, wait_printed
 
-pytestmark = pytest.mark.slow
+# Each forward job runs under spark-submit.
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 # The services the jobs run, importable as module:function by the driver and Spark's Python workers.

@@ -28,6 +28,9 @@ from mqspark.messages import MESSAGE_SCHEMA
 from .support import reference_model
 from .support.processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
 
+# Every test runs consumers that are Spark drivers of their own (mqspark.session()).
+pytestmark = pytest.mark.spark
+
 PRIORITIES = (0, 3, 5, 9)
 BATCH = 7
 OUTPUT = ["msg_id", "group_id", "msg_seq_number", "offset", "priority", "payload", "delivery_seq"]

@@ -32,6 +32,9 @@ from .support.processes import kill_marked, kill_run, log_tail, marked_processes
 from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill
 
+# Every test runs instances that are Spark drivers of their own (mqspark.session()).
+pytestmark = pytest.mark.spark
+
 LEASE_S = 5
 BATCH = 5
 

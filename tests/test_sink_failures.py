@@ -27,6 +27,9 @@ from mqspark.messages import MESSAGE_SCHEMA
 
 from .support.processes import finish_driver, kill_run, last_spark_commit, start_driver
 
+# Every test runs producers that are Spark drivers of their own (mqspark.session()).
+pytestmark = pytest.mark.spark
+
 REPLAYED = "was committed before"
 
 # A streaming producer in its own process: one file per micro-batch, until the input is drained.

@@ -134,6 +134,7 @@ def connect_server(tmp_path_factory):
         kill_run(server, token)
 
 
+@pytest.mark.spark
 def test_a_streaming_put_a_streaming_get_in_logical_order_and_the_forwarder_through_spark_connect(
     spark, connect_server, qm, tmp_path
 ):
@@ -155,6 +156,7 @@ def test_a_streaming_put_a_streaming_get_in_logical_order_and_the_forwarder_thro
     assert qm.depth("REQUESTS", consumer="forward") == 0
 
 
+@pytest.mark.spark
 def test_a_routed_put_and_a_fenced_instance_of_a_streaming_get_through_spark_connect(
     spark, connect_server, qm, tmp_path
 ):

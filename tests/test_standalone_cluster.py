@@ -25,6 +25,9 @@ from .support.standalone import Standalone
 from .test_forward_jobs import SERVICES, _job
 from .test_stream_get import _expected_df, _reference
 
+# Every test runs jobs on a Spark standalone cluster.
+pytestmark = pytest.mark.spark
+
 JOB = Path(__file__).parent / "support" / "standalone_job.py"
 
 
