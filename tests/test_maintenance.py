@@ -861,6 +861,7 @@ def test_cli_refuses_bad_retentions_and_unknown_groups(qm, capsys):
     )
 
 
+@pytest.mark.slow  # MAINTAIN_AT_FILES (256) puts, one by one
 def test_a_put_that_leaves_many_files_compacts_them(qm):
     qm.define_queue("Q")
     payloads = [f"m{i}" for i in range(MAINTAIN_AT_FILES)]
