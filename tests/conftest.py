@@ -15,8 +15,8 @@ from mqspark import QueueManager
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
-from .azurite import ACCOUNT, Azurite
-from .s3 import MotoS3
+from .support.azurite import ACCOUNT, Azurite
+from .support.s3 import MotoS3
 
 # The emulators' ports are chosen before Spark starts, so Spark's JVM and Python workers inherit the
 # AZURE_* and AWS_* variables that reach them: Spark jobs take object-store credentials from the
@@ -25,6 +25,17 @@ AZURITE = Azurite(Path(tempfile.mkdtemp(prefix="mqspark-azurite-")))
 os.environ.update(AZURITE.environment)
 S3 = MotoS3(Path(tempfile.mkdtemp(prefix="mqspark-s3-")))
 os.environ.update(S3.environment)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Mark ``spark`` every test that uses the session fixture ``spark``, directly or through other
+    fixtures, before ``-m`` selects. Tests that start Spark some other way (spark-submit, a Spark
+    Connect server, a standalone cluster, driver scripts, notebooks, the demo) carry the mark in their
+    modules."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +91,7 @@ def _store_name(request) -> str:
 
 @pytest.fixture(scope="session")
 def azurite():
-    """The Azure Storage emulator, started at the first test that needs it (see ``tests/azurite.py``)."""
+    """The Azure Storage emulator, started at the first test that needs it (see ``tests/support/azurite.py``)."""
     if AZURITE.process is None:
         AZURITE.start()
     yield AZURITE
@@ -99,7 +110,7 @@ def az_root(azurite, request) -> str:
 
 @pytest.fixture(scope="session")
 def s3():
-    """moto's S3 server, started at the first test that needs it (see ``tests/s3.py``)."""
+    """moto's S3 server, started at the first test that needs it (see ``tests/support/s3.py``)."""
     if S3.process is None:
         S3.start()
     yield S3

@@ -18,7 +18,7 @@ from mqspark import MQError, MQValidationError, QueueManager, Reason
 from mqspark.engine.backout import BackoutPolicy, failures
 from mqspark.engine.consumer_groups import ConsumerState
 
-from .samples import dead_letters
+from .support.samples import dead_letters
 
 ROWS = "delivery_seq, payload, backout_count, group_id"
 

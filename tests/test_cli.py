@@ -17,7 +17,7 @@ import pytest
 
 from mqspark import MQError, QueueManager, Reason
 
-from .samples import dead_letters
+from .support.samples import dead_letters
 
 REPO_CONF = Path(__file__).parents[1] / "conf" / "queue-manager.toml"
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -78,6 +78,7 @@ def parse_table(text: str) -> tuple[list[str], list[dict[str, str]]]:
     return names, [{n: row[s:e].strip() for n, s, e in zip(names, starts, ends, strict=True)} for row in rows]
 
 
+@pytest.mark.slow  # one mqspark process per step, many steps
 def test_queue_manager_and_queue_administration(tmp_path):
     root = tmp_path / "qm"
     assert ok_json(root, "qmgr", "create", "QM1") == {"name": "QM1", "root": str(root), "dead_letter_queue": DLQ}
@@ -198,6 +199,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
     assert [q.name for q in QueueManager.open(root).queues()] == [DLQ]
 
 
+@pytest.mark.slow  # one mqspark process per step, many steps
 def test_put_browse_and_depth(qm, tmp_path):
     root = qm.root
     qm.define_queue("ORDERS", default_priority=2)
@@ -423,6 +425,7 @@ def test_put_ordering_overrides(qm):
     assert [row["payload"] for row in browsed] == ["first", "a", "before-b", "b"]
 
 
+@pytest.mark.slow  # one mqspark process per step, many steps
 def test_browse_shows_the_dead_letter_header_and_depth_shows_failed_messages_beside_their_queue(qm):
     root = qm.root
     qm.define_queue("BOQ")
@@ -463,6 +466,7 @@ def test_browse_shows_the_dead_letter_header_and_depth_shows_failed_messages_bes
     assert re.fullmatch(r"Q\s+1\s+\d+\.\d\s+BOQ\s+2\s+ERRQ\s+1\s+1", table[1]) and len(table) == 2
 
 
+@pytest.mark.slow  # one mqspark process per step, many steps
 def test_get_takes_messages_for_a_consumer_group_and_reports_2033_when_none_is_left(qm):
     root = qm.root
     qm.define_queue("ORDERS")

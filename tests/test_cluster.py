@@ -29,7 +29,7 @@ from mqspark.cluster.repository import Cluster
 from mqspark.engine.catalog import CATALOG_SCHEMA, Catalog, rewrite_until_landed
 from mqspark.engine.consumer_groups import ConsumerState
 
-from .state import refused, unchanged
+from .support.error_checks import refused, unchanged
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=UTC)
 LEASE = timedelta(minutes=5)

@@ -15,7 +15,7 @@ import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
 from mqspark.reconnect import Connection
 
-from .outages import break_root_for, outage
+from .support.outages import break_root_for, outage
 
 OUTAGE = 1.5
 

@@ -11,9 +11,10 @@ import pytest
 
 from mqspark import QueueManager
 
-from .processes import finish_driver, start_process
+from .support.processes import finish_driver, start_process
 
-pytestmark = pytest.mark.slow
+# Each example runs under spark-submit.
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")

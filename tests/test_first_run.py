@@ -12,6 +12,7 @@ import pytest
 from mqspark.spark.session import _resolve
 
 
+@pytest.mark.spark  # the resolution builds a SparkSession in a process of its own
 def test_a_failed_jar_resolution_names_its_log_and_keeps_ivy_off_the_screen(tmp_path, capfd):
     folder = tmp_path / "jars"
     with pytest.raises(RuntimeError) as failed:
@@ -30,6 +31,7 @@ def test_a_failed_jar_resolution_names_its_log_and_keeps_ivy_off_the_screen(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_the_demo_shows_mqspark_lines_and_results_and_logs_the_rest(tmp_path):
     root = tmp_path / "mq-data"
     run = subprocess.run(

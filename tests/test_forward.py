@@ -16,7 +16,7 @@ import mqspark
 from mqspark import MQError, MQValidationError, Reason
 from mqspark.engine.state_rows import STATE_SCHEMA, compact_rows
 
-from .services import fails_on_bad, returns_a_number, slow_on_slow, upper
+from .support.service_functions import fails_on_bad, returns_a_number, slow_on_slow, upper
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 
@@ -204,9 +204,8 @@ def test_a_vectorised_service_replies_to_each_request_of_the_batch(spark, qm):
     qm.define_queue("REQUESTS")
     qm.define_queue("REPLIES")
     qm.put("REQUESTS", [{"payload": f"v{i}", "correl_id": f"c{i}", "reply_to_queue": "REPLIES"} for i in range(5)])
-    _drain(
-        mqspark.forward(spark, qm.root, "REQUESTS", "tests.services:upper_all", vectorized=True, exit_when_empty=True)
-    )
+    service = "tests.support.service_functions:upper_all"
+    _drain(mqspark.forward(spark, qm.root, "REQUESTS", service, vectorized=True, exit_when_empty=True))
     expected = spark.createDataFrame(
         [(f"c{i}", f"V{i}".encode()) for i in range(5)], "correl_id string, payload binary"
     )

@@ -18,11 +18,14 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine.consumer_groups import ConsumerState
 
-from .processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process, wait_printed
+from .support.processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process, wait_printed
 
-pytestmark = pytest.mark.slow
+# Each forward job runs under spark-submit.
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+# The services the jobs run, importable as module:function by the driver and Spark's Python workers.
+SERVICES = "tests.support.service_functions"
 
 
 def _job() -> str:
@@ -59,7 +62,7 @@ def test_the_forward_job_drains_the_queue_under_spark_submit(qm, tmp_path):
     expected = _requests(qm, 20)
     token = uuid.uuid4().hex
     log = tmp_path / "forward.log"
-    process = start_process(_submit(qm.root, "--service", "tests.services:upper", "--exit-when-empty"), log, token)
+    process = start_process(_submit(qm.root, "--service", f"{SERVICES}:upper", "--exit-when-empty"), log, token)
     assert finish_driver(process, token) == 0, log.read_text()[-3000:]
     replies = qm.browse("REPLIES")
     assert sorted(replies["correl_id"].to_pylist()) == sorted(expected)
@@ -73,12 +76,12 @@ def test_the_forward_job_refuses_a_service_it_cannot_import(qm, tmp_path):
     _requests(qm, 1)
     token = uuid.uuid4().hex
     log = tmp_path / "forward.log"
-    process = start_process(_submit(qm.root, "--service", "tests.services:no_such_service"), log, token)
+    process = start_process(_submit(qm.root, "--service", f"{SERVICES}:no_such_service"), log, token)
     assert finish_driver(process, token) == 1
     errors = [line for line in log.read_text().splitlines() if line.startswith("forward: error:")]
     assert errors == [
-        "forward: error: forward: service 'tests.services:no_such_service' cannot be imported: "
-        "module 'tests.services' has no attribute 'no_such_service'"
+        "forward: error: forward: service 'tests.support.service_functions:no_such_service' cannot be imported: "
+        "module 'tests.support.service_functions' has no attribute 'no_such_service'"
     ]
     assert qm.depth("REQUESTS", consumer="forward") == 1
 
@@ -98,7 +101,7 @@ def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm
     state = store.state_location(qm.root, "REQUESTS")
     token = uuid.uuid4().hex
     command = _submit(
-        qm.root, "--service", "tests.services:upper", "--max-messages-per-trigger", "7", "--idle-interval", "0.1"
+        qm.root, "--service", f"{SERVICES}:upper", "--max-messages-per-trigger", "7", "--idle-interval", "0.1"
     )
     moments = []
     for number in range(kills):
@@ -142,7 +145,7 @@ def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tm
     checkpoint = Path(store.forward_location(qm.root, "REQUESTS", "forward"))
     rows = ConsumerState(qm.root, "REQUESTS")
     token = uuid.uuid4().hex
-    command = _submit(qm.root, "--service", "tests.services:upper", "--idle-interval", "0.1")
+    command = _submit(qm.root, "--service", f"{SERVICES}:upper", "--idle-interval", "0.1")
 
     def run_until(number: int, done) -> None:
         log = tmp_path / f"run-{number}.log"
@@ -177,7 +180,7 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
     replies = store.queue_location(qm.root, "REPLIES")
     command = _submit(
         qm.root,
-        *("--service", "tests.services:upper", "--max-messages-per-trigger", "5", "--idle-interval", "0.1"),
+        *("--service", f"{SERVICES}:upper", "--max-messages-per-trigger", "5", "--idle-interval", "0.1"),
         *("--instance", "--lease-timeout", "5"),
     )
     running: dict[str, tuple[subprocess.Popen, Path]] = {}

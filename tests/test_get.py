@@ -17,7 +17,7 @@ import pytest
 from mqspark import MQError, MQValidationError, Reason
 from mqspark.qmgr import BROWSE_SCHEMA
 
-from .samples import spec_example
+from .support.samples import spec_example
 
 
 def _payloads(table) -> list[str]:

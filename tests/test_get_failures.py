@@ -25,8 +25,11 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
-from . import reference_model
-from .processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
+from .support import reference_model
+from .support.processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
+
+# Every test runs consumers that are Spark drivers of their own (mqspark.session()).
+pytestmark = pytest.mark.spark
 
 PRIORITIES = (0, 3, 5, 9)
 BATCH = 7

@@ -27,10 +27,13 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
-from . import reference_model
-from .processes import kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
+from .support import reference_model
+from .support.processes import kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
 from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill
+
+# Every test runs instances that are Spark drivers of their own (mqspark.session()).
+pytestmark = pytest.mark.spark
 
 LEASE_S = 5
 BATCH = 5

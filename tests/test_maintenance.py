@@ -28,8 +28,8 @@ from mqspark.engine.queues import MAINTAIN_AT_FILES
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.spark.stream import QueueStreamReader
 
-from .planner import read_batch
-from .samples import spec_example
+from .support.samples import spec_example
+from .support.stream_batches import read_batch
 
 ZERO = timedelta(0)
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -862,6 +862,7 @@ def test_cli_refuses_bad_retentions_and_unknown_groups(qm, capsys):
     )
 
 
+@pytest.mark.slow  # MAINTAIN_AT_FILES (256) puts, one by one
 def test_a_put_that_leaves_many_files_compacts_them(qm):
     qm.define_queue("Q")
     payloads = [f"m{i}" for i in range(MAINTAIN_AT_FILES)]

@@ -59,6 +59,7 @@ def test_notebook_is_stored_without_outputs(notebook, least):
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_quickstart_notebook_runs(tmp_path, kernel_name):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}})
@@ -117,6 +118,7 @@ def test_quickstart_notebook_runs(tmp_path, kernel_name):
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_monitoring_notebook_warns_recovers_aborts_and_plots_the_history(tmp_path, kernel_name):
     nb = nbformat.read(MONITORING, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}})

@@ -22,7 +22,7 @@ import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
 from mqspark.store.filesystems import filesystem_of
 
-from .samples import spec_example
+from .support.samples import spec_example
 
 OUTAGE = 4.0
 LOGICAL_ORDER = ["A", "Y1", "Y2", "Y3-1:", "Y3-2", "Z1", "Z2", "B"]
@@ -167,6 +167,7 @@ def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_
     )
 
 
+@pytest.mark.slow  # stops and starts the emulator's process
 def test_a_call_that_gave_up_while_the_store_was_down_still_broke_the_connection_once_it_answers(azurite, az_root):
     """delta-rs gives up on a store that does not answer after its own retries; by the time mqspark
     looks, the store may answer again. The failure is still a broken connection; an answer that
@@ -187,6 +188,7 @@ def test_a_call_that_gave_up_while_the_store_was_down_still_broke_the_connection
     assert not store.broken(MQValidationError("bad"), qm.root, options)
 
 
+@pytest.mark.slow  # stops the emulator's process for OUTAGE seconds
 def test_the_object_store_stopped_and_restarted_under_connections(azurite, az_root):
     """Azurite stopped and started again on the same port with the same data: a connection in mode
     ``no`` fails with 2009, one in mode ``yes`` waits and puts once the store answers again."""

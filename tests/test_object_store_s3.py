@@ -11,7 +11,7 @@ import pytest
 from mqspark import QueueManager, store
 from mqspark.store.filesystems import filesystem_of
 
-from .samples import spec_example
+from .support.samples import spec_example
 from .test_object_store import (
     LOGICAL_ORDER,
     _payloads,

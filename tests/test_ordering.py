@@ -15,8 +15,8 @@ from mqspark.engine.ordering import DeliveryOptions, deliver
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.model.put import prepare_put, rows_to_table
 
-from . import reference_model
-from .samples import spec_example
+from .support import reference_model
+from .support.samples import spec_example
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -13,7 +13,7 @@ import pytest
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
 from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA
 
-from .state import refused, unchanged
+from .support.error_checks import refused, unchanged
 
 FIELDS = (
     "msg_id, correl_id, priority, group_id, msg_seq_number, offset, last_in_group, segmented, last_segment, "

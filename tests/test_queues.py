@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 
 from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, store
 
-from .state import refused, unchanged
+from .support.error_checks import refused, unchanged
 
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 ATTRIBUTES = [f.name for f in dataclasses.fields(QueueDefinition) if f.name != "name"]

@@ -1,5 +1,5 @@
 """Reconnection of the streaming get and the sink against real outages of the queue manager root
-(see tests/outages.py), with real streaming queries. Checkpoints live apart from the root."""
+(see tests/support/outages.py), with real streaming queries. Checkpoints live apart from the root."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
-from . import reference_model
-from .outages import break_root, outage, restore_root
+from .support import reference_model
+from .support.outages import break_root, outage, restore_root
 
 OUTAGE = 3.0
 

@@ -25,7 +25,10 @@ from deltalake import DeltaTable
 from mqspark import QueueManager, store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
-from .processes import finish_driver, kill_run, last_spark_commit, start_driver
+from .support.processes import finish_driver, kill_run, last_spark_commit, start_driver
+
+# Every test runs producers that are Spark drivers of their own (mqspark.session()).
+pytestmark = pytest.mark.spark
 
 REPLAYED = "was committed before"
 

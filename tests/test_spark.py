@@ -16,7 +16,7 @@ from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.spark.browse import batch_rows
 
-from .samples import spec_example
+from .support.samples import spec_example
 
 EXPIRY = datetime(2036, 1, 2, 3, 4, 5, tzinfo=UTC)
 

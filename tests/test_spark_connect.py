@@ -18,8 +18,8 @@ from mqspark import MQValidationError, QueueManager
 from mqspark.cluster.repository import Cluster
 from mqspark.spark.session import DELTA_CONF, delta_jars
 
-from .processes import finish_driver, free_port, kill_run, start_driver, start_process
-from .standalone import SPARK_SUBMIT
+from .support.processes import finish_driver, free_port, kill_run, start_driver, start_process
+from .support.standalone import SPARK_SUBMIT
 from .test_stream_get import _expected_df, _reference
 
 CLIENT = """
@@ -38,7 +38,8 @@ schema = "payload string, group_id string, msg_seq_number int, last_in_group boo
     .load(root).selectExpr("delivery_seq", "msg_id", "offset", "cast(payload as string) as payload")
     .writeStream.format("delta").option("checkpointLocation", checkpoints + "/get")
     .trigger(availableNow=True).start(output).awaitTermination())
-mqspark.forward(spark, root, "REQUESTS", "tests.services:upper", exit_when_empty=True).awaitTermination()
+service = "tests.support.service_functions:upper"
+mqspark.forward(spark, root, "REQUESTS", service, exit_when_empty=True).awaitTermination()
 print("done", flush=True)
 """
 
@@ -133,6 +134,7 @@ def connect_server(tmp_path_factory):
         kill_run(server, token)
 
 
+@pytest.mark.spark
 def test_a_streaming_put_a_streaming_get_in_logical_order_and_the_forwarder_through_spark_connect(
     spark, connect_server, qm, tmp_path
 ):
@@ -154,6 +156,7 @@ def test_a_streaming_put_a_streaming_get_in_logical_order_and_the_forwarder_thro
     assert qm.depth("REQUESTS", consumer="forward") == 0
 
 
+@pytest.mark.spark
 def test_a_routed_put_and_a_fenced_instance_of_a_streaming_get_through_spark_connect(
     spark, connect_server, qm, tmp_path
 ):

@@ -20,12 +20,15 @@ from mqspark import QueueManager
 from mqspark.cluster.repository import Cluster
 from mqspark.spark.session import delta_jars
 
-from .processes import finish_driver, kill_marked, kill_run
-from .standalone import Standalone
-from .test_forward_jobs import _job
+from .support.processes import finish_driver, kill_marked, kill_run
+from .support.standalone import Standalone
+from .test_forward_jobs import SERVICES, _job
 from .test_stream_get import _expected_df, _reference
 
-JOB = Path(__file__).with_name("cluster_job.py")
+# Every test runs jobs on a Spark standalone cluster.
+pytestmark = pytest.mark.spark
+
+JOB = Path(__file__).parent / "support" / "standalone_job.py"
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +114,7 @@ def test_the_forwarder_on_the_cluster_replies_once_to_every_request(standalone, 
     qm.put("REQUESTS", [{"payload": f"r{i}", "correl_id": f"c{i}", "reply_to_queue": "REPLIES"} for i in range(12)])
     token = uuid.uuid4().hex
     log = tmp_path / "forward.log"
-    args = ["--root", az_root, "--queue", "REQUESTS", "--service", "tests.services:upper", "--exit-when-empty"]
+    args = ["--root", az_root, "--queue", "REQUESTS", "--service", f"{SERVICES}:upper", "--exit-when-empty"]
     process = standalone.submit(Path(_job()), args, log, ",".join(delta_jars()), {"MQSPARK_TEST_RUN": token})
     assert finish_driver(process, token, timeout=600) == 0, log.read_text()[-4000:]
     replies = qm.browse("REPLIES")

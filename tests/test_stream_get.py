@@ -1,7 +1,7 @@
 """The streaming get: logical order across micro-batches, admission control, consumer groups, replay.
 
 Real streaming queries on the shared SparkSession, real Delta tables. The expected order always
-comes from the reference model (tests/reference_model.py) over the queue's committed rows.
+comes from the reference model (tests/support/reference_model.py) over the queue's committed rows.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 from mqspark import QueueManager, store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
-from . import reference_model
-from .samples import spec_example
+from .support import reference_model
+from .support.samples import spec_example
 
 COLUMNS = "delivery_seq long, msg_id string, group_id string, msg_seq_number int, offset long, payload string"
 

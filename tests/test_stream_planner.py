@@ -21,8 +21,8 @@ from mqspark.engine.consumer_groups import COMPACT_EVERY, ConsumerState
 from mqspark.engine.pending import is_in_runs
 from mqspark.spark.stream import OFFSET_KEYS
 
-from .planner import read_batch
-from .samples import spec_example
+from .support.samples import spec_example
+from .support.stream_batches import read_batch
 
 
 def _state_version(qm) -> int:
@@ -228,6 +228,7 @@ def test_compaction_folds_consumed_plans_and_keeps_the_plan_in_flight(qm, new_re
     assert read_batch(restarted, start, end) == [(9, "m6"), (10, "m7"), (11, "m8"), (12, "m9")]
 
 
+@pytest.mark.slow  # 3 * COMPACT_EVERY (300) batches, one by one
 def test_the_state_table_stays_small_as_batches_go_by(qm, new_reader):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": f"m{i}"} for i in range(3 * COMPACT_EVERY)])

@@ -80,7 +80,7 @@ def start_process(command: list[str], log: Path, token: str) -> subprocess.Popen
     (``spark-submit`` passes a Python driver's stderr on to its stdout)."""
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "MQSPARK_TEST_RUN": token,

@@ -1,6 +1,6 @@
-"""A Spark standalone cluster on 127.0.0.1 for the cluster tests: one master and two workers of one
-core each, started with the ``spark-class`` that pyspark ships, their executors separate JVMs with
-Python workers of their own. Jobs reach it through ``spark-submit --master``."""
+"""A Spark standalone cluster on 127.0.0.1 for the standalone-cluster tests: one master and two
+workers of one core each, started with the ``spark-class`` that pyspark ships, their executors
+separate JVMs with Python workers of their own. Jobs reach it through ``spark-submit --master``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .processes import free_port
 
 SPARK_CLASS = str(Path(sys.executable).parent / "spark-class")
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 # spark-class looks for Spark with the interpreter it finds first on the PATH, unless told.
 SPARK_ENV = {"SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable}
 

@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 
 from .processes import free_port, start_server, stop_server
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools" / "azurite" / "node_modules"
+TOOLS = Path(__file__).resolve().parents[2] / "tools" / "azurite" / "node_modules"
 ACCOUNT = "devstoreaccount1"
 # The emulator's published well-known key: not a secret.
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="

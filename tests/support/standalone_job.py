@@ -1,4 +1,5 @@
-"""The spark-submit job of the cluster tests, run on the standalone cluster (``tests/standalone.py``).
+"""The spark-submit job of the standalone-cluster tests (``tests/test_standalone_cluster.py``), run on
+the Spark standalone cluster of ``tests/support/standalone.py``.
 
     put ROOT INPUT CHECKPOINT [CLUSTER]   a streaming put of the JSON files in INPUT to queue ORDERS
                                           (of cluster CLUSTER, routed not fixed, when given), availableNow
