@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from mqspark import QueueManager
 from mqspark.spark.session import delta_jars
-from tests.processes import finish_driver
-from tests.standalone import Standalone
+from tests.support.processes import finish_driver
+from tests.support.standalone import Standalone
 
 JOB = Path(__file__).with_name("drain_job.py")
 

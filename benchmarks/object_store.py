@@ -16,7 +16,7 @@ from deltalake import DeltaTable, write_deltalake
 from mqspark import QueueManager
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.model.put import prepare_put
-from tests.azurite import ACCOUNT, Azurite
+from tests.support.azurite import ACCOUNT, Azurite
 
 from .stream_get import _p
 
