@@ -37,5 +37,5 @@ setup(
             "moto[server]==5.2.5",
         ],
     },
-    entry_points={"console_scripts": ["mqspark=mqspark.cli.main:entry"]},
+    entry_points={"console_scripts": ["mqspark=mqspark.cli:entry"]},
 )
