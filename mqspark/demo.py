@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from mqspark import store
-from mqspark.cli import render
+from mqspark.cli.render import render
 from mqspark.qmgr import QueueManager
 
 DEMO_QMGR = "DEMO.QM"
@@ -161,7 +161,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Skip interpreter shutdown, where delta-rs can abort a finished process (see mqspark.cli.entry).
+    # Skip interpreter shutdown, where delta-rs can abort a finished process (see mqspark.cli.main.entry).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -355,7 +355,7 @@ def test_redrive_refuses_bad_selectors_and_changes_nothing(qm):
 def test_cli_redrive_selects_by_msg_id_and_reports_what_moved(qm, capsys):
     import json
 
-    from mqspark.cli import main
+    from mqspark.cli.main import main
 
     qm.define_queue("Q")
     dead_letters(

@@ -23,7 +23,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, store
-from mqspark.cli import main
+from mqspark.cli.main import main
 from mqspark.cluster.records import REPOSITORY_SCHEMA, AdvertisedQueue, Binding, ClusterSnapshot, Member
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.catalog import CATALOG_SCHEMA, Catalog, rewrite_until_landed

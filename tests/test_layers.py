@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("mqspark.services.",),
     ("mqspark.qmgr", "mqspark.reconnect"),
     ("mqspark.spark.", "mqspark.jobs."),
-    ("mqspark.cli.",),
+    ("mqspark.cli", "mqspark.cli."),
     ("mqspark.demo", "mqspark"),
 ]
 # pyspark is imported only here (the package's own __init__ loads Spark lazily, on first use).

@@ -20,7 +20,7 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
-from mqspark.cli import main
+from mqspark.cli.main import main
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.engine.maintenance import EXPIRY_GRACE, maintain

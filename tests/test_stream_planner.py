@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from mqspark import MQError, Reason, store
-from mqspark.cli import main
+from mqspark.cli.main import main
 from mqspark.engine.consumer_groups import COMPACT_EVERY, ConsumerState
 from mqspark.engine.pending import is_in_runs
 from mqspark.spark.stream import OFFSET_KEYS

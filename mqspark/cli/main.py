@@ -1,0 +1,71 @@
+"""The ``mqspark`` command's entry points: :func:`main` parses the arguments, runs the function the
+command's parser names (its ``handler``), prints the result and turns errors into exit codes;
+:func:`entry` is the console script."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Sequence
+
+from mqspark.cli import cluster, messages, monitor, queues, services
+from mqspark.cli.parser import AddCommand, build_parser
+from mqspark.cli.render import render
+from mqspark.errors import MQError
+
+# Every command, in the order ``mqspark --help`` lists them; each sets the handler that runs it.
+COMMANDS: tuple[AddCommand, ...] = (
+    queues.add_qmgr,
+    queues.add_queue,
+    messages.add_put,
+    services.add_jars,
+    services.add_job,
+    messages.add_browse,
+    messages.add_get,
+    queues.add_depth,
+    monitor.add_monitor,
+    queues.add_apply,
+    messages.add_maintain,
+    messages.add_purge,
+    messages.add_redrive,
+    queues.add_consumer,
+    services.add_instance,
+    cluster.add_cluster,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``mqspark`` command; the exit code: 0, 1 on an error, 2 on the monitor's abort verdict
+    (usage errors exit with 2 from argparse)."""
+    parser = build_parser(COMMANDS)
+    # Payloads may follow put's options (put Q --priority 9 "rush"); argparse leaves those over.
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        if args.command != "put" or any(extra.startswith("-") for extra in extras):
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.payloads = [*args.payloads, *extras]
+    try:
+        result = args.handler(args)
+    except monitor.Aborted as aborted:
+        print(f"mqspark: error: {aborted}", file=sys.stderr)
+        return 2
+    except (MQError, OSError, tomllib.TOMLDecodeError) as error:
+        print(f"mqspark: error: {error}", file=sys.stderr)
+        return 1
+    if result is not None:
+        print(render(result, args.json))
+    return 0
+
+
+def entry() -> None:
+    """The console command: run :func:`main`, then leave without running interpreter shutdown.
+
+    delta-rs can abort the process at shutdown ("terminate called without an active exception",
+    delta-io/delta-rs#2184) while its threads are torn down, turning a clean exit into SIGABRT.
+    Everything is flushed and written by then, so the exit code is made final here.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

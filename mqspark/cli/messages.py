@@ -1,0 +1,211 @@
+"""The ``mqspark`` commands on a queue's messages: ``put``, ``browse``, ``get``, ``maintain``, ``purge``
+and ``redrive``, and how ``browse`` and ``get`` show messages (with MQ's dead-letter header where it
+applies)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+from mqspark.cli.parser import Commands, duration, key_value
+from mqspark.engine.maintenance import DEFAULT_RETENTION
+from mqspark.engine.ordering import ORDERS, DeliveryOptions
+from mqspark.errors import MQError, Reason
+from mqspark.model.messages import DEAD_LETTER_FIELDS
+from mqspark.qmgr import QueueManager
+
+_BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
+# Shown by browse for the queues failed messages go to, before the payload: MQ's dead-letter header.
+_HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
+
+
+def add_put(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``put``: payloads as arguments, lines of a file or lines of stdin."""
+    put = commands.add_parser("put", parents=[output], help="put messages: arguments, --file lines, or stdin lines")
+    put.add_argument("queue")
+    put.add_argument("payloads", nargs="*", metavar="PAYLOAD")
+    put.add_argument("--file", help="put one message per line of this file ('-' for stdin)")
+    put.add_argument("--priority", type=int)
+    put.add_argument("--correl-id")
+    put.add_argument("--reply-to-queue")
+    put.add_argument("--reply-to-qmgr")
+    put.add_argument("--failure-queue", help="where a forwarding service puts the request when it finally fails")
+    put.add_argument("--group-id", help="put the messages as one complete group, numbered 1..N")
+    put.add_argument("--property", action="append", type=key_value, default=[], metavar="KEY=VALUE")
+    put.add_argument("--segmentation", action="store_true", help="split payloads longer than max_message_length")
+    put.add_argument("--top-of-queue", action="store_true", help="put ahead of every message of its priority")
+    put.add_argument("--before-msg-id", help="put just before this message")
+    put.set_defaults(handler=_put)
+
+
+def _put(args: argparse.Namespace) -> dict[str, Any]:
+    qm = QueueManager.open(args.root)
+    payloads = _payloads(args)
+    common = {
+        "priority": args.priority,
+        "correl_id": args.correl_id,
+        "reply_to_queue": args.reply_to_queue,
+        "reply_to_qmgr": args.reply_to_qmgr,
+        "failure_queue": args.failure_queue,
+        "properties": dict(args.property) or None,
+        "top_of_queue": args.top_of_queue or None,
+        "before_msg_id": args.before_msg_id,
+    }
+    rows = [{key: value for key, value in common.items() if value is not None} | {"payload": p} for p in payloads]
+    if args.group_id:
+        for number, row in enumerate(rows, start=1):
+            row.update(group_id=args.group_id, msg_seq_number=number, last_in_group=number == len(rows))
+    msg_ids = qm.put(args.queue, rows, segmentation=args.segmentation)
+    return {"queue": args.queue, "msg_ids": msg_ids}
+
+
+def _payloads(args: argparse.Namespace) -> list[str]:
+    if args.payloads and args.file:
+        raise MQError("give payloads as arguments or with --file, not both")
+    if args.payloads:
+        return args.payloads
+    if args.file and args.file != "-":
+        with open(args.file, encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    return sys.stdin.read().splitlines()
+
+
+def add_browse(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``browse``: messages shown, not removed."""
+    browse = commands.add_parser("browse", parents=[output], help="show messages without removing them")
+    browse.add_argument("queue")
+    browse.add_argument("--order", choices=ORDERS, default="logical")
+    browse.add_argument("--all-messages-available", action="store_true", help="only complete groups")
+    browse.add_argument("--complete-message", action="store_true", help="join segments into whole messages")
+    browse.add_argument("--msg-id")
+    browse.add_argument("--correl-id")
+    browse.add_argument("--group-id")
+    browse.add_argument("--msg-seq-number", type=int)
+    browse.add_argument("--limit", type=int)
+    browse.set_defaults(handler=_browse)
+
+
+def _browse(args: argparse.Namespace) -> pa.Table:
+    qm = QueueManager.open(args.root)
+    options = DeliveryOptions(
+        args.order,
+        args.all_messages_available,
+        args.complete_message,
+        args.msg_id,
+        args.correl_id,
+        args.group_id,
+        args.msg_seq_number,
+    )
+    return _messages(qm, args, qm.browse_with(args.queue, options, limit=args.limit))
+
+
+def add_get(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``get``: messages removed for a consumer group."""
+    get = commands.add_parser(
+        "get", parents=[output], help="get messages destructively for a consumer group, in logical order (amqsget)"
+    )
+    get.add_argument("queue")
+    get.add_argument("--consumer", default="default", help="consumer group (default: default)")
+    get.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a first message (default 0)")
+    get.add_argument("--max", type=int, default=1, dest="max_messages", help="most messages to get (default 1)")
+    get.add_argument("--correl-id")
+    get.add_argument("--msg-id")
+    get.set_defaults(handler=_get)
+
+
+def _get(args: argparse.Namespace) -> pa.Table:
+    qm = QueueManager.open(args.root)
+    table = qm.get(
+        args.queue,
+        args.consumer,
+        max_messages=args.max_messages,
+        wait=args.wait,
+        msg_id=args.msg_id,
+        correl_id=args.correl_id,
+    )
+    if table.num_rows == 0:
+        raise MQError(f"queue {args.queue}: no message available", Reason.MQRC_NO_MSG_AVAILABLE)
+    return _messages(qm, args, table)
+
+
+def _messages(qm: QueueManager, args: argparse.Namespace, table: pa.Table) -> pa.Table:
+    """Messages as ``browse`` and ``get`` print them: every column with ``--json``, else the usual
+    ones, with the dead-letter header where it applies."""
+    if args.json:
+        return table
+    columns = list(_BROWSE_COLUMNS)
+    if _holds_failed_messages(qm, args.queue, table):
+        columns[-1:-1] = _HEADER_COLUMNS
+    return table.select(columns)
+
+
+def _holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> bool:
+    """Whether browse shows the dead-letter header: for the dead-letter queue, a queue some queue
+    names as its backout or error queue, and any queue holding messages that carry a header."""
+    queues = qm.queues()
+    failure_queues = {qm.dead_letter_queue}
+    failure_queues |= {q.backout_queue for q in queues if q.backout_queue}
+    failure_queues |= {q.error_queue for q in queues if q.error_queue}
+    return qm.inquire_queue(queue).name in failure_queues or browsed["dlq_reason"].null_count < browsed.num_rows
+
+
+def add_maintain(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``maintain``: one local queue, or every one."""
+    maintain = commands.add_parser(
+        "maintain",
+        parents=[output],
+        help="remove consumed and expired messages, compact files, clean up the log and vacuum "
+        "(every local queue when none is named)",
+    )
+    maintain.add_argument("queue", nargs="?")
+    maintain.add_argument(
+        "--retention",
+        type=duration,
+        default=DEFAULT_RETENTION,
+        help="keep removed files and log entries this long for time travel: seconds, or with s, m, h or d (default 1h)",
+    )
+    maintain.set_defaults(handler=_maintain)
+
+
+def _maintain(args: argparse.Namespace) -> list[dict[str, Any]]:
+    qm = QueueManager.open(args.root)
+    names = [args.queue] if args.queue else [q.name for q in qm.queues() if q.type == "local"]
+    return [qm.maintain(name, retention=args.retention).as_dict() for name in names]
+
+
+def add_purge(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``purge``: CLEAR QLOCAL."""
+    purge = commands.add_parser(
+        "purge", parents=[output], help="remove every message of a local queue for every consumer group (CLEAR QLOCAL)"
+    )
+    purge.add_argument("queue")
+    purge.set_defaults(handler=_purge)
+
+
+def _purge(args: argparse.Namespace) -> dict[str, Any]:
+    return {"queue": args.queue, "purged": QueueManager.open(args.root).purge(args.queue)}
+
+
+def add_redrive(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``redrive``: failed messages back to the queues they came from."""
+    redrive = commands.add_parser(
+        "redrive",
+        parents=[output],
+        help="move messages of a backout, error or dead-letter queue back to the queues they came from",
+    )
+    redrive.add_argument("queue")
+    redrive.add_argument("--msg-id", action="append", dest="msg_ids", help="only this msg_id (repeatable)")
+    redrive.add_argument("--correl-id", action="append", dest="correl_ids", help="only this correl_id (repeatable)")
+    redrive.add_argument(
+        "--reason", action="append", type=int, dest="reasons", help="only this dlq_reason (repeatable)"
+    )
+    redrive.set_defaults(handler=_redrive)
+
+
+def _redrive(args: argparse.Namespace) -> list[dict[str, Any]]:
+    qm = QueueManager.open(args.root)
+    moved = qm.redrive(args.queue, msg_ids=args.msg_ids, correl_ids=args.correl_ids, reasons=args.reasons)
+    return [{"queue": args.queue, "to": target, "messages": count} for target, count in moved.items()]

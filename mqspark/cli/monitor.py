@@ -1,0 +1,76 @@
+"""The ``mqspark monitor`` command: the OpenTP1 backlog monitor of a queue and consumer group, a line
+(or a JSON object) printed per point, and :class:`Aborted` for its abort verdict (exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from mqspark.cli.parser import Commands, boolean
+from mqspark.qmgr import QueueManager
+from mqspark.services.backlog_judge import Verdict
+from mqspark.services.monitor import Monitor
+
+
+class Aborted(Exception):
+    """The monitor's abort verdict: the command exits with code 2."""
+
+
+def add_monitor(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``monitor``: its judging parameters, events and how long it runs."""
+    monitor = commands.add_parser(
+        "monitor",
+        parents=[output],
+        help="the OpenTP1 backlog monitor of a queue and consumer group: a line per point (JSON with "
+        "--json); exit code 2 on an abort verdict",
+    )
+    monitor.add_argument("--queue", required=True)
+    monitor.add_argument("--consumer", default="default", help="consumer group (default: default)")
+    monitor.add_argument("--watch-interval", type=float, required=True, help="seconds between points")
+    monitor.add_argument("--watch-count", type=int, required=True, help="backlog at which judging starts")
+    monitor.add_argument(
+        "--expected-count", type=int, required=True, help="messages the group is expected to process per interval"
+    )
+    monitor.add_argument("--abort", type=boolean, default=False, help="yes: stop the group's query on falling behind")
+    monitor.add_argument("--points", type=int, help="stop after this many points (default: run until interrupted)")
+    monitor.add_argument("--window", type=int, default=10, help="points the group's status is judged over")
+    monitor.add_argument("--depth-high", type=float, default=80.0, help="depth high event, %% of max_depth")
+    monitor.add_argument("--depth-low", type=float, default=20.0, help="depth low event, %% of max_depth")
+    monitor.add_argument("--service-interval", type=float, help="seconds without a get before that event")
+    monitor.set_defaults(handler=_monitor)
+
+
+def _monitor(args: argparse.Namespace) -> None:
+    """A point every ``--watch-interval`` seconds, printed as it is taken; :class:`Aborted` on an
+    abort verdict."""
+    monitor = Monitor(
+        QueueManager.open(args.root),
+        args.queue,
+        args.consumer,
+        watch_interval=args.watch_interval,
+        watch_count=args.watch_count,
+        expected_count=args.expected_count,
+        abort=args.abort,
+        window=args.window,
+        depth_high=args.depth_high,
+        depth_low=args.depth_low,
+        service_interval=args.service_interval,
+    )
+
+    def show(point: Any) -> None:
+        print(json.dumps(point.as_dict()) if args.json else point.line(), flush=True)
+
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setFormatter(logging.Formatter("mqspark: warning: %(message)s"))
+    logging.getLogger("mqspark.monitor").addHandler(warnings)
+
+    try:
+        last = monitor.run(args.points, show)
+    except KeyboardInterrupt:
+        return None
+    if last.verdict is Verdict.ABORT:
+        raise Aborted(str(monitor.error))
+    return None
