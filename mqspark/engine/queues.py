@@ -334,7 +334,7 @@ class Queues:
         definition = self._definition_in(state, queue)
         chain = [definition]
         if definition.type == "alias":
-            definition = self._definition_in(state, definition.target_queue)
+            definition = self._definition_in(state, definition.alias_target)
             chain.append(definition)
         for item in chain:
             if for_put and item.put_inhibited:

@@ -162,6 +162,13 @@ class QueueDefinition:
         values["cluster"] = list(self.cluster)
         return values
 
+    @property
+    def alias_target(self) -> str:
+        """An alias queue's target_queue (:meth:`build` makes sure an alias names one)."""
+        if self.target_queue is None:
+            raise MQValidationError(f"queue {self.name}: an alias queue needs target_queue")
+        return self.target_queue
+
 
 ATTRIBUTE_NAMES = tuple(_VALIDATORS)
 
