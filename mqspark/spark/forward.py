@@ -29,6 +29,7 @@ from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges, single_ranges
 from mqspark.spark.sink import PARTITION_SHIFT, PutCommitMessage, QueueShare, SinkPlan, abort_batch, commit_batch
+from mqspark.spark.tasks import commit_messages, task_context
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -364,8 +365,8 @@ class _ReplyWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Outcomes:
         return self.caller(iterator)
 
-    def commit(self, messages: list[Outcomes | None]) -> None:
-        done = [message for message in messages if message is not None]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = [message for message in commit_messages(messages, Outcomes) if message is not None]
         tables = [message.outcomes for message in done if message.outcomes is not None]
         outcomes = pa.concat_tables(tables) if tables else pa.table({"delivery_seq": pa.array([], pa.int64())})
         written = [message.written for message in done if message.written.files]
@@ -374,8 +375,8 @@ class _ReplyWriter(DataSourceArrowWriter):
         partial.write_bytes(pickle.dumps((outcomes, written)))
         partial.rename(self.handover)
 
-    def abort(self, messages: list[Outcomes | None]) -> None:
-        written = [message.written for message in messages if message is not None]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        written = [message.written for message in commit_messages(messages, Outcomes) if message is not None]
         abort_batch(SinkPlan("", "", None, False, None), written)
 
 
@@ -383,12 +384,10 @@ def _write_replies(root: str, results: pa.Table) -> Outcomes:
     """Write the replies of one task's results into their target queues' folders (one file per
     target, not committed: the driver commits them), and return each request's outcome and the
     files written (executor side)."""
-    from pyspark import TaskContext
-
     qm = open_queues(root)
     answered = pc.and_(pc.is_null(results["error"]), pc.fill_null(pc.not_equal(results["reply_to_queue"], ""), False))
     written = PutCommitMessage(None)
-    first_seq = TaskContext.get().partitionId() << PARTITION_SHIFT
+    first_seq = task_context().partitionId() << PARTITION_SHIFT
     targets = {}
     for target, rows in reply_targets(qm, results.filter(answered)).items():
         target_qm = qm if target.root == qm.root else open_queues(target.root)
