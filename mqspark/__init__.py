@@ -1,5 +1,7 @@
 """mqspark: transactional message queues on Delta tables for Apache Spark."""
 
+from typing import Any
+
 from mqspark.cluster.repository import Cluster
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition
@@ -27,7 +29,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Spark is imported only by those who use it: the CLI and plain puts start in well under a second.
     if name in ("session", "register"):
         from mqspark.spark import session as spark

@@ -14,10 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mqspark import store
 from mqspark.cli.render import render
 from mqspark.qmgr import QueueManager
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 DEMO_QMGR = "DEMO.QM"
 CONSUMER = "fulfilment"
@@ -100,7 +104,7 @@ def run(root: str) -> None:
     spark_log = _SparkLog(work / "spark.log")
     spark = session(app_name="mqspark-demo", **{"spark.ui.showConsoleProgress": "false"})
 
-    def show(batch, batch_id: int) -> None:
+    def show(batch: DataFrame, batch_id: int) -> None:
         rows = batch.select(*COLUMNS[:-1], batch.payload.cast("string").alias("payload")).orderBy("delivery_seq")
         collected = rows.collect()
         if collected:

@@ -338,7 +338,7 @@ class QueueManager(Queues):
 
 def _check_references(state: CatalogState, definition: QueueDefinition) -> None:
     if definition.type == "alias":
-        target = state.queues.get(definition.target_queue)
+        target = state.queues.get(definition.alias_target)
         if target is None:
             raise MQError(
                 f"queue {definition.name}: target_queue {definition.target_queue} is not defined",

@@ -372,7 +372,9 @@ class _Router:
         return self._dead(Reason.MQRC_NO_DESTINATIONS_AVAILABLE, f"{queue}: {detail}; {kept}")
 
     def binding(self, outcome: int, group_id: str | None) -> Binding:
+        """The binding to ``outcome``, which must be a route (callers bind only routed outcomes)."""
         qmgr, cluster, *_ = self.outcomes[outcome]
+        assert qmgr is not None and cluster is not None, f"outcome {outcome} is a dead letter, not a route"
         return Binding(cluster, self.request.queue, self.request.producer, group_id, qmgr)
 
     def _no_route(self) -> tuple[Reason, str]:

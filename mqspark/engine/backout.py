@@ -295,6 +295,7 @@ def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> i
         )
         chosen = chosen.filter(pc.invert(seen))
     if chosen.num_rows:
+        assert plan_id is not None, "rows were chosen from the current plan"
         state.append(failure_rows(consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error))
     return int(len(wanted))
 
@@ -399,6 +400,7 @@ class Transfer:
         data = store.write_data_file(
             store.queue_location(self.qm.root, target), messages.to_batches(), QUEUE_TABLE_SCHEMA
         )
+        assert data is not None, "a move names at least one message"
         self.qm.commit_put(
             target,
             [data],

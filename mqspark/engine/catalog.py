@@ -116,7 +116,8 @@ class Catalog:
         table = store.open_table(self.location, self.storage_options)
         if table is None:
             raise MQError(f"no queue manager at {self.root}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
-        qmid = table.metadata().id
+        # The table's id is a UUID string (deltalake's annotation says int, which it is not): str() keeps it as is.
+        qmid = str(table.metadata().id)
         return table, _from_rows(table.version(), pa.table(table.to_pyarrow_table()), qmid)
 
     def change(self, apply: Callable[[CatalogState], dict[str, QueueDefinition]]) -> CatalogState:

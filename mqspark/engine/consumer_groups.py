@@ -145,7 +145,11 @@ class ConsumerState:
             # Another consumer created it first.
             if self.table() is None:
                 raise
-        return self.table()
+        table = self.table()
+        if table is None:
+            # Deleted with its queue right after it was created.
+            raise MQError(f"queue {self.queue}: its state table was deleted", Reason.MQRC_Q_DELETED)
+        return table
 
     def rows(self) -> pa.Table:
         """Every row of the table at its latest version, in no particular order (none without a table).
@@ -240,7 +244,8 @@ class ConsumerState:
         (2042) while a query of the group holds its lease, and (2085) for a group that does not exist."""
         for _ in range(_ATTEMPTS):
             table = self.table()
-            if consumer not in self.groups():
+            # Without a table there are no groups (one created after this look was not there to delete).
+            if table is None or consumer not in self.groups():
                 raise MQError(
                     f"queue {self.queue}: consumer group {consumer!r} does not exist", Reason.MQRC_UNKNOWN_OBJECT_NAME
                 )
@@ -353,6 +358,8 @@ class ConsumerState:
         if not self._overwrite(table, compacted):
             return False
         table = self.table()
+        if table is None:
+            return True  # deleted with its queue since: nothing is left to clean up
         table.create_checkpoint()
         table.cleanup_metadata()
         table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)

@@ -146,7 +146,7 @@ def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
     for name, value in (("msg_id", msg_id), ("correl_id", correl_id), ("group_id", group_id)):
         if value is not None and (not isinstance(value, str) or not value):
             raise MQValidationError(f"get: queue {queue}: {name} must be a non-empty text, got {value!r}")
-    match = DeliveryOptions(msg_id=msg_id, correl_id=correl_id, group_id=group_id)
+    match: DeliveryOptions | None = DeliveryOptions(msg_id=msg_id, correl_id=correl_id, group_id=group_id)
     match = match if (msg_id or correl_id or group_id) else None
     deadline = time.monotonic() + wait
     patience = max(timedelta(seconds=wait), GET_PATIENCE)

@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from mqspark import store
 from mqspark.engine import depth
@@ -136,7 +138,7 @@ def maintain(qm: Queues, queue: str, retention: timedelta, now: datetime | None 
             removed_expired=int((removed & ~consumed_by_all).sum()),
             rewritten=int(moved.sum()),
             files_before=files.num_rows,
-            files_after=len(store.live_paths(store.open_table(location, qm.storage_options))),
+            files_after=len(store.live_paths(_queue_table(location, qm.storage_options))),
             log_entries_removed=cleaned,
             files_vacuumed=vacuumed,
             seconds=round(time.monotonic() - started, 3),
@@ -156,8 +158,8 @@ def purge(qm: Queues, queue: str, lease_timeout: timedelta) -> int:
     with _Lease(qm, queue):
         removed: list[int] = []
 
-        def prepare(attempt: int):
-            table = store.open_table(location, qm.storage_options)
+        def prepare(attempt: int) -> Callable[[], int]:
+            table = _queue_table(location, qm.storage_options)
             files = store.live_files(table)
             removed[:] = [int(pc.sum(files["rows"]).as_py() or 0)]
             return lambda: store.commit_files(
@@ -258,16 +260,24 @@ class _Lease:
         self.state.release(MAINTENANCE, self.owner)
 
 
-def _prepared_table(location: str, storage_options: store.StorageOptions, retention: timedelta):
-    """The queue table, its properties set for ``retention`` and for log clean-up by maintenance only."""
+def _queue_table(location: str, storage_options: store.StorageOptions) -> DeltaTable:
+    """The queue table at ``location`` at its latest version; it is there while its queue is defined."""
     table = store.open_table(location, storage_options)
+    if table is None:
+        raise MQError(f"no message table at {location} (its queue was deleted)", Reason.MQRC_UNKNOWN_OBJECT_NAME)
+    return table
+
+
+def _prepared_table(location: str, storage_options: store.StorageOptions, retention: timedelta) -> DeltaTable:
+    """The queue table, its properties set for ``retention`` and for log clean-up by maintenance only."""
+    table = _queue_table(location, storage_options)
     seconds = int(retention.total_seconds())
     wanted = {
         "delta.enableExpiredLogCleanup": "false",
         "delta.logRetentionDuration": f"interval {seconds} seconds",
         "delta.deletedFileRetentionDuration": f"interval {seconds} seconds",
     }
-    return store.open_table(location, storage_options) if store.set_properties(table, wanted) else table
+    return _queue_table(location, storage_options) if store.set_properties(table, wanted) else table
 
 
 @dataclass(frozen=True)
@@ -291,7 +301,9 @@ def _rewrite_plan(files: pa.Table, file: np.ndarray, removed: np.ndarray) -> _Re
     return _RewritePlan(np.flatnonzero(drop), np.flatnonzero(rewrite))
 
 
-def _kept_rows(location: str, files: pa.Table, rewritten: np.ndarray, file: np.ndarray, removed: np.ndarray):
+def _kept_rows(
+    location: str, files: pa.Table, rewritten: np.ndarray, file: np.ndarray, removed: np.ndarray
+) -> pa.Table:
     """The kept messages of the rewritten files, whole, with their commit_version, in physical order."""
     if not len(rewritten):
         return QUEUE_TABLE_SCHEMA.empty_table()
@@ -314,7 +326,9 @@ def _write(location: str, kept: pa.Table, files: pa.Table) -> list[store.DataFil
     written = []
     for start in range(0, kept.num_rows, rows_per_file):
         part = kept.slice(start, rows_per_file)
-        written.append(store.write_data_file(location, part.to_batches(), QUEUE_TABLE_SCHEMA))
+        data = store.write_data_file(location, part.to_batches(), QUEUE_TABLE_SCHEMA)
+        assert data is not None, "every part has rows"
+        written.append(data)
     return written
 
 
@@ -324,8 +338,8 @@ def _commit(
     """Commit the rewrite at exactly the version after the one it checks; a concurrent commit makes it
     check again that every file it removes is still live, and give up (deleting its files) if not."""
 
-    def prepare(attempt: int):
-        table = store.open_table(location, storage_options)
+    def prepare(attempt: int) -> Callable[[], int] | None:
+        table = _queue_table(location, storage_options)
         if not set(removed) <= set(store.live_paths(table)):
             return None
         return lambda: store.commit_files(
@@ -354,7 +368,7 @@ def _tidy(
     with the files the entries that go removed, and checkpoint at the maintenance commit
     ``version``. Returns the log entries and files removed."""
     vacuumed = store.delete_removed_files(location, now - retention)
-    table = store.open_table(location, storage_options)
+    table = _queue_table(location, storage_options)
     cleaned = 0
     if clean_before is not None:
         table.load_as_version(clean_before)

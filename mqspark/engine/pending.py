@@ -105,6 +105,8 @@ class PendingMessages:
                 # Maintenance cleaned up the log behind this snapshot; its newer one needs no such entry.
                 if up_to is not None or attempt == _ATTEMPTS - 1:
                     raise
+        else:
+            raise AssertionError("unreachable: the last attempt returns, breaks or raises")
         pieces = [
             self._read(path, size, version)
             for path, size, version in zip(

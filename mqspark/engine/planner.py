@@ -132,7 +132,7 @@ class Planner:
         self.heartbeat = Heartbeat(self.state, consumer, owner, lease_timeout)
         # The table version reads stop at (a run of ``trigger(availableNow=True)``); None: the latest.
         self.up_to: int | None = None
-        self.pending: PendingMessages | None = None
+        self._pending: PendingMessages | None = None
         self.plans: dict[str, pa.Table] = {}
         # The planned messages of each plan in ``plans`` as pending-index keys.
         self.plan_keys: dict[str, np.ndarray] = {}
@@ -148,6 +148,15 @@ class Planner:
         # Plans of earlier runs this run has replayed (each counted as one rolled-back delivery), and
         # whether each was given up.
         self.replayed: dict[str, bool] = {}
+
+    @property
+    def pending(self) -> PendingMessages:
+        """The group's pending messages, built by :meth:`load` (the first :meth:`consume` loads them)."""
+        if self._pending is None:
+            raise RuntimeError(
+                f"queue {self.queue}: consumer group {self.consumer!r}: the pending messages are not loaded"
+            )
+        return self._pending
 
     def close(self) -> None:
         """Stop renewing the lease and release it."""
@@ -179,7 +188,7 @@ class Planner:
         without everything the group consumed."""
         if plan_id and plan_id not in self.consumed_plans:
             self.consumed_plans.add(plan_id)
-            if self.pending is None:
+            if self._pending is None:
                 # Loaded before this consumption is recorded, so the plan's messages are in the index.
                 self.load()
             self.plans.pop(plan_id, None)
@@ -190,7 +199,7 @@ class Planner:
             kept = self._backed_out(plan_id, keys)
             self.unrecorded.append(consumed_rows(self.consumer, self.owner, plan_id, seq))
             self.pending.mark_consumed(keys[~np.isin(keys, kept)])
-        if self.pending is None:
+        if self._pending is None:
             self.load()
 
     def _backed_out(self, plan_id: str, keys: np.ndarray) -> np.ndarray:
@@ -233,8 +242,8 @@ class Planner:
     def load(self) -> None:
         """Build the pending index from the table's snapshot, without what the group consumed."""
         self.flush()
-        self.pending = PendingMessages(self.location, self.qm.storage_options, exact_lengths=self.exact_lengths)
-        self.pending.load(self.state.consumed_ranges(self.consumer), self.up_to)
+        self._pending = PendingMessages(self.location, self.qm.storage_options, exact_lengths=self.exact_lengths)
+        self._pending.load(self.state.consumed_ranges(self.consumer), self.up_to)
 
     def catch_up(self) -> bool:
         """Bring the pending index up to date (to ``up_to``); True when it gained messages. When

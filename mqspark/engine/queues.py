@@ -184,8 +184,12 @@ class Queues:
         be committed are deleted. ``metadata`` is added to the commit's ``commitInfo``.
         ``definition`` is the queue's definition when the caller has just read it.
         """
-        if producer is not None and batch_id is None:
+        if producer is None:
+            transaction = None
+        elif batch_id is None:
             raise MQValidationError(f"queue {queue}: a commit with producer {producer!r} needs a batch_id")
+        else:
+            transaction = (producer, batch_id)
         if not files:
             return None
         definition = definition or self.resolve_for_put(queue)
@@ -193,7 +197,7 @@ class Queues:
         location = self._location(local)
         rows = sum(file.rows for file in files)
 
-        def prepare(attempt: int):
+        def prepare(attempt: int) -> Callable[[], int] | None:
             resolved = self.resolve_for_put(queue) if attempt else definition
             if resolved.name != local:
                 # The files lie in the first target's folder: never commit them elsewhere.
@@ -207,9 +211,10 @@ class Queues:
             if store.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
                 # A queue table of an earlier mqspark: migrated before its first put of this one.
                 table = self._message_table(local)
-            committed = table.transaction_version(producer) if producer is not None else None
-            if committed is not None and committed >= batch_id:
-                return None
+            if transaction is not None:
+                committed = table.transaction_version(transaction[0])
+                if committed is not None and committed >= transaction[1]:
+                    return None
             # CURDEPTH is at most the live messages: count those from statistics, and only when they
             # would not fit find which still wait.
             live_files[0], depth = store.live_counts(table)
@@ -223,11 +228,9 @@ class Queues:
             _check_against_committed(local, table, groups)
             _check_before_targets(local, table, targets)
             info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
-            if producer is not None:
-                info.update({"mqspark.producer": producer, "mqspark.batch_id": batch_id})
-            return lambda: store.commit_files(
-                table, files, QUEUE_TABLE_SCHEMA, app_id=producer, app_version=batch_id, metadata=info
-            )
+            if transaction is not None:
+                info.update({"mqspark.producer": transaction[0], "mqspark.batch_id": transaction[1]})
+            return lambda: store.commit_files(table, files, QUEUE_TABLE_SCHEMA, transaction=transaction, metadata=info)
 
         live_files = [0]
         version = store.commit_until_landed(
@@ -331,7 +334,7 @@ class Queues:
         definition = self._definition_in(state, queue)
         chain = [definition]
         if definition.type == "alias":
-            definition = self._definition_in(state, definition.target_queue)
+            definition = self._definition_in(state, definition.alias_target)
             chain.append(definition)
         for item in chain:
             if for_put and item.put_inhibited:
@@ -363,7 +366,7 @@ def before_targets(messages: pa.Table) -> list[str]:
     return pc.unique(messages["before_msg_id"].drop_null()).to_pylist()
 
 
-def _check_before_targets(queue: str, table: DeltaTable, targets: list[str]) -> None:
+def _check_before_targets(queue: str, table: DeltaTable, targets: Sequence[str]) -> None:
     """A ``before_msg_id`` must name a committed message outside any group, not itself placed before another."""
     if not targets:
         return

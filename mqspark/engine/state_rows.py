@@ -98,6 +98,7 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
             pc.and_(pc.equal(event, "return"), pc.is_valid(mine["batch_limit"])),
         )
         position = pc.max(folded["seq"]).as_py()
+        ranges = None  # the merged ranges of the folded rows, when there are any
         if folded.num_rows:
             following = pc.if_else(
                 pc.equal(folded["event"], "plan"),
@@ -130,7 +131,7 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
         pieces.append(mine.filter(pc.and_(moves, pc.invert(pc.is_in(mine["plan_id"], ended)))))
         # Failures are kept while their message still waits for the group: they make its backout count.
         failures = mine.filter(failed)
-        if folded.num_rows and failures.num_rows:
+        if ranges is not None and failures.num_rows:
             consumed_all = in_ranges(failures["origin"], failures["row"], ranges, pc.fill_null(failures["count"], 1))
             failures = failures.filter(pc.invert(consumed_all))
         pieces.append(failures)

@@ -17,7 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,13 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, value in azure_settings(os.environ).items():
         builder = builder.config(key, value)
     spark = register(builder.getOrCreate())
-    options = {}
+    options: dict[str, Any] = {}
     if args.max_messages_per_trigger is not None:
         options["maxMessagesPerTrigger"] = args.max_messages_per_trigger
     if args.lease_timeout is not None:
         options["leaseTimeout"] = args.lease_timeout
 
-    def start(instance: str | None = None):
+    def start(instance: str | None = None) -> StreamingQuery:
+        given = options if instance is None else {**options, "instance": instance}
         return forward(
             spark,
             args.root,
@@ -63,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             idle_interval=args.idle_interval,
             call_timeout=args.call_timeout,
             checkpoint_location=args.checkpoint,
-            **options,
-            **({} if instance is None else {"instance": instance}),
+            **given,
         )
 
     try:
@@ -82,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _run_instance(args: argparse.Namespace, spark, start):
+def _run_instance(
+    args: argparse.Namespace, spark: SparkSession, start: Callable[[str], StreamingQuery]
+) -> StreamingQuery:
     from datetime import timedelta
 
     from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ def validate_name(name: Any, what: str = "queue") -> str:
     return name
 
 
-def int_in(low: int, high: int):
+def int_in(low: int, high: int) -> Callable[[str, Any], int]:
     def check(attr: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise MQValidationError(f"attribute {attr} must be an integer, got {type(value).__name__} {value!r}")
@@ -49,7 +50,7 @@ def int_in(low: int, high: int):
     return check
 
 
-def one_of(choices: tuple[str, ...]):
+def one_of(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
     def check(attr: str, value: Any) -> str:
         if value not in choices:
             raise MQValidationError(f"attribute {attr} must be one of {', '.join(choices)}; got {value!r}")
@@ -90,8 +91,8 @@ def _description(attr: str, value: Any) -> str:
     return value
 
 
-# Attribute name -> validator. The dataclass below holds the defaults.
-_VALIDATORS = {
+# Attribute name -> validator (each returns its attribute's own type). The dataclass below holds the defaults.
+_VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "type": one_of(QUEUE_TYPES),
     "target_queue": _optional_queue_name,
     "default_priority": int_in(0, 9),
@@ -161,6 +162,13 @@ class QueueDefinition:
         values["cluster"] = list(self.cluster)
         return values
 
+    @property
+    def alias_target(self) -> str:
+        """An alias queue's target_queue (:meth:`build` makes sure an alias names one)."""
+        if self.target_queue is None:
+            raise MQValidationError(f"queue {self.name}: an alias queue needs target_queue")
+        return self.target_queue
+
 
 ATTRIBUTE_NAMES = tuple(_VALIDATORS)
 
@@ -180,7 +188,10 @@ class QueueManagerDefinition:
 
     def altered(self, **attributes: Any) -> QueueManagerDefinition:
         """A copy with ``attributes`` changed; only ``description`` and ``default_reconnect`` may be."""
-        checks = {"description": _description, "default_reconnect": one_of(RECONNECT_MODES)}
+        checks: dict[str, Callable[[str, Any], Any]] = {
+            "description": _description,
+            "default_reconnect": one_of(RECONNECT_MODES),
+        }
         unknown = sorted(set(attributes) - set(checks))
         if unknown:
             raise MQValidationError(

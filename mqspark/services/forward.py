@@ -44,7 +44,7 @@ from __future__ import annotations
 import importlib
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -172,6 +172,10 @@ class _Target:
         return json.dumps([self.qmgr, self.queue])
 
 
+# Why a reply cannot go where it was meant to: (reason, text, intended queue, intended queue manager).
+_Refusal = tuple[Reason, str, str, str]
+
+
 def by_value(table: pa.Table, *columns: str) -> Iterator[tuple[Any, pa.Table]]:
     """The rows of ``table`` by the distinct values of ``columns`` (nulls included)."""
     keys = table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
@@ -205,7 +209,7 @@ def _reply_rows(answered: pa.Table) -> pa.Table:
     )
 
 
-def _with_reasons(rows: pa.Table, reasons: list[tuple | None] | None) -> pa.Table:
+def _with_reasons(rows: pa.Table, reasons: Sequence[_Refusal | None] | None) -> pa.Table:
     """``rows`` with the dead-letter reason of each (code, text, intended queue and queue manager)."""
     reasons = reasons or [None] * rows.num_rows
 
@@ -227,12 +231,12 @@ def reply_targets(qm: Queues, answered: pa.Table) -> dict[_Target, pa.Table]:
     dead_letter_queue = _Target(qm.name, qm.root, qm.dead_letter_queue)
     for (qmgr, queue), part in by_value(answered, "reply_to_qmgr", "reply_to_queue"):
         rows = _reply_rows(part)
-        target, refused = _resolve(qm, qmgr, queue)
-        if refused is None:
+        target = _resolve(qm, qmgr, queue)
+        if isinstance(target, _Target):
             reasons = [None] * rows.num_rows if target == dead_letter_queue else None
             replies.setdefault(target, []).append(_with_reasons(rows, reasons))
         else:
-            replies.setdefault(dead_letter_queue, []).append(_with_reasons(rows, [refused] * rows.num_rows))
+            replies.setdefault(dead_letter_queue, []).append(_with_reasons(rows, [target] * rows.num_rows))
     return {target: pa.concat_tables(parts) for target, parts in replies.items()}
 
 
@@ -261,9 +265,8 @@ def open_queues(root: str) -> Queues:
     return Queues.open(root)
 
 
-def _resolve(qm: Queues, qmgr: str | None, queue: str) -> tuple[_Target | None, tuple[Reason, str, str, str] | None]:
-    """Where a reply to ``queue`` on ``qmgr`` goes, or why it cannot go there: (reason, text,
-    intended queue, intended queue manager)."""
+def _resolve(qm: Queues, qmgr: str | None, queue: str) -> _Target | _Refusal:
+    """Where a reply to ``queue`` on ``qmgr`` goes, or why it cannot go there."""
     name = qmgr or qm.name
     if name == qm.name:
         target_qm = qm
@@ -271,13 +274,13 @@ def _resolve(qm: Queues, qmgr: str | None, queue: str) -> tuple[_Target | None, 
         root = _member_root(qm, name)
         if root is None:
             text = f"reply queue manager {name} is unknown to queue manager {qm.name} (no shared cluster)"
-            return None, (Reason.MQRC_UNKNOWN_OBJECT_NAME, text, queue, name)
+            return Reason.MQRC_UNKNOWN_OBJECT_NAME, text, queue, name
         target_qm = open_queues(root)
     try:
         resolved = target_qm.resolve_for_put(queue)
     except MQError as refused:
-        return None, (refused.reason or Reason.MQRC_UNKNOWN_OBJECT_NAME, f"reply not put: {refused}", queue, name)
-    return _Target(target_qm.name, target_qm.root, resolved.name), None
+        return refused.reason or Reason.MQRC_UNKNOWN_OBJECT_NAME, f"reply not put: {refused}", queue, name
+    return _Target(target_qm.name, target_qm.root, resolved.name)
 
 
 def _member_root(qm: Queues, name: str) -> str | None:

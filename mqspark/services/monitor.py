@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -104,6 +104,14 @@ def group_status(window: list[MonitorPoint]) -> GroupStatus:
     return GroupStatus.OK
 
 
+class _FailedCounts(TypedDict):
+    """How many of a queue's failed messages wait on its backout, error and dead-letter queues."""
+
+    backed_out: int | None
+    errors: int | None
+    dead_letters: int | None
+
+
 @dataclass(frozen=True)
 class MonitorPoint:
     """One point of a :class:`Monitor`: the judgement and what was measured with it."""
@@ -138,7 +146,7 @@ class MonitorPoint:
         return self.judgement.state
 
     def as_dict(self) -> dict[str, Any]:
-        point = {"at": self.at.isoformat(), "queue": self.queue, "consumer": self.consumer}
+        point: dict[str, Any] = {"at": self.at.isoformat(), "queue": self.queue, "consumer": self.consumer}
         point.update(self.judgement.as_dict())
         point.update(
             {
@@ -412,8 +420,9 @@ class Monitor:
             max_depth=max_depth,
             **self._failed_on(),
         )
-        window = [*self.window, point]
-        point = replace(point, status=group_status(window[-self.window.maxlen :]), events=self._events(point, now))
+        window = deque(self.window, self.window.maxlen)
+        window.append(point)
+        point = replace(point, status=group_status(list(window)), events=self._events(point, now))
         self.window.append(point)
         self.taken += 1
         if self.history is not None:
@@ -422,7 +431,7 @@ class Monitor:
             _log.warning("%s", self._falling_behind(point))
         elif point.verdict is Verdict.ABORT:
             self.error = MQError(self._falling_behind(point), Reason.MQRC_Q_SERVICE_INTERVAL_HIGH)
-            self._stop_the_group(self.error)
+            self._stop_the_group(Reason.MQRC_Q_SERVICE_INTERVAL_HIGH, self.error.detail)
         return point
 
     def _falling_behind(self, point: MonitorPoint) -> str:
@@ -434,15 +443,15 @@ class Monitor:
             f"{point.watch_count}, watch_interval {self.watch_interval:g} s)"
         )
 
-    def _stop_the_group(self, error: MQError) -> None:
+    def _stop_the_group(self, reason: Reason, detail: str) -> None:
         """Record the abort in the state table: the query holding the lease fails at its next trigger."""
         rows = {
             "consumer": [self.consumer],
             "owner": [self.id],
             "event": ["abort"],
             "at": [datetime.now(UTC)],
-            "reason": [int(error.reason)],
-            "error": [error.detail],
+            "reason": [int(reason)],
+            "error": [detail],
         }
         self.state.append(pa.table({f.name: pa.array(rows.get(f.name, [None]), f.type) for f in STATE_SCHEMA}))
 
@@ -468,19 +477,25 @@ class Monitor:
                 events.append(_event(Reason.MQRC_Q_SERVICE_INTERVAL_OK))
         return tuple(events)
 
-    def _failed_on(self) -> dict[str, int | None]:
+    def _failed_on(self) -> _FailedCounts:
         """How many of this queue's failed messages wait on its backout, error and dead-letter queues."""
-        queues = {"backed_out": self.definition.backout_queue, "errors": self.definition.error_queue}
-        queues["dead_letters"] = self.qm.dead_letter_queue if self.queue != self.qm.dead_letter_queue else None
-        counts: dict[str, int | None] = {}
-        for key, name in queues.items():
+
+        def waiting_on(name: str | None) -> int | None:
+            if name is None:
+                return None
             try:
-                counts[key] = None if name is None else self.qm.depth_by_original_queue(name).get(self.queue, 0)
+                return self.qm.depth_by_original_queue(name).get(self.queue, 0)
             except MQError as error:
                 if error.reason != Reason.MQRC_UNKNOWN_OBJECT_NAME:
                     raise
-                counts[key] = None
-        return counts
+                return None
+
+        dead_letters = self.qm.dead_letter_queue if self.queue != self.qm.dead_letter_queue else None
+        return {
+            "backed_out": waiting_on(self.definition.backout_queue),
+            "errors": waiting_on(self.definition.error_queue),
+            "dead_letters": waiting_on(dead_letters),
+        }
 
     def _record(self, point: MonitorPoint) -> None:
         values = point.as_dict()
@@ -496,6 +511,8 @@ class Monitor:
                         raise
             # Kept open: each append then reads only the log entries added since the last one.
             self._history_table = store.open_table(self.history, self.qm.storage_options)
+            if self._history_table is None:
+                raise MQError(f"monitor history {self.history} was deleted", Reason.MQRC_UNKNOWN_OBJECT_NAME)
         write_deltalake(self._history_table, row, mode="append")
 
     def run(self, points: int | None = None, on_point: Callable[[MonitorPoint], None] | None = None) -> MonitorPoint:

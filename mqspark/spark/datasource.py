@@ -14,6 +14,7 @@ calls the driver first (``load()``, ``save()``, ``start()``), naming the option 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -182,6 +183,14 @@ def _stream_limits(options: dict[str, str]) -> tuple[str, int | None, int | None
     )
 
 
+class _Routing(TypedDict, total=False):
+    """The sink's routing options, as :meth:`SinkPlan.build` takes them (none: a put to a local queue)."""
+
+    cluster: tuple[str, ...]
+    bind: str
+    qmgr: str | None
+
+
 def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkPlan:
     if overwrite:
         raise MQValidationError('the mq sink only appends: use mode("append"), not overwrite')
@@ -193,7 +202,7 @@ def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> 
     producer = options.get("producerid")
     if producer is not None and not producer.strip():
         raise MQValidationError("option producerId must not be blank")
-    routing = {}
+    routing: _Routing = {}
     if "cluster" in options:
         routing = {
             "cluster": cluster_names(options["cluster"]),

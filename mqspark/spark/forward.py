@@ -7,6 +7,7 @@ executors and write the replies. The replies' records and targets are in
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import pickle
 import tempfile
@@ -29,13 +30,14 @@ from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges, single_ranges
 from mqspark.spark.sink import PARTITION_SHIFT, PutCommitMessage, QueueShare, SinkPlan, abort_batch, commit_batch
+from mqspark.spark.tasks import commit_messages, task_context
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
     from pyspark.sql.types import StructType
 
-    from mqspark.qmgr import QueueManager
+    from mqspark.engine.queues import Queues
 from mqspark.services.forward import (
     FORWARDER,
     GET_OPTIONS,
@@ -146,11 +148,15 @@ class _Caller:
         try:
             results = [self._results(service, with_properties(batch)) for batch in batches if batch.num_rows]
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._stop_pool()
         if not results:
             return Outcomes(None, PutCommitMessage(None))
         return _write_replies(self.root, pa.Table.from_batches(results))
+
+    def _stop_pool(self) -> None:
+        """Stop the pool of the calls with a time limit (a call still running is left to finish)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _call(self, call: Callable[[], Any]) -> Any:
         if self.call_timeout is None:
@@ -187,11 +193,11 @@ class _Caller:
             outcomes = []
             for message in requests.to_pylist():
                 try:
-                    outcomes.append(outcome_of(self._call(lambda message=message: service(message))))
+                    outcomes.append(outcome_of(self._call(functools.partial(service, message))))
                 except Exception as error:  # noqa: BLE001 - a failed call fails its request
                     outcomes.append(failed_outcome(error))
-        reply, code, error = zip(*outcomes, strict=True)
-        columns += [pa.array(reply, pa.binary()), pa.array(code, pa.int32()), pa.array(error, pa.string())]
+        reply, code, error_text = zip(*outcomes, strict=True)
+        columns += [pa.array(reply, pa.binary()), pa.array(code, pa.int32()), pa.array(error_text, pa.string())]
         return pa.RecordBatch.from_arrays(columns, schema=RESULT_SCHEMA)
 
 
@@ -217,15 +223,14 @@ class _Batch:
         self.checkpoint = checkpoint
         self._landed: set[tuple[str, int, str]] = set()
         # Kept from batch to batch: the queue manager keeps its tables open, the state its rows.
-        self._qm: QueueManager | None = None
-        self._state: ConsumerState | None = None
+        self._opened: tuple[Queues, ConsumerState] | None = None
         self._producer_id: str | None = None
 
     def process(self, df: DataFrame, batch_id: int) -> None:
-        if self._qm is None:
-            self._qm = open_queues(self.root)
-            self._state = ConsumerState(self._qm.root, self.queue, self._qm.storage_options)
-        qm, state = self._qm, self._state
+        if self._opened is None:
+            opened = open_queues(self.root)
+            self._opened = (opened, ConsumerState(opened.root, self.queue, opened.storage_options))
+        qm, state = self._opened
         producer = self._producer(qm)
         replied = self._settle(qm, state, producer)
         plan_id, owner, plan = state.current_plan(self.consumer)
@@ -286,7 +291,7 @@ class _Batch:
             handover.unlink(missing_ok=True)
         return outcomes, written
 
-    def _producer(self, qm: QueueManager) -> str:
+    def _producer(self, qm: Queues) -> str:
         """The forwarder's producer id: queue manager, queue, group, and the query's id (kept in its
         checkpoint), so a new checkpoint starts new transactions."""
         if self._producer_id is None:
@@ -296,7 +301,7 @@ class _Batch:
             self._producer_id = f"mqspark.forward/{qm.name}/{self.queue}/{self.consumer}/{query_id}"
         return self._producer_id
 
-    def _settle(self, qm: QueueManager, state: ConsumerState, producer: str) -> pa.Table:
+    def _settle(self, qm: Queues, state: ConsumerState, producer: str) -> pa.Table:
         """Check the reply records not checked yet, before anything is put: cancel those whose put did
         not land. The requests whose reply landed, as ``origin``/``row``/``count`` ranges."""
         rows = state.events(
@@ -364,8 +369,8 @@ class _ReplyWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Outcomes:
         return self.caller(iterator)
 
-    def commit(self, messages: list[Outcomes | None]) -> None:
-        done = [message for message in messages if message is not None]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        done = [message for message in commit_messages(messages, Outcomes) if message is not None]
         tables = [message.outcomes for message in done if message.outcomes is not None]
         outcomes = pa.concat_tables(tables) if tables else pa.table({"delivery_seq": pa.array([], pa.int64())})
         written = [message.written for message in done if message.written.files]
@@ -374,8 +379,8 @@ class _ReplyWriter(DataSourceArrowWriter):
         partial.write_bytes(pickle.dumps((outcomes, written)))
         partial.rename(self.handover)
 
-    def abort(self, messages: list[Outcomes | None]) -> None:
-        written = [message.written for message in messages if message is not None]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        written = [message.written for message in commit_messages(messages, Outcomes) if message is not None]
         abort_batch(SinkPlan("", "", None, False, None), written)
 
 
@@ -383,12 +388,10 @@ def _write_replies(root: str, results: pa.Table) -> Outcomes:
     """Write the replies of one task's results into their target queues' folders (one file per
     target, not committed: the driver commits them), and return each request's outcome and the
     files written (executor side)."""
-    from pyspark import TaskContext
-
     qm = open_queues(root)
     answered = pc.and_(pc.is_null(results["error"]), pc.fill_null(pc.not_equal(results["reply_to_queue"], ""), False))
     written = PutCommitMessage(None)
-    first_seq = TaskContext.get().partitionId() << PARTITION_SHIFT
+    first_seq = task_context().partitionId() << PARTITION_SHIFT
     targets = {}
     for target, rows in reply_targets(qm, results.filter(answered)).items():
         target_qm = qm if target.root == qm.root else open_queues(target.root)

@@ -11,13 +11,12 @@ its own ``txn``. Only after every replica committed does the journal record the 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
@@ -29,6 +28,7 @@ from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.qmgr import QueueManager
+from mqspark.spark.tasks import task_context
 
 # What route() adds to a DataFrame.
 ROUTE_COLUMNS = StructType(
@@ -222,16 +222,16 @@ def record_routing(
     route: ClusterRoute, queue: str, producer: str, batch_id: int | None, records: Sequence[TaskRouting | None]
 ) -> None:
     """Record a batch's routing in each cluster journal, once every replica share has been committed."""
-    records = [record for record in records if record is not None]
-    if not records:
+    routed = [record for record in records if record is not None]
+    if not routed:
         return
     # Least recent first over the whole batch: a queue manager's last use is in the last task that used it.
-    used = list(dict.fromkeys(reversed([qmgr for record in records for qmgr in record.used])))[::-1]
-    bindings = list(dict.fromkeys(binding for record in records for binding in record.bindings))
-    finished = sorted({group for record in records for group in record.finished_groups})
+    used = list(dict.fromkeys(reversed([qmgr for record in routed for qmgr in record.used])))[::-1]
+    bindings = list(dict.fromkeys(binding for record in routed for binding in record.bindings))
+    finished = sorted({group for record in routed for group in record.finished_groups})
     at = datetime.now(UTC)
     for root in route.repositories:
-        versions = {record.versions[root] for record in records}
+        versions = {record.versions[root] for record in routed}
         if len(versions) != 1:
             raise MQError(
                 f"cluster queue {queue}: the tasks of batch {batch_id} of producer {producer} routed with "
@@ -268,12 +268,12 @@ def route(
     request = plan.request(queue, producer)
     schema = StructType(df.schema.fields + ROUTE_COLUMNS.fields)
 
-    def routed(batches):
+    def routed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         given = [batch for batch in batches if batch.num_rows]
         if not given:
             return
         data = pa.Table.from_batches(given)
-        partition = TaskContext.get().partitionId()
+        partition = task_context().partitionId()
         decided = route_messages(routing_view(data), snapshots, request, rotation=partition, hash_groups=True)
         columns = {
             "target_qmgr": decided.target_qmgr,

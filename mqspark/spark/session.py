@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -192,25 +193,30 @@ def azure_settings(environment: Mapping[str, str]) -> dict[str, str]:
     return settings
 
 
+# The consumption listener :func:`register` added to each session.
+_LISTENERS: weakref.WeakKeyDictionary[SparkSession, ConsumptionListener] = weakref.WeakKeyDictionary()
+
+
 def register(spark: SparkSession) -> SparkSession:
     """Register mqspark's data sources (format ``mq``) on an existing session, and the listener
     that records the last micro-batch of a streaming get as consumed when its query ends."""
     from mqspark.spark.datasource import MQDataSource
 
     spark.dataSource.register(MQDataSource)
-    if not getattr(spark, "_mqspark_listener", None):
+    if spark not in _LISTENERS:
         # The listener may run during interpreter exit, when modules that start threads (as
         # pyarrow.dataset does, through concurrent.futures) can no longer be imported.
         import pyarrow.dataset  # noqa: F401
 
         listener = ConsumptionListener()
         spark.streams.addListener(listener)
-        spark._mqspark_listener = listener
+        _LISTENERS[spark] = listener
         if _is_connect(spark):
             # A Spark Connect client receives listener events on a non-daemon thread that only ends
             # when the last listener is removed; the interpreter joins such threads before it runs
             # atexit handlers, so the hand-over must run at thread shutdown (as concurrent.futures does).
-            threading._register_atexit(_release_connect_listener, spark)
+            # A private function of CPython's threading module (since 3.9), left out of typeshed.
+            threading._register_atexit(_release_connect_listener, spark)  # type: ignore[attr-defined]
         else:
             atexit.register(_drain_listener_events, spark)
     return spark
@@ -271,7 +277,7 @@ def _release_connect_listener(spark: SparkSession) -> None:
     """At exit of a Spark Connect client: let the listener handle the end of queries that ended just
     before (their events arrive asynchronously from the server), then remove it so that the event
     thread ends and the interpreter can exit. Queries still running on the server keep running."""
-    listener = spark._mqspark_listener
+    listener = _LISTENERS[spark]
     try:
         active = {str(query.id) for query in spark.streams.active}
         listener.wait_for_ends(active, 30)

@@ -14,14 +14,13 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
@@ -36,6 +35,7 @@ from mqspark.model.put import prepare_put
 from mqspark.qmgr import QueueManager
 from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode
 from mqspark.spark import routing
+from mqspark.spark.tasks import commit_messages, task_context
 
 _Result = TypeVar("_Result")
 # put_seq of a row = (partition << 32) + its position in the partition: task order, then row order.
@@ -133,7 +133,9 @@ class QueueShare:
         self.groups: list[pa.Table] = []
         self.before: set[str] = set()
 
-    def prepared(self, parts: Iterable[tuple[pa.Table, Callable[[pa.Table], pa.Table] | None]]):
+    def prepared(
+        self, parts: Iterable[tuple[pa.Table, Callable[[pa.Table], pa.Table] | None]]
+    ) -> Iterator[pa.RecordBatch]:
         for data, header in parts:
             if data.num_rows == 0:
                 continue
@@ -147,7 +149,9 @@ class QueueShare:
             self.before.update(before_targets(rows))
             yield from rows.to_batches()
 
-    def write(self, message: PutCommitMessage, parts: Iterable[tuple[pa.Table, Callable | None]]) -> None:
+    def write(
+        self, message: PutCommitMessage, parts: Iterable[tuple[pa.Table, Callable[[pa.Table], pa.Table] | None]]
+    ) -> None:
         """Write ``parts`` (rows, and the header to stamp on them or None) and add the file to ``message``."""
         location = store.queue_location(*self.target)
         file = store.write_data_file(location, self.prepared(parts), QUEUE_TABLE_SCHEMA)
@@ -161,7 +165,7 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
     """Validate and write one task's rows, one Parquet file per target queue (executor side). With
     reconnection on, the task keeps its rows until they are written, to write them again after a
     reconnect."""
-    context = TaskContext.get()
+    context = task_context()
     partition = context.partitionId()
     producer = plan.producer or context.getLocalProperty("sql.streaming.queryId")
     if producer is None and plan.cluster is not None:
@@ -179,12 +183,14 @@ def _write_task(
     first_seq = partition << PARTITION_SHIFT
     message = PutCommitMessage(producer)
     if plan.cluster is None:
+        assert plan.definition is not None, "a put not routed through a cluster has its queue's definition"
         share = QueueShare(plan.root, plan.definition, plan.segmentation, first_seq)
         share.write(message, ((pa.Table.from_batches([batch]), None) for batch in batches))
         return message
     rows = list(batches)
     if not rows:
         return message
+    assert producer is not None, "a routed put's producer is its query, or its write (write_partition)"
     routed = routing.route_task(
         plan.cluster,
         plan.queue,
@@ -202,7 +208,7 @@ def _write_task(
     return message
 
 
-def commit_batch(plan: SinkPlan, messages: list[PutCommitMessage | None], batch_id: int | None) -> None:
+def commit_batch(plan: SinkPlan, messages: Sequence[PutCommitMessage | None], batch_id: int | None) -> None:
     """Commit every task's files, once per target queue, then record how the rows were routed (driver
     side). A commit in doubt after a reconnect is resolved by its transaction: a batch write that
     may reconnect gets one of its own."""
@@ -213,11 +219,11 @@ def commit_batch(plan: SinkPlan, messages: list[PutCommitMessage | None], batch_
 
 
 def _commit_batch(
-    plan: SinkPlan, messages: list[PutCommitMessage | None], batch_id: int | None, write_id: str | None
+    plan: SinkPlan, given: Sequence[PutCommitMessage | None], batch_id: int | None, write_id: str | None
 ) -> None:
     # With commitInfo's own timestamp this gives the driver-side commit time of every batch.
     started_ms = int(time.time() * 1000)
-    messages = [message for message in messages if message is not None]
+    messages = [message for message in given if message is not None]
     targets = sorted({target for message in messages for target in message.files})
     producer = write_id or (
         (plan.producer or (messages[0].producer if messages else None)) if batch_id is not None else None
@@ -254,12 +260,12 @@ def _commit_batch(
             what = f"batch {batch_id} of producer {producer}" if batch_id is not None else "batch write"
             _report(f"{where}: {what} committed {rows} messages at version {version}")
     if plan.cluster is not None and messages:
-        routing.record_routing(
-            plan.cluster, plan.queue, producer or messages[0].producer, batch_id, [m.routing for m in messages]
-        )
+        routed_by = producer or messages[0].producer
+        assert routed_by is not None, "a routed put's tasks name their producer (write_partition)"
+        routing.record_routing(plan.cluster, plan.queue, routed_by, batch_id, [m.routing for m in messages])
 
 
-def abort_batch(plan: SinkPlan, messages: list[PutCommitMessage | None]) -> None:
+def abort_batch(plan: SinkPlan, messages: Sequence[PutCommitMessage | None]) -> None:
     """Delete the files of a failed batch; nothing of it was committed."""
     for message in messages:
         if message is not None:
@@ -286,11 +292,11 @@ class QueueWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PutCommitMessage:
         return write_partition(self.plan, iterator)
 
-    def commit(self, messages: list[PutCommitMessage | None]) -> None:
-        commit_batch(self.plan, messages, None)
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_batch(self.plan, commit_messages(messages, PutCommitMessage), None)
 
-    def abort(self, messages: list[PutCommitMessage | None]) -> None:
-        abort_batch(self.plan, messages)
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort_batch(self.plan, commit_messages(messages, PutCommitMessage))
 
 
 class QueueStreamWriter(DataSourceStreamArrowWriter):
@@ -302,8 +308,8 @@ class QueueStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PutCommitMessage:
         return write_partition(self.plan, iterator)
 
-    def commit(self, messages: list[PutCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
-        commit_batch(self.plan, messages, batchId)
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+        commit_batch(self.plan, commit_messages(messages, PutCommitMessage), batchId)
 
-    def abort(self, messages: list[PutCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        abort_batch(self.plan, messages)
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        abort_batch(self.plan, commit_messages(messages, PutCommitMessage))

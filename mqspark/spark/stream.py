@@ -264,6 +264,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # Executor
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, QueuePartition), "Spark hands read() a partition of partitions()"
         table = self._reconnecting("read", partition.messages, planner=False)
         yield from table.to_batches(max_chunksize=batch_rows(table))
 

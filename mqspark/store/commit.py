@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -25,9 +26,8 @@ def commit_files(
     files: list[DataFile],
     schema: pa.Schema,
     *,
-    app_id: str | None = None,
-    app_version: int | None = None,
-    metadata: dict[str, str] | None = None,
+    transaction: tuple[str, int] | None = None,
+    metadata: dict[str, Any] | None = None,
     removed: Iterable[str] = (),
 ) -> int:
     """Append ``files`` (and remove the live files at paths ``removed``) in one commit at exactly the
@@ -35,9 +35,11 @@ def commit_files(
 
     No automatic retry: the caller's checks were made against ``table``'s version, so a concurrent
     commit raises ``CommitFailedError`` and the caller re-reads, re-checks and tries again.
-    ``app_id``/``app_version`` record a Delta ``txn`` so a replayed transaction can be recognised.
+    ``metadata`` (JSON values) is added to the commit's ``commitInfo``. ``transaction`` (an app id
+    and its version) records a Delta ``txn`` so a replayed transaction
+    can be recognised.
     """
-    transactions = [Transaction(app_id, app_version)] if app_id is not None else None
+    transactions = [Transaction(*transaction)] if transaction is not None else None
     now = int(time.time() * 1000)
     removals = [RemoveAction(path, True, now) for path in removed]
     version = table.version() + 1
