@@ -171,7 +171,7 @@ def _depth(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = _depths(QueueManager.open(args.root), args.queue)
     if args.json:
         return rows
-    hidden = set()
+    hidden: set[str] = set()
     if not any(row["consumer"] for row in rows):
         hidden.update(_HEALTH_KEYS)
     if not any(row["backout_queue"] or row["error_queue"] or row["dead_letters"] for row in rows):
@@ -297,7 +297,7 @@ def _planned(
         else:
             planned[queue] = QueueDefinition.build(queue, **attributes)
     for definition in planned.values():
-        target = planned.get(definition.target_queue) if definition.type == "alias" else definition
+        target = planned.get(definition.alias_target) if definition.type == "alias" else definition
         if target is None or target.type != "local":
             raise MQError(
                 f"{path}: queue {definition.name}: target_queue {definition.target_queue} is not a local queue"
