@@ -1,2 +1,2 @@
-"""Clusters (spec section 7): the repository of members, advertised queues and bindings, and the
-workload routing algorithm."""
+"""Clusters (spec section 7): the repository of members, advertised queues and bindings
+(``repository``, with its ``records``), and the workload routing decision (``routing``)."""

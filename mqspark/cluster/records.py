@@ -8,16 +8,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP
-
-if TYPE_CHECKING:
-    pass
 
 ROUTE_STATES = ("running", "stopped", "retrying", "unavailable")
 

@@ -1,4 +1,6 @@
 """Cluster repositories (spec section 7): which queue managers form a cluster and which queues they advertise.
+The records themselves are in :mod:`mqspark.cluster.records`; :class:`Cluster`, the operations on one
+repository table, is the rest (about 500 lines, one concept).
 
 A repository is one small Delta table at ``<cluster root>/_cluster``. Every row has a ``kind``:
 

@@ -1,4 +1,5 @@
 """The engine: queue semantics without Spark and without the facade. The queues of a queue manager
-(``queues``, ``catalog``), consumer groups and their leases (``consumer_groups``, ``leases``), order
-(``ordering``), the planner and its index (``planner``, ``pending``), the Python get (``get``), depth
-(``depth``), failed messages (``backout``) and maintenance (``maintenance``)."""
+(``queues``, ``catalog``), consumer groups and their leases (``consumer_groups``, ``state_rows``,
+``leases``), order (``ordering``), planning (``planner``, ``plans``, ``pending``), the Python get
+(``get``), depth (``depth``), failed messages (``backout``, ``redrive``) and maintenance
+(``maintenance``)."""

@@ -39,7 +39,6 @@ _STRING_FIELDS = (
 )
 _BOOLEAN_FIELDS = ("last_in_group", "segmented", "last_segment", "top_of_queue")
 _TIME_FIELDS = ("expiry", "available_at")
-_INTEGER_FIELDS = ("priority", "msg_seq_number", "offset", "backout_count")
 
 
 def rows_to_table(queue: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:

@@ -1,18 +1,28 @@
-"""The OpenTP1 backlog judge (spec section 6), pure: from a sequence of exact backlog points it
-says when a queue's backlog is a problem (warn, or abort the reader), holding no clock and no
-storage, so it is tested point by point. :class:`~mqspark.services.monitor.Monitor` feeds it.
+"""The OpenTP1 backlog judge (spec section 6): the watch/judge rules.
+
+`BacklogJudge` is the pure part of backlog monitoring: it is given one judgement point at a time
+(the backlog now, and how many messages of the previous point's backlog still wait) and says whether
+the consumer keeps up. It holds no clock and reads no table, so it can be checked point by point against the
+spec's rules.
+
+- **Depth watching**: a point only compares the backlog with ``watch_count``. At or above it, the
+  judge switches to capacity judging, with no judgement at that switch.
+- **Capacity judging**: a point whose backlog fell below ``watch_count`` returns to watching.
+  Otherwise it judges with A (processed: the previous point's backlog minus what of it still
+  waits), B (``expected_count``) and C (the previous point's backlog): the consumer keeps up when
+  A >= B or A >= C. When it does not, the verdict is ``warn`` (abort=no, judging goes on) or
+  ``abort`` (abort=yes: the consuming stream is to be stopped).
+
+:class:`~mqspark.services.monitor.Monitor` feeds it.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mqspark.errors import MQValidationError
-
-if TYPE_CHECKING:
-    pass
 
 
 class MonitorState(StrEnum):

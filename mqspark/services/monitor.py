@@ -1,17 +1,7 @@
-"""Backlog monitoring (spec section 6): the OpenTP1 watch/judge rules.
-
-:class:`BacklogJudge` is the pure part: it is given one judgement point at a time (the backlog now,
-and how many messages of the previous point's backlog still wait) and says whether the consumer
-keeps up. It holds no clock and reads no table, so it can be checked point by point against the
-spec's rules.
-
-- **Depth watching**: a point only compares the backlog with ``watch_count``. At or above it, the
-  judge switches to capacity judging, with no judgement at that switch.
-- **Capacity judging**: a point whose backlog fell below ``watch_count`` returns to watching.
-  Otherwise it judges with A (processed: the previous point's backlog minus what of it still
-  waits), B (``expected_count``) and C (the previous point's backlog): the consumer keeps up when
-  A >= B or A >= C. When it does not, the verdict is ``warn`` (abort=no, judging goes on) or
-  ``abort`` (abort=yes: the consuming stream is to be stopped).
+"""Backlog monitoring (spec section 6): the monitor of a queue and consumer group, its points, the
+group's health, MQ's events and the history table. The OpenTP1 rules themselves are
+:class:`~mqspark.services.backlog_judge.BacklogJudge`. The module is over 500 lines because
+:class:`Monitor` is one concept (a point, its measures and what it records) that reads best whole.
 
 :class:`Monitor` runs the judge against a queue and consumer group, one point per
 ``watch_interval``. A point is exact: the backlog is the group's waiting messages (as ``depth``
