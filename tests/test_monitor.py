@@ -236,12 +236,18 @@ def test_depth_high_low_and_service_interval_events(qm):
     qm.define_queue("Q", max_depth=10)
     monitor = _monitor(qm, history=False, depth_high=80, depth_low=20, service_interval=0.05)
     _put(qm, 8)
-    assert monitor.point().events == ("MQRC_Q_DEPTH_HIGH (2224)",)
-    time.sleep(0.1)
-    assert monitor.point().events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
+    # The points carry their own times, so a slow machine cannot stretch the idle time between them.
+    start = datetime.now(UTC)
+    assert monitor.point(now=start).events == ("MQRC_Q_DEPTH_HIGH (2224)",)
+    assert monitor.point(now=start + timedelta(seconds=0.04)).events == ()
+    assert monitor.point(now=start + timedelta(seconds=0.1)).events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
     qm.get("Q", "G", max_messages=6)
-    assert monitor.point().events == ("MQRC_Q_DEPTH_LOW (2225)", "MQRC_Q_SERVICE_INTERVAL_OK (2227)")
-    assert monitor.point().events == ()
+    assert monitor.point(now=start + timedelta(seconds=0.2)).events == (
+        "MQRC_Q_DEPTH_LOW (2225)",
+        "MQRC_Q_SERVICE_INTERVAL_OK (2227)",
+    )
+    assert monitor.point(now=start + timedelta(seconds=0.24)).events == ()
+    assert monitor.point(now=start + timedelta(seconds=0.3)).events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
 
 
 def test_failed_messages_waiting_on_the_backout_and_dead_letter_queues_are_reported(qm):
