@@ -54,3 +54,39 @@ def test_a_state_table_deleted_right_after_it_was_created_refuses_the_append(qm:
     with pytest.raises(MQError, match="queue Q: its state table was deleted") as refused:
         state.append(event_rows("g", "", "declare"))
     assert refused.value.reason == Reason.MQRC_Q_DELETED
+
+
+LEASE = timedelta(seconds=30)
+
+
+def test_a_lease_stamped_before_a_release_that_committed_first_still_holds(qm: QueueManager) -> None:
+    # A reader's lease record is made before it commits; another reader's release may commit in
+    # between. Were the lease kept at its older time, the release would look newest and a third
+    # reader would take the group too.
+    qm.define_queue("Q")
+    state = ConsumerState(qm.root, "Q")
+    state.acquire("g", "get:a", LEASE)
+    early = event_rows("g", "get:b", "lease")
+    state.release("g", "get:a")
+    state.append(early)
+    holder = state.lease("g", LEASE)
+    assert holder is not None and holder.owner == "get:b"
+    with pytest.raises(MQError, match="is being read by a Python get \\(owner get:b\\)") as refused:
+        ConsumerState(qm.root, "Q").acquire("g", "get:c", LEASE)
+    assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
+
+
+def test_a_released_lease_is_not_renewed_and_a_release_by_another_owner_changes_nothing(qm: QueueManager) -> None:
+    qm.define_queue("Q")
+    state = ConsumerState(qm.root, "Q")
+    state.acquire("g", "get:a", LEASE)
+    state.release("g", "get:b")
+    assert state.lease("g", LEASE).owner == "get:a"
+    state.release("g", "get:a")
+    with pytest.raises(MQError, match="consumer group 'g' was released by get:a") as refused:
+        state.renew("g", "get:a", LEASE)
+    assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
+    assert state.lease("g", LEASE) is None
+    state.acquire("g", "get:b", LEASE)
+    with pytest.raises(MQError, match="consumer group 'g' was taken over by get:b"):
+        state.renew("g", "get:a", LEASE)

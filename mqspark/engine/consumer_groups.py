@@ -66,6 +66,18 @@ STATE_TABLE_CONFIGURATION = {
 # Compaction runs when the table has grown this many versions since the last one.
 COMPACT_EVERY = 100
 _ATTEMPTS = 100
+# The events that say who holds a group's lease: the newest of them by time.
+LEASE_EVENTS = ("lease", "release")
+# Long enough that a lease record never expires: whether it is the newest is what counts.
+_FOREVER = timedelta(days=3650)
+
+
+class _OutOfOrder(MQError):
+    """A lease record would commit with a time older than one committed since it was stamped."""
+
+
+class _NotHeld(MQError):
+    """A release of a lease its owner no longer holds."""
 
 
 @dataclass(frozen=True)
@@ -127,11 +139,13 @@ class ConsumerState:
         """Answer the questions asked inside from one look at the table, taken again after this
         instance's own commits: a planning step asks several questions of the same version, and each
         look lists the table's log."""
-        self._pinned, self._current = True, False
+        outer = self._pinned
+        self._pinned, self._current = True, self._current and outer
         try:
             yield
         finally:
-            self._pinned = self._current = False
+            self._pinned = outer
+            self._current = self._current and outer
 
     def _table_or_create(self) -> DeltaTable:
         table = self.table()
@@ -311,16 +325,35 @@ class ConsumerState:
         self._commit(rows.cast(STATE_SCHEMA), check=None)
 
     def _commit(self, rows: pa.Table, check: Callable[[], None] | None) -> None:
+        """Append ``rows`` once ``check`` passes, at exactly the version it was checked against.
+        Lease and release records are stamped later than every such record of their groups in the
+        table, so the newest by time is the last committed (see :meth:`_stamped`)."""
+        for _ in range(_ATTEMPTS):
+            try:
+                self._commit_stamped(rows, check)
+                return
+            except _OutOfOrder:
+                continue
+        raise MQError(f"queue {self.queue}: state commit gave up after {_ATTEMPTS} conflicts", Reason.MQRC_BACKED_OUT)
+
+    def _commit_stamped(self, rows: pa.Table, check: Callable[[], None] | None) -> None:
         self._table_or_create()
+        rows, stamp = self._stamped(rows)
         file = store.write_data_file(self.location, rows.to_batches(), STATE_SCHEMA)
         if file is None:
             return
+        consumers = pc.unique(rows["consumer"])
 
         def prepare(attempt: int) -> Callable[[], int]:
             self._current = False
-            table = self._table_or_create()
-            if check is not None:
-                check()
+            # The checks and the commit see one version: a look in between would move the table on.
+            with self.pinned():
+                table = self._table_or_create()
+                if check is not None:
+                    check()
+                if stamp is not None and self._newest_lease_record(consumers) >= stamp:
+                    # A lease record committed after this one was stamped: stamp it again.
+                    raise _OutOfOrder(f"queue {self.queue}: a lease record was stamped out of order")
             return lambda: store.commit_files(table, [file], STATE_SCHEMA)
 
         version = store.commit_until_landed(
@@ -335,6 +368,29 @@ class ConsumerState:
             # A compaction that lost to a concurrent commit (a lease renewal) is tried again at this
             # instance's next commit, not a hundred versions later.
             self._compaction_due = not self.compact()
+
+    def _stamped(self, rows: pa.Table) -> tuple[pa.Table, datetime | None]:
+        """``rows`` with their lease and release records stamped now, or just after the newest such
+        record of their groups when that is later (another process's clock may run ahead), and the
+        stamp; (rows, None) when they hold none.
+
+        A group's holder is its newest lease record by time, but a record is stamped before it
+        commits: a lease taken with a stamp older than a release committed meanwhile would look
+        released, and a second reader would take the group too."""
+        leases = pc.is_in(rows["event"], pa.array(LEASE_EVENTS))
+        if not pc.any(leases).as_py():
+            return rows, None
+        newest = self._newest_lease_record(pc.unique(rows["consumer"]))
+        stamp = max(datetime.now(UTC), newest + timedelta(microseconds=1))
+        at = pc.if_else(leases, pa.scalar(stamp, TIMESTAMP), rows["at"])
+        index = STATE_SCHEMA.get_field_index("at")
+        return rows.set_column(index, STATE_SCHEMA.field(index), at), stamp
+
+    def _newest_lease_record(self, consumers: pa.Array) -> datetime:
+        """The time of the newest lease or release record of any of ``consumers`` (the epoch: none)."""
+        rows = self.rows()
+        mine = pc.and_(pc.is_in(rows["consumer"], consumers), pc.is_in(rows["event"], pa.array(LEASE_EVENTS)))
+        return pc.max(rows["at"].filter(mine)).as_py() or datetime.fromtimestamp(0, UTC)
 
     def compact(self, live: pa.Array | None = None, seen_version: int = -1) -> bool:
         """Rewrite the table in its compact form (see :func:`compact_rows`) in one commit at exactly the
@@ -386,7 +442,7 @@ class ConsumerState:
     def lease(self, consumer: str, timeout: timedelta, now: datetime | None = None) -> Lease | None:
         """The live lease of the group: the owner of the newest lease record, unless that record is
         a release or older than ``timeout`` (leases are renewed by new records, see :class:`Heartbeat`)."""
-        rows = self.events(consumer, ("lease", "release"), ["owner", "event", "at"])
+        rows = self.events(consumer, LEASE_EVENTS, ["owner", "event", "at"])
         if rows.num_rows == 0:
             return None
         latest = rows.take(pc.sort_indices(rows, [("at", "descending")]))
@@ -434,16 +490,23 @@ class ConsumerState:
     def renew(self, consumer: str, owner: str, timeout: timedelta) -> None:
         """Renew ``owner``'s lease of the group; refused (2042) once another owner holds it. The check
         and the renewal commit at exactly the next version, so a reader that was paused past its
-        timeout cannot renew over a reader that took the group over meanwhile."""
+        timeout cannot renew over a reader that took the group over meanwhile, nor renew a lease it
+        released (its heartbeat may be late)."""
 
-        self.append_holding(consumer, owner, event_rows(consumer, owner, "lease"))
+        def check() -> None:
+            holder = self.lease(consumer, _FOREVER)
+            if holder is None or holder.owner != owner:
+                taken = f"was taken over by {holder.owner}" if holder is not None else f"was released by {owner}"
+                raise MQError(f"queue {self.queue}: consumer group {consumer!r} {taken}", Reason.MQRC_OBJECT_IN_USE)
+
+        self._commit(event_rows(consumer, owner, "lease"), check)
 
     def append_holding(self, consumer: str, owner: str, rows: pa.Table) -> None:
         """Append ``rows`` as :meth:`append` does, unless another owner has taken the group's lease
         from ``owner`` (2042); the check and the rows commit at exactly the next version."""
 
         def check() -> None:
-            holder = self.lease(consumer, timedelta(days=3650))
+            holder = self.lease(consumer, _FOREVER)
             if holder is not None and holder.owner != owner:
                 raise MQError(
                     f"queue {self.queue}: consumer group {consumer!r} was taken over by {holder.owner}",
@@ -453,6 +516,17 @@ class ConsumerState:
         self._commit(rows.cast(STATE_SCHEMA), check)
 
     def release(self, consumer: str, owner: str) -> None:
-        holder = self.lease(consumer, timedelta(days=3650))
+        """Release ``owner``'s lease of the group; nothing when another owner holds it (the check and
+        the release commit at exactly the next version)."""
+
+        def check() -> None:
+            holder = self.lease(consumer, _FOREVER)
+            if holder is None or holder.owner != owner:
+                raise _NotHeld(f"queue {self.queue}: consumer group {consumer!r} is not held by {owner}")
+
+        holder = self.lease(consumer, _FOREVER)
         if holder is not None and holder.owner == owner:
-            self.append(event_rows(consumer, owner, "release"))
+            try:
+                self._commit(event_rows(consumer, owner, "release"), check)
+            except _NotHeld:
+                pass

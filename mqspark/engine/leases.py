@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from mqspark import store
-from mqspark.errors import MQError
+from mqspark.errors import MQError, Reason
 
 if TYPE_CHECKING:
     from mqspark.engine.consumer_groups import ConsumerState
@@ -27,10 +27,11 @@ GET_OWNER = "get:"
 LEASE_POLL = 0.05
 
 
-class HeldByGet(Exception):
+class HeldByGet(MQError):
     """A Python get holds the lease: it ends in a moment, so the reader waits rather than fails."""
 
     def __init__(self, holder: Lease) -> None:
+        super().__init__(f"held by the Python get {holder.owner}", Reason.MQRC_OBJECT_IN_USE)
         self.holder = holder
 
 
@@ -59,7 +60,11 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the renewals, waiting for one in flight: a renewal landing after the lease's release
+        would be refused, but one landing before it must not be mistaken for a later hold."""
         self._stopped.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self.timeout.total_seconds())
 
     def _run(self) -> None:
         interval = self.timeout.total_seconds() / 3
