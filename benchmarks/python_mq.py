@@ -1,0 +1,122 @@
+"""The Python put and get one message at a time, as applications outside Spark use them, against the
+storage's own limit: a one-row ``write_deltalake`` append from the same number of processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from mqspark import MQError, QueueManager
+from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.model.put import prepare_put
+
+
+def run(messages: int = 300, processes: int = 4) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
+    try:
+        return _measure(root, messages, processes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(root: Path, messages: int, processes: int) -> dict:
+    qm = QueueManager.create(root / "qm", "BENCH")
+    qm.define_queue("Q")
+    rows = prepare_put(qm.inquire_queue("Q"), pa.table({"payload": [b"x" * 100]})).messages
+    DeltaTable.create(str(root / "native"), schema=MESSAGE_SCHEMA)
+
+    append_one = _in_processes(_append, str(root / "native"), messages, 1, rows)
+    append_many = _in_processes(_append, str(root / "native"), messages, processes, rows)
+    put_one = _in_processes(_put, str(root / "qm"), messages, 1)
+    get_one = _in_processes(_get, str(root / "qm"), messages, 1)
+    put_many = _in_processes(_put, str(root / "qm"), messages, processes)
+    get_many = _in_processes(_get, str(root / "qm"), messages, processes)
+    delivered = sorted(get_many["delivered"])
+    return {
+        "benchmark": "python_mq",
+        "messages": messages,
+        "processes": processes,
+        "anchor_append_per_s": append_one["rate"],
+        "anchor_append_p50_ms": append_one["p50_ms"],
+        f"anchor_append_{processes}_processes_per_s": append_many["rate"],
+        "put_per_s": put_one["rate"],
+        "put_p50_ms": put_one["p50_ms"],
+        "put_ratio_to_append": round(put_one["rate"] / append_one["rate"], 3),
+        f"put_{processes}_processes_per_s": put_many["rate"],
+        f"put_{processes}_processes_ratio_to_append": round(put_many["rate"] / append_many["rate"], 3),
+        "get_per_s": get_one["rate"],
+        "get_p50_ms": get_one["p50_ms"],
+        "get_ratio_to_append": round(get_one["rate"] / append_one["rate"], 3),
+        f"get_{processes}_processes_per_s": get_many["rate"],
+        f"get_{processes}_processes_ratio_to_one": round(get_many["rate"] / get_one["rate"], 3),
+        f"get_{processes}_processes_refused": len(get_many["refused"]),
+        "refusals": sorted(set(get_one["refused"] + get_many["refused"]))[:3],
+        f"get_{processes}_processes_duplicates": len(delivered) - len(set(delivered)),
+        f"get_{processes}_processes_missing": messages - len(set(delivered)),
+    }
+
+
+def _in_processes(work, root: str, messages: int, processes: int, *args) -> dict:
+    """Run ``work(root, count, *args)`` in ``processes`` spawned processes sharing ``messages``, and
+    merge what they return: the rate in all, the median latency, the refusals and deliveries."""
+    context = multiprocessing.get_context("spawn")  # deltalake in a forked child panics
+    counts = [messages // processes + (n < messages % processes) for n in range(processes)]
+    with context.Pool(processes) as pool:
+        results = pool.starmap(work, [(root, count, *args) for count in counts])
+    # From the first call's start to the last call's end, leaving out the processes' start.
+    elapsed = max(result["end"] for result in results) - min(result["start"] for result in results)
+    latencies = [latency for result in results for latency in result["latencies"]]
+    return {
+        "rate": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "refused": [reason for result in results for reason in result["refused"]],
+        "delivered": [payload for result in results for payload in result["delivered"]],
+    }
+
+
+def _append(root: str, count: int, rows: pa.Table) -> dict:
+    table = DeltaTable(root)
+    latencies, begun = [], time.time()
+    for _ in range(count):
+        start = time.perf_counter()
+        write_deltalake(table, rows, mode="append")
+        latencies.append(time.perf_counter() - start)
+    return {"latencies": latencies, "refused": [], "delivered": [], "start": begun, "end": time.time()}
+
+
+def _put(root: str, count: int) -> dict:
+    qm = QueueManager.open(root)
+    latencies, begun = [], time.time()
+    for n in range(count):
+        start = time.perf_counter()
+        qm.put("Q", [{"payload": f"{os.getpid()}-{n}".encode()}])
+        latencies.append(time.perf_counter() - start)
+    return {"latencies": latencies, "refused": [], "delivered": [], "start": begun, "end": time.time()}
+
+
+def _get(root: str, count: int) -> dict:
+    """Single gets until this process has had ``count`` messages or the group has none left."""
+    qm = QueueManager.open(root)
+    latencies, delivered, refused, begun = [], [], [], time.time()
+    while len(delivered) < count:
+        start = time.perf_counter()
+        try:
+            got = qm.get("Q", consumer="bench", max_messages=1)
+        except MQError as error:
+            refused.append(str(error))
+            continue
+        if got.num_rows == 0:
+            if qm.depth("Q", "bench") == 0:
+                break
+            continue
+        latencies.append(time.perf_counter() - start)
+        delivered.extend(got["payload"].to_pylist())
+    return {"latencies": latencies, "refused": refused, "delivered": delivered, "start": begun, "end": time.time()}
