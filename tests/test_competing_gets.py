@@ -11,9 +11,9 @@ import pytest
 from mqspark import MQError, QueueManager
 from mqspark.engine.consumer_groups import ConsumerState
 
-MESSAGES = 150
+MESSAGES = 100
 GETTERS = 4
-RUNS = 3
+RUNS = 2
 
 
 def _getter(root: str, number: int, out: str) -> None:

@@ -188,3 +188,17 @@ def test_a_get_killed_inside_its_syncpoint_gives_its_message_back_counted_as_a_f
     assert _payloads(got) == ["first"]
     assert got["backout_count"].to_pylist() == [1]
     assert _payloads(qm.get("Q")) == ["second"]
+
+
+def test_a_get_after_its_group_was_deleted_or_its_queue_made_again_sees_them_afresh(qm):
+    # Gets of a process keep the group's pending index between calls; it must not outlive the group.
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"m1"}, {"payload": b"m2"}])
+    assert qm.get("Q", "G")["payload"].to_pylist() == [b"m1"]
+    qm.delete_consumer("Q", "G")
+    assert qm.get("Q", "G", max_messages=5)["payload"].to_pylist() == [b"m1", b"m2"]
+    qm.delete_queue("Q", purge=True)
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"n1"}])
+    assert qm.get("Q", "G", max_messages=5)["payload"].to_pylist() == [b"n1"]
+    assert qm.get("Q", "G")["payload"].to_pylist() == []

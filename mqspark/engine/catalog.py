@@ -104,6 +104,8 @@ class Catalog:
         self.location = store.catalog_location(root)
         self.storage_options = storage_options
         store.remember(root, storage_options)
+        # The catalog last read: its table id and version, and what it holds.
+        self._read: tuple[tuple[str, int], CatalogState] | None = None
 
     def create(self, qmgr: QueueManagerDefinition, queues: list[QueueDefinition]) -> None:
         table = store.create_table(self.location, CATALOG_SCHEMA, self.storage_options)
@@ -118,7 +120,11 @@ class Catalog:
             raise MQError(f"no queue manager at {self.root}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
         # The table's id is a UUID string (deltalake's annotation says int, which it is not): str() keeps it as is.
         qmid = str(table.metadata().id)
-        return table, _from_rows(table.version(), pa.table(table.to_pyarrow_table()), qmid)
+        # Every put and get reads the catalog: the rows are read and parsed again only once it changed.
+        key = (qmid, table.version())
+        if self._read is None or self._read[0] != key:
+            self._read = key, _from_rows(table.version(), pa.table(table.to_pyarrow_table()), qmid)
+        return table, self._read[1]
 
     def change(self, apply: Callable[[CatalogState], dict[str, QueueDefinition]]) -> CatalogState:
         """Commit ``apply(state)`` (the new set of queues) against the state it was computed from.

@@ -111,6 +111,9 @@ class ConsumerState:
         self._rows_version = -1
         self._pinned = self._current = False
         self._compaction_due = False
+        # How many times rows seen before went (a compaction, a group deleted) or the table was
+        # opened anew (deleted and created again): what was derived from them may be out of date.
+        self.rewrites = 0
 
     def reopened(self) -> ConsumerState:
         """The same state table with a handle of its own: a DeltaTable is not shared between threads."""
@@ -123,11 +126,16 @@ class ConsumerState:
             if self._pinned and self._current:
                 return self._table
             try:
+                seen = self._table.version()
                 self._table.update_incremental()
-                self._current = self._pinned
-                return self._table
-            except Exception:
-                self._table = None  # deleted with its queue, or recreated
+                # A table deleted with its queue may have no newer entry, and no error says so.
+                if self._table.version() > seen or store.version_exists(self.location, seen):
+                    self._current = self._pinned
+                    return self._table
+            except Exception:  # noqa: BLE001 - deleted with its queue, or recreated: open it afresh
+                pass
+            self._table = None
+            self.rewrites += 1
         self._table = store.open_table(self.location, self.storage_options)
         self._current = self._pinned and self._table is not None
         # A table opened anew may be a new table at a version the rows were kept for.
@@ -182,6 +190,8 @@ class ConsumerState:
                 files[path] = (
                     known if known is not None else store.read_data_file(self.location, path).cast(STATE_SCHEMA)
                 )
+            if not self._files.keys() <= files.keys():
+                self.rewrites += 1
             self._files = files
             self._rows = (
                 pa.concat_tables(list(files.values())).combine_chunks() if files else STATE_SCHEMA.empty_table()
@@ -330,7 +340,10 @@ class ConsumerState:
         table, so the newest by time is the last committed (see :meth:`_stamped`)."""
         for _ in range(_ATTEMPTS):
             try:
-                self._commit_stamped(rows, check)
+                # One look for the stamp and the first check: were it stale, the commit at the version
+                # after it fails, and the next attempt looks again.
+                with self.pinned():
+                    self._commit_stamped(rows, check)
                 return
             except _OutOfOrder:
                 continue
@@ -345,7 +358,8 @@ class ConsumerState:
         consumers = pc.unique(rows["consumer"])
 
         def prepare(attempt: int) -> Callable[[], int]:
-            self._current = False
+            if attempt:
+                self._current = False
             # The checks and the commit see one version: a look in between would move the table on.
             with self.pinned():
                 table = self._table_or_create()

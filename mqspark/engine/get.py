@@ -27,8 +27,10 @@ and renewed for the whole block, so a streaming query of the group waits for it.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,8 +39,10 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 
 from mqspark.engine.backout import failure_rows, plan_messages
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT, GET_OWNER
 from mqspark.engine.ordering import DeliveryOptions
+from mqspark.engine.pending import PendingMessages
 from mqspark.engine.planner import Planner
 from mqspark.engine.queues import Queues
 from mqspark.engine.state_rows import consumed_rows, event_rows
@@ -50,6 +54,41 @@ from mqspark.model.messages import BROWSE_SCHEMA
 GET_PATIENCE = timedelta(seconds=10)
 # How often a waiting get looks for new messages (it plans only when the queue table changed).
 _POLL = 0.05
+# The consumer groups whose state handle and pending index a thread keeps between its gets.
+_KEPT_GROUPS = 16
+
+
+class _Kept:
+    """What a thread's gets of one consumer group keep between calls: a handle on the queue's state
+    table, read incrementally, and the pending index of the last get, brought up to date by the next
+    (see :meth:`Planner.adopt`) unless the state table was rewritten since."""
+
+    def __init__(self) -> None:
+        self.state: ConsumerState | None = None
+        self.pending: PendingMessages | None = None
+        self.rewrites = 0
+
+    def keep(self, planner: Planner) -> None:
+        self.state, self.pending, self.rewrites = planner.state, planner.loaded, planner.state.rewrites
+
+    def offer(self, planner: Planner) -> None:
+        """Give ``planner`` the kept index when it still holds for the group."""
+        if self.pending is not None and planner.state is self.state and planner.state.rewrites == self.rewrites:
+            planner.adopt(self.pending)
+        self.pending = None  # the planner changes it: kept again only once the get is through
+
+
+_threads = threading.local()
+
+
+def _kept(qm: Queues, queue: str, consumer: str) -> _Kept:
+    groups: OrderedDict[tuple[str, str, str], _Kept] = _threads.__dict__.setdefault("groups", OrderedDict())
+    key = (qm.root, queue, consumer)
+    kept = groups.pop(key, None) or _Kept()
+    groups[key] = kept
+    while len(groups) > _KEPT_GROUPS:
+        groups.popitem(last=False)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -156,6 +195,7 @@ def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
         version = qm.queue_version(queue)
         if version != seen or (due is not None and datetime.now(UTC) >= due):
             seen = version
+            kept = _kept(qm, queue, consumer)
             planner = Planner(
                 qm,
                 queue,
@@ -164,12 +204,18 @@ def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
                 DeliveryOptions(),
                 DEFAULT_LEASE_TIMEOUT,
                 patience=patience,
+                state=kept.state,
             )
             try:
-                planned = _plan(planner, max_messages, match)
+                # One look at the state table answers the planning step's questions, taken again after
+                # each of its commits: the get holds the group's lease meanwhile.
+                with planner.state.pinned():
+                    kept.offer(planner)
+                    planned = _plan(planner, max_messages, match)
             except BaseException:
                 planner.close()
                 raise
+            kept.keep(planner)
             if planned is not None:
                 return planned
             due = planner.next_due

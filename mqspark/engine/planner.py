@@ -116,7 +116,9 @@ class Planner:
         *,
         exact_lengths: bool = False,
         patience: timedelta = timedelta(0),
+        state: ConsumerState | None = None,
     ) -> None:
+        """``state``: a handle on the queue's state table to use (one per thread), else one of its own."""
         definition = qm.resolve_for_get(queue)
         self.qm = qm
         self.queue = definition.name
@@ -125,7 +127,9 @@ class Planner:
         self.delivery_sequence = definition.delivery_sequence
         self.exact_lengths = exact_lengths
         self.location = store.queue_location(qm.root, self.queue)
-        self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        if state is None or state.queue != self.queue or state.root != qm.root:
+            state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self.state = state
         self.owner = owner
         self.started = datetime.now(UTC)
         self.state.acquire(consumer, owner, lease_timeout, patience)
@@ -156,6 +160,11 @@ class Planner:
             raise RuntimeError(
                 f"queue {self.queue}: consumer group {self.consumer!r}: the pending messages are not loaded"
             )
+        return self._pending
+
+    @property
+    def loaded(self) -> PendingMessages | None:
+        """The pending index, None before it is loaded."""
         return self._pending
 
     def close(self) -> None:
@@ -238,6 +247,13 @@ class Planner:
             )
             self.unrecorded.append(failure_rows(self.consumer, self.owner, "return", plan_id, identities, HELD_BEHIND))
         return np.concatenate([failed, given_up, planned_keys[held]])
+
+    def adopt(self, pending: PendingMessages) -> None:
+        """Plan on ``pending``, an index of this group that an earlier reader of the same process
+        built: brought up to date with the queue's new commits and with what the group consumed since."""
+        self._pending = pending
+        self.catch_up()
+        self.pending.mark_consumed(self.pending.range_keys(self.state.consumed_ranges(self.consumer)))
 
     def load(self) -> None:
         """Build the pending index from the table's snapshot, without what the group consumed."""
