@@ -18,6 +18,9 @@ it plans, reads and records (owner ``get:<id>``); while it waits for messages, i
 
 Plans of gets and of queries are numbered in one sequence: a query goes on after the gets' plans.
 
+A thread keeps, per consumer group, its handle on the state table and the pending index of its last
+get (:class:`_Kept`): the next get brings the index up to date instead of reading the whole queue.
+
 **Syncpoint** (:func:`syncpoint_get`): the messages are consumed only when the caller's block ends
 without an exception. When it raises, each message counts one failed delivery, with the exception's
 text as its error (see :mod:`mqspark.engine.backout`): it comes back after the queue's retry delay,
