@@ -60,11 +60,9 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the renewals, waiting for one in flight: a renewal landing after the lease's release
-        would be refused, but one landing before it must not be mistaken for a later hold."""
+        """End the renewals. One still in flight is refused once the lease is released (a renewal
+        needs its owner to hold the lease), so this does not wait for it: the store may be out of reach."""
         self._stopped.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(self.timeout.total_seconds())
 
     def _run(self) -> None:
         interval = self.timeout.total_seconds() / 3
