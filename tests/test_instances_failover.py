@@ -206,7 +206,7 @@ def _wait_until_drained(qm, instances: Instances, total: int, timeout: float = 2
 
 @pytest.mark.slow
 def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm, tmp_path, record_property):
-    kills = 5
+    kills = 3
     rng = random.Random(20261125)
     expected = _filled(qm, 20261125, groups=12, plain=40)
     instances = Instances(tmp_path, qm.root)
