@@ -365,7 +365,8 @@ class ConsumerState:
                 table = self._table_or_create()
                 if check is not None:
                     check()
-                if stamp is not None and self._newest_lease_record(consumers) >= stamp:
+                # The first attempt checks the look the stamp was taken from; a later one looks anew.
+                if attempt and stamp is not None and self._newest_lease_record(consumers) >= stamp:
                     # A lease record committed after this one was stamped: stamp it again.
                     raise _OutOfOrder(f"queue {self.queue}: a lease record was stamped out of order")
             return lambda: store.commit_files(table, [file], STATE_SCHEMA)
