@@ -21,7 +21,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from .support.processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process, wait_printed
 
 # Each forward job runs under spark-submit.
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers")]
 
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 # The services the jobs run, importable as module:function by the driver and Spark's Python workers.

@@ -29,7 +29,7 @@ from .support import reference_model
 from .support.processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
 
 # Every test runs consumers that are Spark drivers of their own (mqspark.session()).
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
 
 PRIORITIES = (0, 3, 5, 9)
 BATCH = 7
