@@ -1,5 +1,6 @@
 """Competing Python gets: several processes getting from one consumer group at once, as several
-MQGET applications serving one queue do. Every message is delivered once, none counts a failure."""
+MQGET applications serving one queue do. Every message is delivered once, none counts a failure,
+and each message group is delivered in logical order across the getters."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from mqspark import MQError, QueueManager
 from mqspark.engine.consumer_groups import ConsumerState
 
 MESSAGES = 100
+GROUPS = 5
+GROUP_SIZE = 4
 GETTERS = 4
 RUNS = 2
 
@@ -28,8 +31,8 @@ def _getter(root: str, number: int, out: str) -> None:
                 lines.write(f"refused {error}\n")
                 lines.flush()
                 continue
-            for payload in got["payload"].to_pylist():
-                lines.write(f"got {payload.decode()}\n")
+            for payload, seq in zip(got["payload"].to_pylist(), got["delivery_seq"].to_pylist(), strict=True):
+                lines.write(f"got {payload.decode()} {seq}\n")
             lines.flush()
             if got.num_rows == 0 and qm.depth("Q", "workers") == 0:
                 return
@@ -53,15 +56,23 @@ def test_competing_gets_deliver_every_message_once_and_fail_none(tmp_path, run):
     qm = QueueManager.create(tmp_path / "qm", "QM1")
     qm.define_queue("Q", backout_threshold=1)
     qm.put("Q", [{"payload": f"m{n}"} for n in range(MESSAGES)])
+    for group in range(GROUPS):
+        items = [
+            {"payload": f"g{group}-{i}", "group_id": f"G{group}", "msg_seq_number": i + 1} for i in range(GROUP_SIZE)
+        ]
+        items[-1]["last_in_group"] = True
+        qm.put("Q", items)
+    grouped = [f"g{group}-{item}" for group in range(GROUPS) for item in range(GROUP_SIZE)]
 
     lines = _run(tmp_path / "qm", tmp_path)
 
-    delivered = sorted(line.split()[1] for line in lines if line.startswith("got "))
-    assert delivered == sorted(f"m{n}" for n in range(MESSAGES))
-    # Gets of one group take turns on its lease; one that waited longer than its patience for its
-    # turn is refused (documented). Nothing else may refuse: "taken over" was two gets holding at once.
-    refused = [line for line in lines if line.startswith("refused ")]
-    assert [line for line in refused if "is being read by a Python get" not in line] == []
+    assert [line for line in lines if line.startswith("refused ")] == []
+    delivered = [line.split()[1:] for line in lines if line.startswith("got ")]
+    assert sorted(payload for payload, _ in delivered) == sorted([f"m{n}" for n in range(MESSAGES)] + grouped)
+    # A group goes to one get at a time: its items' delivery numbers follow the group's order.
+    for group in range(GROUPS):
+        items = sorted((int(seq), payload) for payload, seq in delivered if payload.startswith(f"g{group}-"))
+        assert [payload for _, payload in items] == [f"g{group}-{item}" for item in range(GROUP_SIZE)]
     assert qm.depth("Q", "workers") == 0
     assert qm.depth(qm.dead_letter_queue) == 0
     # A race between healthy getters is not a failed delivery: nothing backed out or rolled back.

@@ -65,14 +65,14 @@ def test_a_lease_stamped_before_a_release_that_committed_first_still_holds(qm: Q
     # reader would take the group too.
     qm.define_queue("Q")
     state = ConsumerState(qm.root, "Q")
-    state.acquire("g", "get:a", LEASE)
-    early = event_rows("g", "get:b", "lease")
-    state.release("g", "get:a")
+    state.acquire("g", "query-a", LEASE)
+    early = event_rows("g", "query-b", "lease")
+    state.release("g", "query-a")
     state.append(early)
     holder = state.lease("g", LEASE)
-    assert holder is not None and holder.owner == "get:b"
-    with pytest.raises(MQError, match="is being read by a Python get \\(owner get:b\\)") as refused:
-        ConsumerState(qm.root, "Q").acquire("g", "get:c", LEASE)
+    assert holder is not None and holder.owner == "query-b"
+    with pytest.raises(MQError, match="consumer group 'g' is already being read by a running query") as refused:
+        ConsumerState(qm.root, "Q").acquire("g", "query-c", LEASE)
     assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
 
 

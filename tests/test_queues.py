@@ -92,6 +92,7 @@ LOCAL_ALL_SET = QueueDefinition(
     retry_count=5,
     retry_delay=2.5,
     error_queue="ORDERS.ERRORS",
+    lock_duration=45.0,
     cluster=("C1", "C2"),
     description="incoming orders",
 )
@@ -346,6 +347,11 @@ BAD_ATTRIBUTES = [
         id="retry_delay-negative",
     ),
     pytest.param(
+        {"lock_duration": 0},
+        "attribute lock_duration must be a number of seconds > 0, got 0",
+        id="lock_duration-0",
+    ),
+    pytest.param(
         {"backout_queue": "../BO"},
         "backout_queue: name '../BO' must not be a path (no '..', no leading '/', not '.')",
         id="backout_queue-path",
@@ -359,7 +365,8 @@ BAD_ATTRIBUTES = [
         {"colour": "red"},
         "unknown attribute 'colour'; known attributes are type, target_queue, default_priority, "
         "delivery_sequence, put_inhibited, get_inhibited, max_depth, max_message_length, default_bind, "
-        "backout_threshold, backout_queue, retry_count, retry_delay, error_queue, cluster, description",
+        "backout_threshold, backout_queue, retry_count, retry_delay, error_queue, lock_duration, cluster, "
+        "description",
         id="unknown-attribute",
     ),
     pytest.param({"target_queue": "T"}, "target_queue 'T' is only for alias queues", id="target-on-local"),
@@ -379,6 +386,7 @@ ALTERABLE = {
     "default_priority-10",
     "put_inhibited-text",
     "max_depth-negative",
+    "lock_duration-0",
     "unknown-attribute",
     "target-on-local",
     "description-65",

@@ -211,7 +211,8 @@ def test_compaction_folds_consumed_plans_and_keeps_the_plan_in_flight(qm, new_re
     assert ConsumerState(qm.root, "Q").compact()
     assert _state_rows(qm) == [
         ("checkpoint", False, True, 0, 6, 2, 6),
-        ("lease", False, False, None, None, None, None),
+        # A lease record carries its holder's lease timeout, in milliseconds.
+        ("lease", False, False, None, 30_000, None, None),
         ("plan", True, True, 6, 3, 3, 6),
         ("plan", True, True, 6, 3, 3, 6),
     ]

@@ -67,7 +67,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.consumer_groups import ConsumerState, Stale
 from mqspark.engine.pending import lookup
 from mqspark.engine.state_rows import STATE_SCHEMA, event_rows
 from mqspark.errors import MQError, MQValidationError, Reason
@@ -84,6 +84,10 @@ if TYPE_CHECKING:
 FAILURE_EVENTS = ("backout", "rollback")
 # The error text of a rolled-back delivery (the batch failed and was replayed).
 ROLLED_BACK = "MQRC_BACKED_OUT (2003): the micro-batch that delivered it failed and was replayed"
+# The error text of a Python get's messages whose lock passed before the get ended (see :mod:`mqspark.engine.get`).
+LOCK_EXPIRED = "MQRC_BACKED_OUT (2003): the get that claimed it did not end within the queue's lock_duration"
+# The error text of messages a Python get gave back unprocessed (not a failure).
+RELEASED = "released: the get that claimed it gave it back unprocessed"
 # The error text of the messages of a plan given up after its replay failed too.
 GIVEN_UP = "returned in smaller batches: the micro-batch that delivered it failed again when replayed"
 # A plan given up is delivered again in batches of about 1/ISOLATE_FACTOR of its size.
@@ -362,7 +366,7 @@ class Transfer:
         }
         rows = pa.table({f.name: columns.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA})
         rows = rows.cast(STATE_SCHEMA)
-        self.state.append(rows)
+        self.state.append_if(rows, self._alone(target, committed))
         try:
             self._put(rows, pending)
         except MQError as refused:
@@ -372,6 +376,21 @@ class Transfer:
             self.state.append(event_rows(self.consumer, self.owner, "abandoned", plan_id=move_id))
             raise
         self.state.append(event_rows(self.consumer, self.owner, "consumed", plan_id=move_id))
+
+    def _alone(self, target: str, committed: int | None) -> Callable[[], None]:
+        """A check that no other move of the group was recorded since ``target``'s ``txn`` version was
+        read as ``committed``: moves of competing gets go one at a time, each with its own version,
+        and none moves a message another moved meanwhile (:class:`Stale` otherwise)."""
+        seen = self.state.events(self.consumer, ("move",), ["plan_id"]).num_rows
+
+        def check() -> None:
+            moves = self.state.events(self.consumer, ("move",), ["plan_id"]).num_rows
+            table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
+            now = table.transaction_version(self.app_id) if table is not None else None
+            if moves != seen or now != committed:
+                raise Stale(f"queue {self.queue}: consumer group {self.consumer!r} moved messages since")
+
+        return check
 
     def _put(self, move: pa.Table, pending: PendingMessages) -> None:
         """Put the copies a ``move`` record names on its target, once (the ``txn`` check)."""

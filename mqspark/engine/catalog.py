@@ -41,6 +41,7 @@ CATALOG_SCHEMA = pa.schema(
         pa.field("retry_count", pa.int64()),
         pa.field("retry_delay", pa.float64()),
         pa.field("error_queue", pa.string()),
+        pa.field("lock_duration", pa.float64()),
         pa.field("cluster", pa.list_(pa.string())),
         pa.field("description", pa.string()),
         pa.field("dead_letter_queue", pa.string()),
@@ -207,8 +208,9 @@ def _from_rows(version: int, table: pa.Table, qmid: str) -> CatalogState:
         elif row["object_type"] == "cluster":
             clusters[row["name"]] = row["repository"]
         else:
-            values = {name: row[name] for name in _QUEUE_FIELDS}
-            values["cluster"] = tuple(values["cluster"] or ())
+            # A catalog of an earlier mqspark lacks the newer attributes' columns: they take their defaults.
+            values = {name: row[name] for name in _QUEUE_FIELDS if row.get(name) is not None}
+            values["cluster"] = tuple(values.get("cluster") or ())
             queues[row["name"]] = QueueDefinition(**values)
             altered[row["name"]] = row["altered_at"]
     if qmgr is None:

@@ -52,8 +52,8 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
-from mqspark.engine.leases import GET_OWNER, LEASE_POLL, HeldByGet, Lease
-from mqspark.engine.state_rows import STATE_SCHEMA, compact_rows, consumed_of, event_rows, position_of
+from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT, GET_OWNER, LEASE_POLL, HeldByGet, Lease
+from mqspark.engine.state_rows import STATE_SCHEMA, claims_of, compact_rows, consumed_of, event_rows, position_of
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS
@@ -80,6 +80,23 @@ class _NotHeld(MQError):
     """A release of a lease its owner no longer holds."""
 
 
+class Stale(MQError):
+    """What a commit was decided on changed before it landed: decide again on a fresh look."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, Reason.MQRC_BACKED_OUT)
+
+
+@dataclass(frozen=True)
+class Claims:
+    """The Python gets' claims of a consumer group at one moment (see :meth:`ConsumerState.claims`):
+    the plan rows of those whose lock runs, with each one's ``expiry``, and the plans of those whose
+    lock has passed and whose messages no one has taken back yet."""
+
+    live: pa.Table
+    expired: dict[str, pa.Table]
+
+
 @dataclass(frozen=True)
 class GroupsSnapshot:
     """The counted consumer groups of a queue at one moment: each one's consumed messages, and the
@@ -88,6 +105,15 @@ class GroupsSnapshot:
     groups: list[str]
     consumed: dict[str, pa.Table]
     in_flight: pa.Table
+
+
+def _lease_row(consumer: str, owner: str, timeout: timedelta) -> pa.Table:
+    """A lease record; its ``count`` is the holder's lease timeout in milliseconds, so a reader that
+    does not know the holder's timeout (a Python get) can tell whether the lease lapsed."""
+    row = event_rows(consumer, owner, "lease")
+    index = STATE_SCHEMA.get_field_index("count")
+    milliseconds = pa.array([timeout // timedelta(milliseconds=1)], pa.int64())
+    return row.set_column(index, STATE_SCHEMA.field(index), milliseconds)
 
 
 class ConsumerState:
@@ -250,7 +276,8 @@ class ConsumerState:
             position = pc.max(done["seq"]).as_py()
             waiting = pc.and_(pc.equal(event, "plan"), pc.invert(pc.is_in(mine["plan_id"], done["plan_id"])))
             if position is not None:
-                waiting = pc.and_(waiting, pc.greater(mine["seq"], position))
+                # A Python get's claim holds its messages until it is consumed or rolled back.
+                waiting = pc.and_(waiting, pc.or_(pc.greater(mine["seq"], position), claims_of(mine)))
             ended = pa.concat_arrays([done["plan_id"].combine_chunks(), abandoned.combine_chunks()])
             moving = pc.and_(pc.equal(event, "move"), pc.invert(pc.is_in(mine["plan_id"], ended)))
             in_flight.append(mine.filter(pc.or_(waiting, moving)).select(RANGE_COLUMNS))
@@ -309,10 +336,12 @@ class ConsumerState:
         return position_of(rows.filter(pc.or_(consumed_plans, pc.equal(event, "checkpoint"))))
 
     def current_plan(self, consumer: str) -> tuple[str | None, str, pa.Table | None]:
-        """The group's last recorded plan when it is not consumed yet (the batch being processed):
-        its id, its owner and its ranges; (None, "", None) when there is none."""
+        """The last plan a streaming query of the group recorded, when it is not consumed yet (the
+        batch being processed): its id, its owner and its ranges; (None, "", None) when there is
+        none. Python gets' plans are claims (see :meth:`claims`), not batches."""
         rows = self.events(consumer, ("plan", "consumed", "checkpoint"), ["event", "plan_id", "seq", "owner"])
-        plans = rows.filter(pc.equal(rows["event"], "plan"))
+        queries = pc.invert(pc.starts_with(rows["owner"], GET_OWNER))
+        plans = rows.filter(pc.and_(pc.equal(rows["event"], "plan"), queries))
         if plans.num_rows == 0:
             return None, "", None
         last = plans.take(pc.sort_indices(plans, [("seq", "descending")]))
@@ -322,6 +351,29 @@ class ConsumerState:
         if plan_id in done["plan_id"].to_pylist() or (position is not None and seq <= position):
             return None, "", None
         return plan_id, owner, self.plan(consumer, plan_id)
+
+    def claims(self, consumer: str, lock: timedelta, now: datetime | None = None) -> Claims:
+        """The group's claims: plans of Python gets (owner :data:`GET_OWNER` ...) neither consumed nor
+        rolled back. A claim's lock runs ``lock`` from its plan's or its newest ``renew`` record."""
+        rows = self.events(consumer, ("plan", "consumed", "rollback", "renew"), ["event", "plan_id", "owner", "at"])
+        event = rows["event"]
+        ended = pc.unique(rows.filter(pc.is_in(event, pa.array(["consumed", "rollback"])))["plan_id"])
+        claimed = pc.and_(pc.equal(event, "plan"), pc.starts_with(rows["owner"], GET_OWNER))
+        open_ = rows.filter(pc.and_(claimed, pc.invert(pc.is_in(rows["plan_id"], value_set=ended))))
+        ids = pc.unique(open_["plan_id"])
+        stamps = rows.filter(
+            pc.and_(pc.is_in(event, pa.array(["plan", "renew"])), pc.is_in(rows["plan_id"], value_set=ids))
+        )
+        newest = stamps.group_by("plan_id", use_threads=False).aggregate([("at", "max")])
+        expiry = pc.add(newest["at_max"], pa.scalar(lock, pa.duration("us")))
+        locked = pc.greater(expiry, pa.scalar(now or datetime.now(UTC), TIMESTAMP))
+        live_ids = newest["plan_id"].filter(locked)
+        plans = self.events(consumer, ("plan",))
+        live = plans.filter(pc.is_in(plans["plan_id"], value_set=live_ids))
+        at = pc.index_in(live["plan_id"], value_set=newest["plan_id"])
+        live = live.select([*RANGE_COLUMNS, "plan_id", "owner", "seq"]).append_column("expiry", expiry.take(at))
+        lapsed = newest["plan_id"].filter(pc.invert(locked)).to_pylist()
+        return Claims(live, {plan_id: self.plan(consumer, plan_id) for plan_id in lapsed})
 
     def pending_moves(self, consumer: str) -> pa.Table:
         """The group's ``move`` rows whose move is not finished (no ``consumed`` record yet)."""
@@ -333,6 +385,10 @@ class ConsumerState:
     def append(self, rows: pa.Table) -> None:
         """Append rows; concurrent appends of other processes are fine, so conflicts just retry."""
         self._commit(rows.cast(STATE_SCHEMA), check=None)
+
+    def append_if(self, rows: pa.Table, check: Callable[[], None]) -> None:
+        """Append rows once ``check`` passes (it raises to refuse), at exactly the version it checked."""
+        self._commit(rows.cast(STATE_SCHEMA), check)
 
     def _commit(self, rows: pa.Table, check: Callable[[], None] | None) -> None:
         """Append ``rows`` once ``check`` passes, at exactly the version it was checked against.
@@ -454,22 +510,32 @@ class ConsumerState:
             return False
         return True
 
-    def lease(self, consumer: str, timeout: timedelta, now: datetime | None = None) -> Lease | None:
+    def lease(self, consumer: str, timeout: timedelta | None, now: datetime | None = None) -> Lease | None:
         """The live lease of the group: the owner of the newest lease record, unless that record is
-        a release or older than ``timeout`` (leases are renewed by new records, see :class:`Heartbeat`)."""
-        rows = self.events(consumer, LEASE_EVENTS, ["owner", "event", "at"])
+        a release or older than ``timeout`` (leases are renewed by new records, see :class:`Heartbeat`).
+        ``timeout`` None: the timeout the holder recorded (:data:`DEFAULT_LEASE_TIMEOUT` if none)."""
+        rows = self.events(consumer, LEASE_EVENTS, ["owner", "event", "at", "count"])
         if rows.num_rows == 0:
             return None
         latest = rows.take(pc.sort_indices(rows, [("at", "descending")]))
-        owner, event, seen = (latest[name][0].as_py() for name in ("owner", "event", "at"))
+        owner, event, seen, recorded = (latest[name][0].as_py() for name in ("owner", "event", "at", "count"))
+        if timeout is None:
+            timeout = timedelta(milliseconds=recorded) if recorded is not None else DEFAULT_LEASE_TIMEOUT
         if event == "release" or seen < (now or datetime.now(UTC)) - timeout:
             return None
         return Lease(owner, seen)
 
-    def acquire(self, consumer: str, owner: str, timeout: timedelta, patience: timedelta = timedelta(0)) -> None:
+    def acquire(
+        self,
+        consumer: str,
+        owner: str,
+        timeout: timedelta,
+        patience: timedelta = timedelta(0),
+        lock: timedelta | None = None,
+    ) -> None:
         """Take the group's lease for ``owner``, refused (2042) while another live reader holds it.
-        A Python get (owner :data:`GET_OWNER` ...) holds it only for a moment: its end is awaited for
-        up to ``patience``.
+        With ``lock`` (the queue's lock duration), also while Python gets' claims are locked (see
+        :meth:`claims`): their end is awaited for up to ``patience``.
 
         The check and the lease record commit at exactly the next version, so of two readers
         starting at once only one gets the lease.
@@ -478,6 +544,10 @@ class ConsumerState:
 
         def check() -> None:
             holder = self.lease(consumer, timeout)
+            if holder is None and lock is not None:
+                live = self.claims(consumer, lock).live
+                if live.num_rows:
+                    holder = Lease(live["owner"][0].as_py(), live["expiry"][0].as_py() - lock)
             if holder is not None and holder.owner != owner:
                 if holder.owner.startswith(GET_OWNER):
                     raise HeldByGet(holder)
@@ -491,12 +561,12 @@ class ConsumerState:
 
         while True:
             try:
-                self._commit(event_rows(consumer, owner, "lease"), check)
+                self._commit(_lease_row(consumer, owner, timeout), check)
                 return
             except HeldByGet as held:
                 if time.monotonic() >= deadline:
                     raise MQError(
-                        f"queue {self.queue}: consumer group {consumer!r} is being read by a Python get "
+                        f"queue {self.queue}: consumer group {consumer!r} has messages claimed by a Python get "
                         f"(owner {held.holder.owner}) for longer than {patience.total_seconds():g} s",
                         Reason.MQRC_OBJECT_IN_USE,
                     ) from None
@@ -514,7 +584,7 @@ class ConsumerState:
                 taken = f"was taken over by {holder.owner}" if holder is not None else f"was released by {owner}"
                 raise MQError(f"queue {self.queue}: consumer group {consumer!r} {taken}", Reason.MQRC_OBJECT_IN_USE)
 
-        self._commit(event_rows(consumer, owner, "lease"), check)
+        self._commit(_lease_row(consumer, owner, timeout), check)
 
     def append_holding(self, consumer: str, owner: str, rows: pa.Table) -> None:
         """Append ``rows`` as :meth:`append` does, unless another owner has taken the group's lease

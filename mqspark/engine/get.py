@@ -3,18 +3,28 @@ match, wait and syncpoint. ``QueueManager.get`` and ``QueueManager.syncpoint_get
 
 A get plans like the streaming get (:class:`~mqspark.engine.planner.Planner`): the same ordering, failed
 messages, retry delays and backout moves. It records its plan in the queue's state table before it
-reads the messages, and their consumption after, so a get that dies in between gives its messages
-back (counted as a rolled-back delivery by the next get of the group).
+reads the messages, and their consumption after.
 
-**Sharing a consumer group with a streaming query.** Gets and queries of one group take turns on
-the group's lease (:meth:`~mqspark.engine.consumer_groups.ConsumerState.acquire`). A get holds it only while
-it plans, reads and records (owner ``get:<id>``); while it waits for messages, it holds nothing.
+**Competing gets: claims.** Gets of one consumer group run at once and take disjoint messages. A
+get's recorded plan is its *claim* (owner ``get:<id>``): it holds its messages for the queue's
+``lock_duration`` from the plan's or its newest ``renew`` record. A get plans around the live claims
+of others: their messages, and every message of a group with an item claimed, wait (so a group is
+read by one get at a time, in logical order); ungrouped messages go to whichever get asks, higher
+priorities first. The claim commits at exactly the version after the look it was planned on, and
+only when no other plan was recorded meanwhile (:class:`~mqspark.engine.consumer_groups.Stale`
+otherwise: the get plans again). Its consumption commits only while the claim holds: a get whose
+lock passed is refused (2003), and the next get to plan takes its messages back, each counting one
+rolled-back delivery. Moves to the backout, error and dead-letter queues go one at a time per group
+(see :class:`~mqspark.engine.backout.Transfer`).
 
-- A get refuses with 2042 ``MQRC_OBJECT_IN_USE`` while a streaming query reads the group, and while
+**Sharing a consumer group with a streaming query.** A query holds the group's lease while it runs
+(:meth:`~mqspark.engine.consumer_groups.ConsumerState.acquire`), and gets and queries exclude each
+other:
+
+- a get refuses with 2042 ``MQRC_OBJECT_IN_USE`` while a streaming query holds the lease, and while
   a batch of a query that stopped is recorded but not consumed: restarting the query replays that
-  batch, so its messages are not the get's to take.
-- A query starting while a get holds the lease waits for it (up to the query's ``leaseTimeout``).
-- Gets of one group wait for each other, up to their ``wait`` and at least :data:`GET_PATIENCE`.
+  batch, so its messages are not the get's to take;
+- a query starting while gets' claims are locked waits for them to end (up to its ``leaseTimeout``).
 
 Plans of gets and of queries are numbered in one sequence: a query goes on after the gets' plans.
 
@@ -24,26 +34,29 @@ get (:class:`_Kept`): the next get brings the index up to date instead of readin
 **Syncpoint** (:func:`syncpoint_get`): the messages are consumed only when the caller's block ends
 without an exception. When it raises, each message counts one failed delivery, with the exception's
 text as its error (see :mod:`mqspark.engine.backout`): it comes back after the queue's retry delay,
-or moves to the backout, error or dead-letter queue once it has failed too often. The lease is held
-and renewed for the whole block, so a streaming query of the group waits for it.
+or moves to the backout, error or dead-letter queue once it has failed too often. The claim is
+renewed in the background while the block runs; a process killed inside the block gives its
+messages back once the lock passes.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from mqspark.engine.backout import failure_rows, plan_messages
-from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT, GET_OWNER
+from mqspark.engine.backout import RELEASED, failure_rows, plan_messages
+from mqspark.engine.consumer_groups import ConsumerState, Stale
+from mqspark.engine.leases import GET_OWNER, Heartbeat
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.pending import PendingMessages
 from mqspark.engine.planner import Planner
@@ -52,13 +65,14 @@ from mqspark.engine.state_rows import consumed_rows, event_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.model.ranges import RANGE_COLUMNS
 
-# How long a get waits for another get of its group at least, whatever its own ``wait``.
-GET_PATIENCE = timedelta(seconds=10)
 # How often a waiting get looks for new messages (it plans only when the queue table changed).
 _POLL = 0.05
 # The consumer groups whose state handle and pending index a thread keeps between its gets.
 _KEPT_GROUPS = 16
+# A get gives up after this many conflicts with other gets' commits in a row.
+_CONFLICTS = 200
 
 
 class _Kept:
@@ -76,6 +90,7 @@ class _Kept:
 
     def offer(self, planner: Planner) -> None:
         """Give ``planner`` the kept index when it still holds for the group."""
+        planner.state.rows()  # a look that notices a rewrite, or a table deleted with its queue
         if self.pending is not None and planner.state is self.state and planner.state.rewrites == self.rewrites:
             planner.adopt(self.pending)
         self.pending = None  # the planner changes it: kept again only once the get is through
@@ -110,43 +125,80 @@ class GetRequest:
 
 
 class PlannedGet:
-    """A get's recorded plan and its messages, with the planner that holds the group's lease."""
+    """A get's claim: its plan, recorded in the state table, and its messages, held until the lock
+    passes unless :meth:`finish`, :meth:`release` or :meth:`renew` come first."""
 
     def __init__(self, planner: Planner, plan_id: str, seq: int, plan: pa.Table, messages: pa.Table) -> None:
         self.planner, self.plan_id, self.seq, self.plan, self.messages = planner, plan_id, seq, plan, messages
+        self._heartbeat: Heartbeat | None = None
+
+    def hold(self) -> None:
+        """Renew the claim in the background (every third of the lock) until it ends."""
+        planner = self.planner
+        self._heartbeat = Heartbeat(planner.state, planner.consumer, planner.owner, planner.lock, self._renew_on)
+
+    def renew(self) -> None:
+        """Extend the claim's lock to a whole ``lock_duration`` from now; refused (2003) once it passed."""
+        self._renew_on(self.planner.state)
+
+    def _renew_on(self, state: ConsumerState) -> None:
+        planner = self.planner
+        state.append_if(event_rows(planner.consumer, planner.owner, "renew", self.plan_id, self.seq), self._held(state))
 
     def finish(self, error: str | None = None) -> None:
-        """Record the plan consumed (its messages backed out first, with ``error``, when given) and
-        release the lease, in one state commit; refused (2042) once another reader took the lease."""
+        """Record the claim consumed (its messages backed out first, with ``error``, when given) in
+        one state commit; refused (2003) once its lock passed."""
         planner = self.planner
-        planner.heartbeat.stop()
-        consumer, owner = planner.consumer, planner.owner
-        rows = [
-            consumed_rows(consumer, owner, self.plan_id, self.seq),
-            event_rows(consumer, owner, "release"),
-        ]
+        self._stop()
+        rows = [consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq)]
         if error is not None:
             identities = plan_messages(self.plan).select(["origin", "row"])
-            rows.insert(0, failure_rows(consumer, owner, "backout", self.plan_id, identities, error))
-        planner.state.append_holding(consumer, owner, pa.concat_tables(rows))
+            rows.insert(0, failure_rows(planner.consumer, planner.owner, "backout", self.plan_id, identities, error))
+        planner.state.append_if(pa.concat_tables(rows), self._held(planner.state))
+
+    def release(self) -> None:
+        """Give the messages back unprocessed, at once, without counting a failed delivery."""
+        planner = self.planner
+        self._stop()
+        identities = plan_messages(self.plan).select(["origin", "row"])
+        rows = [
+            failure_rows(planner.consumer, planner.owner, "return", self.plan_id, identities, RELEASED),
+            consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq),
+        ]
+        planner.state.append_if(pa.concat_tables(rows), self._held(planner.state))
+
+    def _stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _held(self, state: ConsumerState) -> Callable[[], None]:
+        """A check that the claim still holds its messages: not consumed, not taken back by another
+        get after its lock passed, its lock not passed, and no streaming query reading the group."""
+        planner, plan_id = self.planner, self.plan_id
+
+        def check() -> None:
+            consumer = planner.consumer
+            ended = state.events(consumer, ("consumed", "rollback"), ["event"], plan_id)["event"].to_pylist()
+            claims = state.claims(consumer, planner.lock)
+            if "consumed" in ended:
+                raise MQError(f"get from queue {planner.queue}: claim {plan_id} ended already", Reason.MQRC_BACKED_OUT)
+            if "rollback" in ended or plan_id not in claims.live["plan_id"].to_pylist():
+                raise MQError(
+                    f"get from queue {planner.queue}: consumer group {consumer!r}: the lock of its "
+                    f"{self.messages.num_rows} messages passed (lock_duration {planner.lock.total_seconds():g} s); "
+                    "they wait again, each counting one rolled-back delivery",
+                    Reason.MQRC_BACKED_OUT,
+                )
+            _refuse_while_a_query_reads(state, planner)
+
+        return check
 
     def settle(self) -> None:
-        """:meth:`finish` a get whose first try at it may or may not have landed (in doubt). When
-        another reader took the lease meanwhile, it replays the plan: the get is backed out (2003)."""
+        """:meth:`finish` a get whose first try at it may or may not have landed (in doubt)."""
         planner = self.planner
         if self.plan_id in planner.state.consumed_plans(planner.consumer).to_pylist():
             return
-        try:
-            self.finish()
-        except MQError as error:
-            if error.reason is not Reason.MQRC_OBJECT_IN_USE:
-                raise
-            raise MQError(
-                f"get from queue {planner.queue}: consumer group {planner.consumer!r} was taken over while its "
-                f"consumption was in doubt; its {self.messages.num_rows} messages wait again, each counting one "
-                "rolled-back delivery",
-                Reason.MQRC_BACKED_OUT,
-            ) from error
+        self.finish()
 
 
 def get(qm: Queues, request: GetRequest) -> pa.Table:
@@ -162,98 +214,161 @@ def get(qm: Queues, request: GetRequest) -> pa.Table:
 @contextmanager
 def syncpoint_get(qm: Queues, request: GetRequest) -> Iterator[pa.Table]:
     """Like :func:`get`, but the messages are consumed only when the ``with`` block succeeds; when it
-    raises, they are backed out (one failed delivery each) and the exception goes on."""
+    raises, they are backed out (one failed delivery each) and the exception goes on. The claim is
+    renewed while the block runs."""
     planned = plan_get(qm, request)
     if planned is None:
         yield BROWSE_SCHEMA.empty_table()
         return
+    planned.hold()
     try:
         yield planned.messages
     except BaseException as error:
-        planned.finish(f"{type(error).__name__}: {error}")
+        try:
+            planned.finish(f"{type(error).__name__}: {error}")
+        except MQError as lost:
+            # The lock passed: the messages wait again, counted as rolled back; the block's error goes on.
+            if lost.reason is not Reason.MQRC_BACKED_OUT:
+                raise
         raise
     planned.finish()
 
 
 def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
-    """Plan, record and read a get's messages under the group's lease, which it keeps until
-    :meth:`PlannedGet.finish`; None when nothing matched within ``wait``."""
-    queue, consumer, max_messages, wait = request.queue, request.consumer, request.max_messages, request.wait
-    msg_id, correl_id, group_id = request.msg_id, request.correl_id, request.group_id
-    validate_name(consumer, "consumer group")
-    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-        raise MQValidationError(f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}")
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
-        raise MQValidationError(f"get: queue {queue}: wait must be a number of seconds >= 0, got {wait!r}")
-    for name, value in (("msg_id", msg_id), ("correl_id", correl_id), ("group_id", group_id)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise MQValidationError(f"get: queue {queue}: {name} must be a non-empty text, got {value!r}")
-    match: DeliveryOptions | None = DeliveryOptions(msg_id=msg_id, correl_id=correl_id, group_id=group_id)
-    match = match if (msg_id or correl_id or group_id) else None
-    deadline = time.monotonic() + wait
-    patience = max(timedelta(seconds=wait), GET_PATIENCE)
+    """Plan, claim and read a get's messages; they are held until :meth:`PlannedGet.finish` (or the
+    lock passes). None when nothing matched within ``wait``."""
+    match = _checked(request)
+    queue, consumer = request.queue, request.consumer
+    deadline = time.monotonic() + request.wait
     seen = None
     due: datetime | None = None
+    conflicts = 0
     while True:
-        version = qm.queue_version(queue)
+        # Messages come with the queue's commits, and back with the state's (released, backed out).
+        version = (qm.queue_version(queue), _state_version(qm, queue, consumer))
         if version != seen or (due is not None and datetime.now(UTC) >= due):
             seen = version
             kept = _kept(qm, queue, consumer)
             planner = Planner(
-                qm,
-                queue,
-                consumer,
-                f"{GET_OWNER}{uuid.uuid4().hex}",
-                DeliveryOptions(),
-                DEFAULT_LEASE_TIMEOUT,
-                patience=patience,
-                state=kept.state,
+                qm, queue, consumer, f"{GET_OWNER}{uuid.uuid4().hex}", DeliveryOptions(), None, state=kept.state
             )
             try:
                 # One look at the state table answers the planning step's questions, taken again after
-                # each of its commits: the get holds the group's lease meanwhile.
+                # each of its commits.
                 with planner.state.pinned():
                     kept.offer(planner)
-                    planned = _plan(planner, max_messages, match)
-            except BaseException:
-                planner.close()
-                raise
+                    planned = _claim(planner, request.max_messages, match)
+            except Stale:
+                # Another get claimed or moved messages since the look: plan again on a new one.
+                conflicts += 1
+                if conflicts >= _CONFLICTS:
+                    raise MQError(
+                        f"get from queue {queue}: consumer group {consumer!r}: gave up after {conflicts} "
+                        "conflicts with other gets",
+                        Reason.MQRC_BACKED_OUT,
+                    ) from None
+                planner.drop_unstarted_plans()
+                planner.unrecorded.clear()
+                kept.keep(planner)
+                seen = None
+                time.sleep(random.uniform(0, 0.002 * min(conflicts, 10)))
+                continue
             kept.keep(planner)
             if planned is not None:
                 return planned
             due = planner.next_due
-            planner.close()
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
 
 
-def _plan(planner: Planner, max_messages: int, match: DeliveryOptions | None) -> PlannedGet | None:
-    """Plan, record and read the get's messages under the lease; None when none matched."""
+def _state_version(qm: Queues, queue: str, consumer: str) -> int | None:
+    """The version of the queue's state table as this thread's gets of the group see it."""
+    state = _kept(qm, queue, consumer).state
+    table = state.table() if state is not None else None
+    return table.version() if table is not None else None
+
+
+def _checked(request: GetRequest) -> DeliveryOptions | None:
+    """Check the request's values; the selection its match options make (None: every message)."""
+    queue, max_messages, wait = request.queue, request.max_messages, request.wait
+    validate_name(request.consumer, "consumer group")
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+        raise MQValidationError(f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+        raise MQValidationError(f"get: queue {queue}: wait must be a number of seconds >= 0, got {wait!r}")
+    msg_id, correl_id, group_id = request.msg_id, request.correl_id, request.group_id
+    for name, value in (("msg_id", msg_id), ("correl_id", correl_id), ("group_id", group_id)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise MQValidationError(f"get: queue {queue}: {name} must be a non-empty text, got {value!r}")
+    if not (msg_id or correl_id or group_id):
+        return None
+    return DeliveryOptions(msg_id=msg_id, correl_id=correl_id, group_id=group_id)
+
+
+def _claim(planner: Planner, max_messages: int, match: DeliveryOptions | None) -> PlannedGet | None:
+    """Plan the get's messages around other gets' claims, record the plan as this get's claim and
+    read its messages; None when none matched. Claims whose lock passed are rolled back in the same
+    commit. Raises :class:`Stale` when another get's commit came between the look and the claim."""
     state, consumer = planner.state, planner.consumer
-    plan_id, owner, plan = state.current_plan(consumer)
-    if plan_id is not None:
-        if not owner.startswith(GET_OWNER):
-            raise MQError(
-                f"get: queue {planner.queue}: consumer group {consumer!r} has a batch of a streaming query "
-                f"recorded but not consumed (plan {plan_id}); restart the query to finish it, or get with "
-                "another consumer group",
-                Reason.MQRC_OBJECT_IN_USE,
-            )
-        if state.events(consumer, ("rollback",), ["row"], plan_id).num_rows == 0:
-            # A get that died inside its syncpoint: a rolled-back delivery of each of its messages.
-            planner.count_replay(plan_id, plan)
+    _refuse_while_a_query_reads(state, planner)
     planner.consume("", 0)
     while True:
+        now = datetime.now(UTC)
+        claims = state.claims(consumer, planner.lock, now)
+        for plan_id, plan in claims.expired.items():
+            planner.roll_back(plan_id, plan)
         seq, delivered = state.last_position(consumer)
-        plan = planner.plan(delivered, datetime.now(UTC), max_messages, None, match)
+        claimed = planner.pending.range_keys(claims.live.select(RANGE_COLUMNS))
+        plan = planner.plan(delivered, now, max_messages, None, match, claimed)
+        check = _unchanged(state, planner, seq, list(claims.expired))
         if plan is None:
-            planner.flush()
+            planner.flush(check=check)
+            # Messages other gets hold come back when their lock passes, without a commit.
+            expiries = [planner.next_due, pc.min(claims.live["expiry"]).as_py()]
+            planner.next_due = min((due for due in expiries if due is not None), default=None)
             return None
         plan_id = plan.schema.metadata[b"plan_id"].decode()
-        planner.record(plan_id, seq + 1, plan)
+        planner.record(plan_id, seq + 1, plan, check)
         pieces = [rows.messages() for rows in planner.planned_rows(plan_id, plan)]
         if pieces:
             return PlannedGet(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
         # Only expired messages, discarded: they are consumed, and the get looks again.
         planner.consume(plan_id, seq + 1)
+
+
+def _unchanged(state: ConsumerState, planner: Planner, seq: int, rolled_back: list[str]) -> Callable[[], None]:
+    """A check that what a claim was planned on still holds when it commits: no streaming query
+    reads the group, no other plan was recorded since (plan number ``seq`` was the last), and the
+    claims it rolls back were neither consumed nor rolled back meanwhile."""
+
+    def check() -> None:
+        _refuse_while_a_query_reads(state, planner)
+        if state.last_position(planner.consumer)[0] != seq:
+            raise Stale(f"queue {planner.queue}: consumer group {planner.consumer!r} planned since")
+        ended = state.events(planner.consumer, ("consumed", "rollback"), ["plan_id"])["plan_id"]
+        if pc.any(pc.is_in(ended, value_set=pa.array(rolled_back, pa.string()))).as_py():
+            raise Stale(f"queue {planner.queue}: consumer group {planner.consumer!r}: a lapsed claim ended since")
+
+    return check
+
+
+def _refuse_while_a_query_reads(state: ConsumerState, planner: Planner) -> None:
+    """Refuse (2042) while a streaming query holds the group's lease, or has a batch recorded but
+    not consumed: restarting the query replays that batch, so its messages are not a get's to take."""
+    consumer = planner.consumer
+    holder = state.lease(consumer, None)
+    if holder is not None and not holder.owner.startswith(GET_OWNER):
+        raise MQError(
+            f"get: queue {planner.queue}: consumer group {consumer!r} is already being read by a running query "
+            f"(owner {holder.owner}); stop it, or get with another consumer group",
+            Reason.MQRC_OBJECT_IN_USE,
+        )
+    plan_id, _, _ = state.current_plan(consumer)
+    if plan_id is not None:
+        raise MQError(
+            f"get: queue {planner.queue}: consumer group {consumer!r} has a batch of a streaming query "
+            f"recorded but not consumed (plan {plan_id}); restart the query to finish it, or get with "
+            "another consumer group",
+            Reason.MQRC_OBJECT_IN_USE,
+        )

@@ -6,6 +6,7 @@ reads. The lease records live in the group's state table (see ``ConsumerState.ac
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -50,10 +51,20 @@ class Heartbeat:
     renewals; the lease then lapses after its timeout unless the query's end was seen and released.
     """
 
-    def __init__(self, state: ConsumerState, consumer: str, owner: str, timeout: timedelta) -> None:
+    def __init__(
+        self,
+        state: ConsumerState,
+        consumer: str,
+        owner: str,
+        timeout: timedelta,
+        renew: Callable[[ConsumerState], None] | None = None,
+    ) -> None:
+        """``renew(state)`` renews what is held (default: the group's lease) on the heartbeat's own
+        handle of the state table, every third of ``timeout``."""
         # Its own handle on the table: a DeltaTable is not shared between threads.
         self.state = state.reopened()
         self.consumer, self.owner, self.timeout = consumer, owner, timeout
+        self._renew = renew or (lambda state: state.renew(consumer, owner, timeout))
         self.lost: MQError | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mqspark-lease-{consumer}", daemon=True)
@@ -72,7 +83,7 @@ class Heartbeat:
                     if store.reachable(self.state.root, self.state.storage_options):
                         return  # the queue was deleted
                     continue
-                self.state.renew(self.consumer, self.owner, self.timeout)
+                self._renew(self.state)
             except MQError as error:
                 self.lost = error
                 return

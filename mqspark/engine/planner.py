@@ -22,6 +22,7 @@ The planned messages are then read from their data files (:class:`PlannedRows`).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -34,6 +35,7 @@ from mqspark.engine.backout import (
     GIVEN_UP,
     HELD_BEHIND,
     ISOLATE_FACTOR,
+    LOCK_EXPIRED,
     ROLLED_BACK,
     BackoutPolicy,
     Mover,
@@ -112,13 +114,15 @@ class Planner:
         consumer: str,
         owner: str,
         delivery: DeliveryOptions,
-        lease_timeout: timedelta,
+        lease_timeout: timedelta | None,
         *,
         exact_lengths: bool = False,
         patience: timedelta = timedelta(0),
         state: ConsumerState | None = None,
     ) -> None:
-        """``state``: a handle on the queue's state table to use (one per thread), else one of its own."""
+        """``state``: a handle on the queue's state table to use (one per thread), else one of its own.
+        ``lease_timeout`` None: a Python get, which takes no lease (its plans are claims, see
+        :mod:`mqspark.engine.get`)."""
         definition = qm.resolve_for_get(queue)
         self.qm = qm
         self.queue = definition.name
@@ -132,8 +136,11 @@ class Planner:
         self.state = state
         self.owner = owner
         self.started = datetime.now(UTC)
-        self.state.acquire(consumer, owner, lease_timeout, patience)
-        self.heartbeat = Heartbeat(self.state, consumer, owner, lease_timeout)
+        self.lock = timedelta(seconds=definition.lock_duration)
+        self.heartbeat: Heartbeat | None = None
+        if lease_timeout is not None:
+            self.state.acquire(consumer, owner, lease_timeout, patience, self.lock)
+            self.heartbeat = Heartbeat(self.state, consumer, owner, lease_timeout)
         # The table version reads stop at (a run of ``trigger(availableNow=True)``); None: the latest.
         self.up_to: int | None = None
         self._pending: PendingMessages | None = None
@@ -167,10 +174,20 @@ class Planner:
         """The pending index, None before it is loaded."""
         return self._pending
 
+    @property
+    def lost(self) -> MQError | None:
+        """Why the lease was lost, once a renewal was refused."""
+        return self.heartbeat.lost if self.heartbeat is not None else None
+
+    def stop_renewing(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
     def close(self) -> None:
         """Stop renewing the lease and release it."""
-        self.heartbeat.stop()
-        self.state.release(self.consumer, self.owner)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.state.release(self.consumer, self.owner)
 
     def stopped_by_monitor(self) -> MQError | None:
         """The backlog monitor's abort of this reader, when one was recorded after it took the lease."""
@@ -274,12 +291,23 @@ class Planner:
         self.exhausted &= not news
         return news
 
-    def flush(self, plan_rows: pa.Table | None = None) -> None:
-        """Commit the consumption records not yet recorded, with ``plan_rows`` when given."""
+    def flush(self, plan_rows: pa.Table | None = None, check: Callable[[], None] | None = None) -> None:
+        """Commit the consumption records not yet recorded, with ``plan_rows`` when given; with
+        ``check``, only once it passes, at exactly the version it checked."""
         rows = [*self.unrecorded, *([plan_rows] if plan_rows is not None else [])]
         if rows:
-            self.state.append(pa.concat_tables(rows))
+            if check is None:
+                self.state.append(pa.concat_tables(rows))
+            else:
+                self.state.append_if(pa.concat_tables(rows), check)
             self.unrecorded.clear()
+
+    def roll_back(self, plan_id: str, plan: pa.Table) -> None:
+        """Note a Python get's claim whose lock passed as rolled back, one failed delivery of each of
+        its messages (recorded with the next state commit): they wait again."""
+        messages = plan_messages(plan).select(["origin", "row"])
+        rows = failure_rows(self.consumer, self.owner, "rollback", plan_id, messages, LOCK_EXPIRED, seq=1)
+        self.unrecorded.append(rows)
 
     def plan(
         self,
@@ -288,11 +316,13 @@ class Planner:
         max_messages: int | None,
         max_bytes: int | None,
         match: DeliveryOptions | None = None,
+        claimed: np.ndarray | None = None,
     ) -> pa.Table | None:
         """The next plan: delivered messages (with delivery_seq and partition, from ``first_seq`` on)
         and expired ones, as ranges, with ``plan_id`` and the next ``delivered`` in its metadata; None
         when there is nothing to deliver or discard. ``match`` selects messages by msg_id, correl_id
-        or group_id (and msg_seq_number)."""
+        or group_id (and msg_seq_number). ``claimed``: the keys of messages other gets hold, left
+        out with every group they are in."""
         self.qm.resolve_for_get(self.queue)
         rows = self._failed_messages(now)
         moment = pa.scalar(now, TIMESTAMP)
@@ -304,6 +334,9 @@ class Planner:
         self.next_due = pc.min(later).as_py() if len(later) else None
         ordered = deliver(rows, self.delivery_sequence, self.delivery, now, join=False).messages
         candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
+        if claimed is not None and len(claimed):
+            candidates = self._unclaimed(candidates, claimed)
+            expired = expired.filter(pa.array(~np.isin(self.pending.keys(expired), claimed)))
         if match is not None:
             candidates = self._matching(candidates, match)
         taken, delivered = admit(
@@ -327,6 +360,16 @@ class Planner:
         self.plan_keys[plan_id] = self.pending.keys(taken)
         self.plan_files[plan_id] = (self.pending, self.pending.moves, where)
         return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
+
+    def _unclaimed(self, candidates: pa.Table, claimed: np.ndarray) -> pa.Table:
+        """The candidates no other get holds: a group with a held item waits whole, in logical order."""
+        held = np.isin(self.pending.keys(candidates), claimed)
+        if not held.any():
+            return candidates
+        groups = candidates["group_id"]
+        busy = pc.unique(groups.filter(pa.array(held)).drop_null())
+        in_busy = pc.fill_null(pc.is_in(groups, value_set=busy), False).to_numpy(zero_copy_only=False)
+        return candidates.filter(pa.array(~(held | in_busy)))
 
     def _matching(self, candidates: pa.Table, match: DeliveryOptions) -> pa.Table:
         """The candidates selected by ``match``. In logical order an item of a group is selected by
@@ -465,9 +508,9 @@ class Planner:
         mine = returned["batch_limit"].filter(pa.array(keys == head[0]))
         return int(pc.min(mine).as_py()) if len(mine) else None
 
-    def record(self, plan_id: str, seq: int, plan: pa.Table) -> None:
+    def record(self, plan_id: str, seq: int, plan: pa.Table, check: Callable[[], None] | None = None) -> None:
         """Record plan ``plan_id`` as the group's plan number ``seq``, with the consumption records
-        not yet recorded, in one state commit."""
+        not yet recorded, in one state commit (once ``check`` passes, when given)."""
         rows = plan.num_rows
         given = {
             "consumer": pa.repeat(self.consumer, rows),
@@ -479,6 +522,7 @@ class Planner:
             **{name: plan[name] for name in plan.column_names},
         }
         self.flush(
-            pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
+            pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA),
+            check,
         )
         self.plans[plan_id] = plan

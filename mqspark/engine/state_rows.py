@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqspark.engine.leases import GET_OWNER
 from mqspark.model.messages import TIMESTAMP
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, in_ranges, merge_ranges, subtract_messages
 
@@ -41,6 +42,15 @@ def position_of(rows: pa.Table) -> tuple[int, int]:
     # A plan range delivers delivery_seq .. delivery_seq + count - 1; a checkpoint holds the next one.
     following = pc.if_else(plans, pc.add(rows["delivery_seq"], rows["count"]), rows["delivery_seq"])
     return (pc.max(rows["seq"]).as_py() or 0, pc.max(following).as_py() or 0)
+
+
+def claims_of(rows: pa.Table) -> pa.Array:
+    """Which of one group's rows are plan rows of Python gets that were not rolled back: claims,
+    live, lapsed or consumed (see :mod:`mqspark.engine.get`)."""
+    event = rows["event"]
+    rolled_back = rows.filter(pc.equal(event, "rollback"))["plan_id"]
+    gets = pc.and_(pc.equal(event, "plan"), pc.starts_with(rows["owner"], GET_OWNER))
+    return pc.and_(gets, pc.invert(pc.is_in(rows["plan_id"], value_set=rolled_back)))
 
 
 def consumed_of(rows: pa.Table) -> pa.Table:
@@ -77,8 +87,8 @@ def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table
 def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
     """The compact form of a state table's rows, per consumer group: one checkpoint of merged
     ranges for everything consumed (and the group's position), the plans that may still run (those
-    after the last consumed one), and the newest lease, abort and switchover records. Rolled-back plans are
-    dropped.
+    after the last consumed one, and Python gets' claims with their renewals), and the newest lease,
+    abort and switchover records. Rolled-back plans are dropped.
 
     ``forget`` marks merged ranges to leave out (messages no longer in the queue table). A group
     whose every range goes keeps one checkpoint row without a range, for its position."""
@@ -125,8 +135,12 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
             pieces.append(pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}))
         waiting = pc.invert(pc.is_in(mine["plan_id"], consumed))
         if position is not None:
-            waiting = pc.and_(waiting, pc.greater(mine["seq"], position))
-        pieces.append(mine.filter(pc.and_(plans, waiting)))
+            # A Python get's claim stays until it is consumed or rolled back, whatever plans follow it.
+            waiting = pc.and_(waiting, pc.or_(pc.greater(mine["seq"], position), claims_of(mine)))
+        kept = mine.filter(pc.and_(plans, waiting))
+        pieces.append(kept)
+        renewals = mine.filter(pc.equal(event, "renew"))
+        pieces.append(renewals.filter(pc.is_in(renewals["plan_id"], kept["plan_id"])))
         ended = pa.concat_arrays([consumed, pc.unique(mine.filter(pc.equal(event, "abandoned"))["plan_id"])])
         pieces.append(mine.filter(pc.and_(moves, pc.invert(pc.is_in(mine["plan_id"], ended)))))
         # Failures are kept while their message still waits for the group: they make its backout count.

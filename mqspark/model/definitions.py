@@ -71,6 +71,12 @@ def _seconds(attr: str, value: Any) -> float:
     return float(value)
 
 
+def _positive_seconds(attr: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise MQValidationError(f"attribute {attr} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def _optional_queue_name(attr: str, value: Any) -> str | None:
     return None if value is None else validate_name(value, f"{attr}:")
 
@@ -107,6 +113,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "retry_count": int_in(0, MAX_DEPTH_LIMIT),
     "retry_delay": _seconds,
     "error_queue": _optional_queue_name,
+    "lock_duration": _positive_seconds,
     "cluster": _cluster_names,
     "description": _description,
 }
@@ -131,6 +138,8 @@ class QueueDefinition:
     retry_count: int = 0
     retry_delay: float = 0.0
     error_queue: str | None = None
+    # How long a Python get's claim holds its messages without renewal (SQS's visibility timeout).
+    lock_duration: float = 30.0
     cluster: tuple[str, ...] = field(default_factory=tuple)
     description: str = ""
 

@@ -171,8 +171,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._maintenance.start_if_due(self.options.maintenance_interval)
         # A plan returned earlier that Spark did not start from was never run: its messages wait again.
         group.drop_unstarted_plans()
-        if group.heartbeat.lost is not None:
-            raise group.heartbeat.lost
+        if group.lost is not None:
+            raise group.lost
         stopped = group.stopped_by_monitor()
         if stopped is not None:
             # The last batch's consumption is recorded and the lease released: a restart goes on at once.
@@ -277,7 +277,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         def attempt() -> _Result:
             if tries[0] and planner and self._group is not None:
-                self._group.heartbeat.stop()
+                self._group.stop_renewing()
                 self._group = None
             tries[0] += 1
             return operation()
