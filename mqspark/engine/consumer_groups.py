@@ -586,20 +586,6 @@ class ConsumerState:
 
         self._commit(_lease_row(consumer, owner, timeout), check)
 
-    def append_holding(self, consumer: str, owner: str, rows: pa.Table) -> None:
-        """Append ``rows`` as :meth:`append` does, unless another owner has taken the group's lease
-        from ``owner`` (2042); the check and the rows commit at exactly the next version."""
-
-        def check() -> None:
-            holder = self.lease(consumer, _FOREVER)
-            if holder is not None and holder.owner != owner:
-                raise MQError(
-                    f"queue {self.queue}: consumer group {consumer!r} was taken over by {holder.owner}",
-                    Reason.MQRC_OBJECT_IN_USE,
-                )
-
-        self._commit(rows.cast(STATE_SCHEMA), check)
-
     def release(self, consumer: str, owner: str) -> None:
         """Release ``owner``'s lease of the group; nothing when another owner holds it (the check and
         the release commit at exactly the next version)."""

@@ -22,14 +22,16 @@ DEFAULT_LEASE_TIMEOUT = timedelta(seconds=30)
 # The lease maintenance runs under is kept like a consumer group's, under this name, in a table of its
 # own (``store.maintenance_location``). It is not a valid group name, so it never passes for one.
 MAINTENANCE = "*maintenance"
-# Owners of the Python get (:mod:`mqspark.engine.get`) are named with this prefix: they hold the lease briefly.
+# Owners of the Python get (:mod:`mqspark.engine.get`) are named with this prefix: their plans are
+# claims on messages, and they take no lease.
 GET_OWNER = "get:"
 # How often a reader waiting for a Python get's lease looks again.
 LEASE_POLL = 0.05
 
 
 class HeldByGet(MQError):
-    """A Python get holds the lease: it ends in a moment, so the reader waits rather than fails."""
+    """Python gets hold claimed messages of the group: they end in a moment (or their lock passes),
+    so a query starting waits rather than fails."""
 
     def __init__(self, holder: Lease) -> None:
         super().__init__(f"held by the Python get {holder.owner}", Reason.MQRC_OBJECT_IN_USE)
