@@ -173,6 +173,10 @@ def failures(state: ConsumerState, consumer: str) -> pa.Table:
     failure, and whether that failure was ``pinpointed`` (see the module doc).
 
     A failure is counted once per plan and kind, however often it was recorded."""
+    return state.derived(("failures", consumer), lambda: _failures(state, consumer))
+
+
+def _failures(state: ConsumerState, consumer: str) -> pa.Table:
     rows = state.events(consumer, FAILURE_EVENTS, ["event", "plan_id", "seq", "origin", "row", "at", "error"])
     if rows.num_rows == 0:
         return FAILURE_SCHEMA.empty_table()

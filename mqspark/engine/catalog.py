@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -107,13 +109,34 @@ class Catalog:
         store.remember(root, storage_options)
         # The catalog last read: its table id and version, and what it holds.
         self._read: tuple[tuple[str, int], CatalogState] | None = None
+        # Per thread: the look that reads inside :meth:`pinned` answer from.
+        self._looks = threading.local()
 
     def create(self, qmgr: QueueManagerDefinition, queues: list[QueueDefinition]) -> None:
         table = store.create_table(self.location, CATALOG_SCHEMA, self.storage_options)
         write_deltalake(table, _to_rows(qmgr, {q.name: q for q in queues}, {}, {}), mode="append")
 
     def read(self) -> CatalogState:
-        return self._snapshot()[1]
+        """The catalog at its latest version; inside :meth:`pinned`, at the first look taken there."""
+        look: CatalogState | None = getattr(self._looks, "pinned", None)
+        if look is None:
+            look = self._snapshot()[1]
+            if getattr(self._looks, "depth", 0):
+                self._looks.pinned = look
+        return look
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Answer this thread's reads inside from one look at the catalog: a Python get resolves its
+        queue several times, and each look opens the table."""
+        depth = getattr(self._looks, "depth", 0)
+        self._looks.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._looks.depth = depth
+            if not depth:
+                self._looks.pinned = None
 
     def _snapshot(self) -> tuple[DeltaTable, CatalogState]:
         table = store.open_table(self.location, self.storage_options)

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,6 +71,7 @@ _ATTEMPTS = 100
 LEASE_EVENTS = ("lease", "release")
 # Long enough that a lease record never expires: whether it is the newest is what counts.
 _FOREVER = timedelta(days=3650)
+_Derived = TypeVar("_Derived")
 
 
 class _OutOfOrder(MQError):
@@ -140,6 +142,9 @@ class ConsumerState:
         # How many times rows seen before went (a compaction, a group deleted) or the table was
         # opened anew (deleted and created again): what was derived from them may be out of date.
         self.rewrites = 0
+        # Answers derived from the rows (see :meth:`derived`), and the rows they were derived from.
+        self._derived: dict[tuple, Any] = {}
+        self._derived_from: tuple[int, int] = (-1, -1)
 
     def reopened(self) -> ConsumerState:
         """The same state table with a handle of its own: a DeltaTable is not shared between threads."""
@@ -224,6 +229,16 @@ class ConsumerState:
             )
             self._rows_version = version
         return self._rows
+
+    def derived(self, key: tuple, compute: Callable[[], _Derived]) -> _Derived:
+        """``compute()``, kept until the rows change: for questions a step asks more than once."""
+        self.rows()
+        seen = (self._rows_version, self.rewrites)
+        if seen != self._derived_from:
+            self._derived, self._derived_from = {}, seen
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
 
     def events(
         self,

@@ -244,39 +244,41 @@ def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
     due: datetime | None = None
     conflicts = 0
     while True:
-        # Messages come with the queue's commits, and back with the state's (released, backed out).
-        version = (qm.queue_version(queue), _state_version(qm, queue, consumer))
-        if version != seen or (due is not None and datetime.now(UTC) >= due):
-            seen = version
-            kept = _kept(qm, queue, consumer)
-            planner = Planner(
-                qm, queue, consumer, f"{GET_OWNER}{uuid.uuid4().hex}", DeliveryOptions(), None, state=kept.state
-            )
-            try:
-                # One look at the state table answers the planning step's questions, taken again after
-                # each of its commits.
-                with planner.state.pinned():
-                    kept.offer(planner)
-                    planned = _claim(planner, request.max_messages, match)
-            except Stale:
-                # Another get claimed or moved messages since the look: plan again on a new one.
-                conflicts += 1
-                if conflicts >= _CONFLICTS:
-                    raise MQError(
-                        f"get from queue {queue}: consumer group {consumer!r}: gave up after {conflicts} "
-                        "conflicts with other gets",
-                        Reason.MQRC_BACKED_OUT,
-                    ) from None
-                planner.drop_unstarted_plans()
-                planner.unrecorded.clear()
+        with qm.pinned_catalog():
+            # Messages come with the queue's commits, and back with the state's (released, backed
+            # out); a get that does not wait plans once and needs neither version.
+            version = (qm.queue_version(queue), _state_version(qm, queue, consumer)) if request.wait else None
+            if seen is None or version != seen or (due is not None and datetime.now(UTC) >= due):
+                seen = version
+                kept = _kept(qm, queue, consumer)
+                planner = Planner(
+                    qm, queue, consumer, f"{GET_OWNER}{uuid.uuid4().hex}", DeliveryOptions(), None, state=kept.state
+                )
+                try:
+                    # One look at the state table answers the planning step's questions, taken again
+                    # after each of its commits.
+                    with planner.state.pinned():
+                        kept.offer(planner)
+                        planned = _claim(planner, request.max_messages, match)
+                except Stale:
+                    # Another get claimed or moved messages since the look: plan again on a new one.
+                    conflicts += 1
+                    if conflicts >= _CONFLICTS:
+                        raise MQError(
+                            f"get from queue {queue}: consumer group {consumer!r}: gave up after {conflicts} "
+                            "conflicts with other gets",
+                            Reason.MQRC_BACKED_OUT,
+                        ) from None
+                    planner.drop_unstarted_plans()
+                    planner.unrecorded.clear()
+                    kept.keep(planner)
+                    seen = None
+                    time.sleep(random.uniform(0, 0.002 * min(conflicts, 10)))
+                    continue
                 kept.keep(planner)
-                seen = None
-                time.sleep(random.uniform(0, 0.002 * min(conflicts, 10)))
-                continue
-            kept.keep(planner)
-            if planned is not None:
-                return planned
-            due = planner.next_due
+                if planned is not None:
+                    return planned
+                due = planner.next_due
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))

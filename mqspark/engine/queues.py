@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
@@ -243,6 +244,10 @@ class Queues:
         if version is not None and live_files[0] + len(files) >= MAINTAIN_AT_FILES:
             self._maintain_quietly(local)
         return version
+
+    def pinned_catalog(self) -> AbstractContextManager[None]:
+        """Resolve queues inside from one look at the catalog (see :meth:`Catalog.pinned`)."""
+        return self._catalog.pinned()
 
     def resolve_for_put(self, queue: str) -> QueueDefinition:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""
