@@ -1,5 +1,6 @@
 """The Python put and get one message at a time, as applications outside Spark use them, against the
-storage's own limit: a one-row ``write_deltalake`` append from the same number of processes."""
+storage's own limit: a one-row ``write_deltalake`` append from the same number of processes; and the
+block consumer draining a backlog, against the single get of the same run."""
 
 from __future__ import annotations
 
@@ -18,16 +19,19 @@ from mqspark import MQError, QueueManager
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.model.put import prepare_put
 
+# The block consumer's prefetch: Kafka's default max.poll.records.
+CONSUMER_PREFETCH = 500
 
-def run(messages: int = 300, processes: int = 4) -> dict:
+
+def run(messages: int = 300, processes: int = 4, consumed: int = 100_000) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
     try:
-        return _measure(root, messages, processes)
+        return _measure(root, messages, processes, consumed)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(root: Path, messages: int, processes: int) -> dict:
+def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
     qm = QueueManager.create(root / "qm", "BENCH")
     qm.define_queue("Q")
     rows = prepare_put(qm.inquire_queue("Q"), pa.table({"payload": [b"x" * 100]})).messages
@@ -40,6 +44,7 @@ def _measure(root: Path, messages: int, processes: int) -> dict:
     put_many = _in_processes(_put, str(root / "qm"), messages, processes)
     get_many = _in_processes(_get, str(root / "qm"), messages, processes)
     delivered = sorted(get_many["delivered"])
+    consumer = _in_processes(_consume, str(root / "qm"), consumed, 1)
     return {
         "benchmark": "python_mq",
         "messages": messages,
@@ -61,6 +66,10 @@ def _measure(root: Path, messages: int, processes: int) -> dict:
         "refusals": sorted(set(get_one["refused"] + get_many["refused"]))[:3],
         f"get_{processes}_processes_duplicates": len(delivered) - len(set(delivered)),
         f"get_{processes}_processes_missing": messages - len(set(delivered)),
+        "consumer_messages": consumed,
+        "consumer_prefetch": CONSUMER_PREFETCH,
+        "consumer_per_s": consumer["rate"],
+        "consumer_ratio_to_get": round(consumer["rate"] / get_one["rate"], 1),
     }
 
 
@@ -100,6 +109,20 @@ def _put(root: str, count: int) -> dict:
         qm.put("Q", [{"payload": f"{os.getpid()}-{n}".encode()}])
         latencies.append(time.perf_counter() - start)
     return {"latencies": latencies, "refused": [], "delivered": [], "start": begun, "end": time.time()}
+
+
+def _consume(root: str, count: int) -> dict:
+    """Put ``count`` messages of 100 B in one commit, then take them with the block consumer; the
+    rate counts the consumer only."""
+    qm = QueueManager.open(root)
+    qm.define_queue("C")
+    qm.put("C", pa.table({"payload": [b"x" * 100] * count}))
+    begun = time.time()
+    with qm.consumer("C", "bench", prefetch=CONSUMER_PREFETCH) as consumer:
+        taken = sum(1 for _ in consumer)
+    end = time.time()
+    # One "latency" per message: the rate is messages over the consumer's time.
+    return {"latencies": [(end - begun) / taken] * taken, "refused": [], "delivered": [], "start": begun, "end": end}
 
 
 def _get(root: str, count: int) -> dict:

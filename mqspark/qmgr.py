@@ -22,6 +22,7 @@ from mqspark import store
 from mqspark.cluster.records import AdvertisedQueue
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.catalog import CatalogState
+from mqspark.engine.consumer import Consumer
 from mqspark.engine.depth import waiting
 from mqspark.engine.get import GetRequest, get, syncpoint_get
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
@@ -278,6 +279,12 @@ class QueueManager(Queues):
         messages are consumed when the block succeeds, and backed out (one failed delivery each) when
         it raises."""
         return syncpoint_get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+
+    def consumer(self, queue: str, consumer: str = "default", prefetch: int = 500, wait: float = 0.0) -> Consumer:
+        """A block consumer for throughput: ``with qm.consumer(Q, G, prefetch=500) as c: for message
+        in c: ...``. Claims ``prefetch`` messages per commit and acknowledges them per block: at least
+        once. See :mod:`mqspark.engine.consumer`."""
+        return Consumer(self, queue, consumer, prefetch, wait)
 
     def browse(
         self,

@@ -158,13 +158,25 @@ class PlannedGet:
 
     def release(self) -> None:
         """Give the messages back unprocessed, at once, without counting a failed delivery."""
+        self.settle(0)
+
+    def settle(self, processed: int, error: str | None = None) -> None:
+        """End the claim in one commit: its first ``processed`` messages consumed, the next one
+        backed out with ``error`` when given (one failed delivery), and the rest given back without
+        a failure. Refused (2003) once the lock passed."""
         planner = self.planner
         self._stop()
-        identities = plan_messages(self.plan).select(["origin", "row"])
-        rows = [
-            failure_rows(planner.consumer, planner.owner, "return", self.plan_id, identities, RELEASED),
-            consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq),
-        ]
+        identities = plan_messages(self.plan)
+        identities = identities.take(pc.sort_indices(identities, [("delivery_seq", "ascending")]))
+        rows = []
+        if error is not None and processed < identities.num_rows:
+            failed = identities.slice(processed, 1).select(["origin", "row"])
+            rows.append(failure_rows(planner.consumer, planner.owner, "backout", self.plan_id, failed, error))
+            processed += 1
+        rest = identities.slice(processed).select(["origin", "row"])
+        if rest.num_rows:
+            rows.append(failure_rows(planner.consumer, planner.owner, "return", self.plan_id, rest, RELEASED))
+        rows.append(consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq))
         planner.state.append_if(pa.concat_tables(rows), self._held(planner.state))
 
     def _stop(self) -> None:
@@ -193,7 +205,7 @@ class PlannedGet:
 
         return check
 
-    def settle(self) -> None:
+    def finish_in_doubt(self) -> None:
         """:meth:`finish` a get whose first try at it may or may not have landed (in doubt)."""
         planner = self.planner
         if self.plan_id in planner.state.consumed_plans(planner.consumer).to_pylist():

@@ -1,0 +1,76 @@
+"""The block consumer: a Python get for throughput. ``QueueManager.consumer`` returns one.
+
+It claims a block of up to ``prefetch`` messages in one commit (a claim of :mod:`mqspark.engine.get`,
+renewed while the block is worked on), hands them out one at a time, and acknowledges the block in
+one commit when the application asks for the message after its last one. So a message handed out is
+acknowledged once the application came back for more: delivery is **at least once**. A consumer
+killed mid-block gives the whole block back when its lock passes (each message counting one failed
+delivery), the messages it had processed included.
+
+Leaving the ``with`` block ends the consumer cleanly, in one commit: the messages handed out are
+consumed, the rest of the block goes back without counting a failure. When the block raises, the
+message being processed counts one failed delivery (the queue's retry and backout rules apply);
+the messages handed out before it are consumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+from mqspark.engine.get import GetRequest, PlannedGet, plan_get
+from mqspark.engine.queues import Queues
+from mqspark.errors import MQValidationError
+
+# The most messages one block may claim.
+MAX_PREFETCH = 100_000
+
+
+class Consumer:
+    """Messages of ``queue`` for consumer group ``consumer``, one at a time, claimed ``prefetch`` at
+    a time. Iterating ends once no message came for ``wait`` seconds. Use it in a ``with`` block."""
+
+    def __init__(self, qm: Queues, queue: str, consumer: str = "default", prefetch: int = 500, wait: float = 0.0):
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= MAX_PREFETCH:
+            raise MQValidationError(
+                f"consumer of queue {queue}: prefetch must be an integer from 1 to {MAX_PREFETCH}, got {prefetch!r}"
+            )
+        self.qm = qm
+        self.request = GetRequest(queue, consumer, max_messages=prefetch, wait=wait)
+        self._block: PlannedGet | None = None
+        self._rows: list[dict[str, Any]] = []
+        self._handed = 0
+        self.delivered = 0
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if error is None or self._handed == 0:
+            self._end(self._handed)
+        else:
+            self._end(self._handed - 1, f"{type(error).__name__}: {error}")
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            if self._handed == len(self._rows):
+                self._end(self._handed)
+                self._block = plan_get(self.qm, self.request)
+                if self._block is None:
+                    return
+                self._block.hold()
+                self._rows = self._block.messages.to_pylist()
+            row = self._rows[self._handed]
+            self._handed += 1
+            self.delivered += 1
+            yield row
+
+    def _end(self, processed: int, error: str | None = None) -> None:
+        """Settle the block being worked on, if any (see :meth:`PlannedGet.settle`)."""
+        block, self._block = self._block, None
+        self._rows, self._handed = [], 0
+        if block is not None:
+            block.settle(processed, error)
