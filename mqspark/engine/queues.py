@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from mqspark import store
+from mqspark.engine import group_commit
 from mqspark.engine.catalog import Catalog, CatalogState
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.depth import live_messages, waiting
@@ -145,18 +146,17 @@ class Queues:
         definition = self.resolve_for_put(queue)
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
         file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-        if file is not None:
-            if before_commit is not None:
-                before_commit(msg_ids)
-            self.commit_put(
-                queue,
-                [file],
-                group_items(messages),
-                before_targets(messages),
-                producer=producer,
-                batch_id=batch_id,
-                definition=definition,
-            )
+        if file is None:
+            return msg_ids
+        groups, targets = group_items(messages), before_targets(messages)
+        if producer is None and before_commit is None and not groups.num_rows and not targets:
+            # A plain put: committed with the process's other puts to the queue waiting meanwhile.
+            local = definition.name
+            group_commit.commit(self.root, local, file, lambda files: self.commit_put(local, files, groups))
+            return msg_ids
+        if before_commit is not None:
+            before_commit(msg_ids)
+        self.commit_put(queue, [file], groups, targets, producer=producer, batch_id=batch_id, definition=definition)
         return msg_ids
 
     def committed_transaction(self, queue: str, producer: str) -> int | None:

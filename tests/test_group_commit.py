@@ -1,0 +1,57 @@
+"""Group commit: concurrent puts of one process to one queue share Delta commits. Each call returns
+once its messages are committed, or raises with none of them committed. Real Delta tables, real
+threads."""
+
+from __future__ import annotations
+
+import threading
+
+from deltalake import DeltaTable
+
+from mqspark import MQError, QueueManager, Reason, store
+
+
+def _put_from_threads(qm: QueueManager, count: int) -> list[list[str] | MQError]:
+    barrier = threading.Barrier(count)
+    results: list[list[str] | MQError] = [[] for _ in range(count)]
+
+    def put(number: int) -> None:
+        barrier.wait()
+        try:
+            results[number] = qm.put("Q", [{"payload": f"t{number}"}])
+        except MQError as error:
+            results[number] = error
+
+    threads = [threading.Thread(target=put, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_concurrent_puts_of_one_process_all_land_each_once(qm):
+    qm.define_queue("Q")
+    results = _put_from_threads(qm, 16)
+    assert all(isinstance(result, list) and len(result) == 1 for result in results)
+    browsed = qm.browse("Q")
+    assert sorted(browsed["payload"].to_pylist()) == sorted(f"t{n}".encode() for n in range(16))
+    ids = dict(zip(browsed["payload"].to_pylist(), browsed["msg_id"].to_pylist(), strict=True))
+    assert [ids[f"t{n}".encode()] for n in range(16)] == [result[0] for result in results]
+    history = DeltaTable(store.queue_location(qm.root, "Q")).history()
+    puts = [entry for entry in history if entry.get("mqspark.operation") == "put"]
+    assert sum(entry["mqspark.messages"] for entry in puts) == 16
+
+
+def test_a_commit_that_fails_fails_every_put_in_it_and_commits_none_of_them(qm):
+    qm.define_queue("Q", max_depth=3)
+    results = _put_from_threads(qm, 8)
+    landed = [result for result in results if isinstance(result, list)]
+    refused = [result for result in results if isinstance(result, MQError)]
+    assert len(landed) + len(refused) == 8
+    assert refused and all(error.reason == Reason.MQRC_Q_FULL for error in refused)
+    assert all("queue Q is full (max_depth 3" in str(error) for error in refused)
+    # Exactly the calls that returned have their message on the queue.
+    browsed = qm.browse("Q")
+    assert sorted(browsed["msg_id"].to_pylist()) == sorted(result[0] for result in landed)
+    assert len(landed) <= 3
