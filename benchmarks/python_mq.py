@@ -9,6 +9,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from mqspark.model.put import prepare_put
 
 # The block consumer's prefetch: Kafka's default max.poll.records.
 CONSUMER_PREFETCH = 500
+# The threads of one process putting at once.
+THREADS = 8
 
 
 def run(messages: int = 300, processes: int = 4, consumed: int = 100_000) -> dict:
@@ -45,6 +48,7 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
     get_many = _in_processes(_get, str(root / "qm"), messages, processes)
     delivered = sorted(get_many["delivered"])
     consumer = _in_processes(_consume, str(root / "qm"), consumed, 1)
+    put_threads = _in_processes(_put_threads, str(root / "qm"), messages, 1, THREADS)
     return {
         "benchmark": "python_mq",
         "messages": messages,
@@ -66,6 +70,8 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
         "refusals": sorted(set(get_one["refused"] + get_many["refused"]))[:3],
         f"get_{processes}_processes_duplicates": len(delivered) - len(set(delivered)),
         f"get_{processes}_processes_missing": messages - len(set(delivered)),
+        f"put_{THREADS}_threads_per_s": put_threads["rate"],
+        f"put_{THREADS}_threads_ratio_to_one": round(put_threads["rate"] / put_one["rate"], 2),
         "consumer_messages": consumed,
         "consumer_prefetch": CONSUMER_PREFETCH,
         "consumer_per_s": consumer["rate"],
@@ -109,6 +115,27 @@ def _put(root: str, count: int) -> dict:
         qm.put("Q", [{"payload": f"{os.getpid()}-{n}".encode()}])
         latencies.append(time.perf_counter() - start)
     return {"latencies": latencies, "refused": [], "delivered": [], "start": begun, "end": time.time()}
+
+
+def _put_threads(root: str, count: int, threads: int) -> dict:
+    """Single puts from ``threads`` threads of this process, each with its own queue manager."""
+    results: list[dict] = []
+
+    def work(share: int) -> None:
+        results.append(_put(root, share))
+
+    workers = [threading.Thread(target=work, args=(count // threads + (n < count % threads),)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return {
+        "latencies": [latency for result in results for latency in result["latencies"]],
+        "refused": [],
+        "delivered": [],
+        "start": min(result["start"] for result in results),
+        "end": max(result["end"] for result in results),
+    }
 
 
 def _consume(root: str, count: int) -> dict:
