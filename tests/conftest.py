@@ -36,6 +36,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+    # The tests that start their own Spark drivers run one after another on one worker (their
+    # xdist_group), the longest chain of the run: first, so the other worker takes the rest meanwhile.
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 @pytest.fixture(scope="session")

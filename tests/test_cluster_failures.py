@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from mqspark import QueueManager, store
 from mqspark.cluster.repository import Cluster
 
-from .support.processes import finish_driver, kill_run, last_spark_commit, start_driver
+from .support.processes import PATIENCE, finish_driver, kill_run, last_spark_commit, start_driver
 
 # Every test runs producers that are Spark drivers of their own (mqspark.session()).
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
@@ -174,7 +174,7 @@ def test_routed_producer_killed_with_sigkill_puts_each_message_once(bind, tmp_pa
         delay = rng.uniform(0.05, 0.8) if mode == "random" else 0.0
         process, log = run(number)
         logs.append(log)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + PATIENCE
         journal_version = 0
         while True:
             if mode == "replica":
@@ -186,7 +186,9 @@ def test_routed_producer_killed_with_sigkill_puts_each_message_once(bind, tmp_pa
                 if journal_version >= journal_target:
                     break
             assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
-            assert time.monotonic() < deadline, f"run {number} made no progress in 120 s: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"run {number} made no progress in {PATIENCE} s: {log.read_text()[-3000:]}"
+            )
             time.sleep(0.002)
         time.sleep(delay)
         assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"

@@ -18,7 +18,15 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine.consumer_groups import ConsumerState
 
-from .support.processes import finish_driver, kill_marked, kill_run, last_spark_commit, start_process, wait_printed
+from .support.processes import (
+    PATIENCE,
+    finish_driver,
+    kill_marked,
+    kill_run,
+    last_spark_commit,
+    start_process,
+    wait_printed,
+)
 
 # Each forward job runs under spark-submit.
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers")]
@@ -111,7 +119,7 @@ def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm
             # Kill after the run's first or later reply put (the JVM start takes seconds), at once,
             # after a random delay, or at the state table's next commit (a reply record or a plan).
             target = _version(replies) + rng.randint(1, 3)
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + PATIENCE
             while _version(replies) < target:
                 assert process.poll() is None, f"run {number} ended: {log.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, f"run {number} made no progress: {log.read_text()[-3000:]}"
@@ -151,7 +159,7 @@ def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tm
         log = tmp_path / f"run-{number}.log"
         process = start_process(command, log, token)
         try:
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + PATIENCE
             while not done():
                 assert process.poll() is None, f"run {number} ended: {log.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, f"run {number} made no progress: {log.read_text()[-3000:]}"
@@ -191,7 +199,7 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
         running[token] = (start_process(command, log, token), log)
         return token
 
-    def reached(token: str, role: str, timeout: float = 180) -> str:
+    def reached(token: str, role: str, timeout: float = PATIENCE) -> str:
         return wait_printed(*running[token], role, timeout)
 
     try:
@@ -201,16 +209,16 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
         reached(standby, "standby")
         for _ in range(3):
             target = _version(replies) + 2
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + PATIENCE
             while _version(replies) < target:
                 assert qm.depth("REQUESTS", consumer="forward"), "drained before the kill: put more requests"
                 assert time.monotonic() < deadline, f"no replies: {running[active][1].read_text()[-3000:]}"
                 time.sleep(0.01)
             kill_run(running[active][0], active)
-            ids.append(reached(standby, "active", timeout=120))
+            ids.append(reached(standby, "active"))
             active, standby = standby, start()
             reached(standby, "standby")
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + PATIENCE
         while qm.depth("REQUESTS", consumer="forward"):
             assert time.monotonic() < deadline, f"requests left: {running[active][1].read_text()[-3000:]}"
             time.sleep(0.2)

@@ -26,7 +26,7 @@ from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
 from .support import reference_model
-from .support.processes import kill_marked, kill_run, last_spark_commit, log_tail, start_driver
+from .support.processes import PATIENCE, kill_marked, kill_run, last_spark_commit, log_tail, start_driver
 
 # Every test runs consumers that are Spark drivers of their own (mqspark.session()).
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
@@ -193,12 +193,12 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
         return start_driver([str(script), qm.root, str(output), str(checkpoint)], log, token), log
 
     def wait_for(condition, process: subprocess.Popen, number: int, log: Path) -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + PATIENCE
         while not condition():
             assert process.poll() is None, (
                 f"run {number} ended (rc {process.returncode}) before its kill: {log_tail(log)}"
             )
-            assert time.monotonic() < deadline, f"run {number} made no progress in 120 s: {log_tail(log)}"
+            assert time.monotonic() < deadline, f"run {number} made no progress in {PATIENCE} s: {log_tail(log)}"
             time.sleep(0.002)
 
     killed: list[dict] = []

@@ -28,7 +28,7 @@ from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
 from .support import reference_model
-from .support.processes import kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
+from .support.processes import PATIENCE, kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
 from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill
 
@@ -126,7 +126,7 @@ class Instances:
         standby_token = self.start()
         return active_token, active, standby_token, self.instance_id(standby_token)
 
-    def instance_id(self, token: str, role: str = "standby", timeout: float = 120) -> str:
+    def instance_id(self, token: str, role: str = "standby", timeout: float = PATIENCE) -> str:
         """The instance id the process printed on reaching ``role``."""
         return wait_printed(*self.running[token], role, timeout)
 
@@ -135,7 +135,7 @@ class Instances:
         lines = self.deliveries.read_text().splitlines()
         return [(i, int(b), int(r), float(t)) for i, b, r, t in (line.split() for line in lines if line.strip())]
 
-    def wait_for_deliveries(self, instance: str, count: int, timeout: float = 120) -> float:
+    def wait_for_deliveries(self, instance: str, count: int, timeout: float = PATIENCE) -> float:
         """Wait until ``instance`` delivered ``count`` micro-batches in all; the time of the last."""
         deadline = time.monotonic() + timeout
         while True:
@@ -223,9 +223,11 @@ def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm,
             killed_at = time.time()
             instances.kill(tokens.pop(active))
             replacement = instances.start()
-            deadline = time.monotonic() + LEASE_S + 120
+            deadline = time.monotonic() + LEASE_S + PATIENCE
             while not (after := [d for d in instances.delivered() if d[3] > killed_at and d[0] != active]):
-                assert time.monotonic() < deadline, f"no standby took over within {LEASE_S + 120} s of kill {number}"
+                assert time.monotonic() < deadline, (
+                    f"no standby took over within {LEASE_S + PATIENCE} s of kill {number}"
+                )
                 time.sleep(0.05)
             successor, batch, _, first_delivery = after[0]
             takeovers.append(
@@ -270,7 +272,7 @@ def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(s
         instances.wait_for_deliveries(paused, max(2, seen + 1))
         instances.signal(paused_token, signal.SIGSTOP)
         stopped_at = time.time()
-        took_over = instances.wait_for_deliveries(standby, 1, timeout=LEASE_S + 60)
+        took_over = instances.wait_for_deliveries(standby, 1, timeout=LEASE_S + PATIENCE)
         time.sleep(2)
         instances.signal(paused_token, signal.SIGCONT)
         process, log = instances.running[paused_token]
@@ -305,7 +307,7 @@ def test_switchover_hands_over_at_a_batch_boundary_with_nothing_redelivered(spar
             {"queue": "Q", "consumer": "ha", "switchover": "requested"},
         )
         asked_at = time.time()
-        taken_over = instances.wait_for_deliveries(standby, 1, timeout=60)
+        taken_over = instances.wait_for_deliveries(standby, 1)
         process, log = instances.running[active_token]
         # The old active instance stopped its query cleanly.
         assert process.wait(timeout=60) == 0, log_tail(log)

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from mqspark import QueueManager, store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
-from .support.processes import finish_driver, kill_run, last_spark_commit, start_driver
+from .support.processes import PATIENCE, finish_driver, kill_run, last_spark_commit, start_driver
 
 # Every test runs producers that are Spark drivers of their own (mqspark.session()).
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
@@ -115,10 +115,12 @@ def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, reco
         target = DeltaTable(location).version() + new_commits
         process, log = run(number)
         logs.append(log)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + PATIENCE
         while not _delta_log(location, target).exists():
             assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
-            assert time.monotonic() < deadline, f"run {number} made no progress in 120 s: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"run {number} made no progress in {PATIENCE} s: {log.read_text()[-3000:]}"
+            )
             time.sleep(0.002)
         time.sleep(delay)
         assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
@@ -237,7 +239,7 @@ def test_four_producers_and_a_maintenance_commit_lose_nothing(spark, qm, tmp_pat
                 .start(qm.root)
             )
         # The Python puts start once the streams are committing, so that all four producers overlap.
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + PATIENCE
         while time.monotonic() < deadline and all(query.isActive and not query.lastProgress for query in queries):
             time.sleep(0.05)
         go.set()

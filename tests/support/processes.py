@@ -14,6 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+# How long a process test waits for a Spark driver to start or make progress before it fails. Far
+# above a quiet run's times: on 2 loaded cores a driver's start alone has taken over 120 s.
+PATIENCE = 300
+
 
 def last_spark_commit(checkpoint: Path) -> int:
     """The last micro-batch Spark recorded as done in the checkpoint's commit log (-1: none)."""
