@@ -4,8 +4,15 @@ threads."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from mqspark import MQError, QueueManager, Reason, store
@@ -55,3 +62,48 @@ def test_a_commit_that_fails_fails_every_put_in_it_and_commits_none_of_them(qm):
     browsed = qm.browse("Q")
     assert sorted(browsed["msg_id"].to_pylist()) == sorted(result[0] for result in landed)
     assert len(landed) <= 3
+
+
+@pytest.mark.slow
+def test_a_producer_killed_mid_group_commit_leaves_each_returned_put_once_and_none_half_written(tmp_path):
+    qm = QueueManager.create(tmp_path / "qm", "QM1")
+    qm.define_queue("Q")
+    script = textwrap.dedent(
+        f"""
+        import sys, threading
+        from mqspark import QueueManager
+        printing = threading.Lock()  # one whole line at a time
+
+        def put(thread):
+            qm = QueueManager.open({str(qm.root)!r})
+            for n in range(10_000):
+                qm.put("Q", [{{"payload": f"{{thread}}-{{n}}-a"}}, {{"payload": f"{{thread}}-{{n}}-b"}}])
+                with printing:
+                    sys.stdout.write(f"ok {{thread}}-{{n}}\\n")
+                    sys.stdout.flush()
+
+        for thread in range(8):
+            threading.Thread(target=put, args=(thread,), daemon=True).start()
+        threading.Event().wait()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
+    returned = []
+    try:
+        # Kill it in the middle of its commits, once every thread's puts have been returning a while.
+        while len(returned) < 120:
+            line = child.stdout.readline()
+            assert line, "the producer ended before it was killed"
+            returned.append(line.split()[1])
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        child.kill()
+        child.wait()
+    payloads = [p.decode() for p in qm.browse("Q")["payload"].to_pylist()]
+    assert len(payloads) == len(set(payloads))
+    calls = {payload.rsplit("-", 1)[0] for payload in payloads}
+    # Every put that returned is there; no put is there with one of its two messages only.
+    assert set(returned) <= calls
+    assert sorted(payloads) == sorted(f"{call}-{half}" for call in calls for half in "ab")
