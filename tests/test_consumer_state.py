@@ -79,14 +79,14 @@ def test_a_lease_stamped_before_a_release_that_committed_first_still_holds(qm: Q
 def test_a_released_lease_is_not_renewed_and_a_release_by_another_owner_changes_nothing(qm: QueueManager) -> None:
     qm.define_queue("Q")
     state = ConsumerState(qm.root, "Q")
-    state.acquire("g", "get:a", LEASE)
-    state.release("g", "get:b")
-    assert state.lease("g", LEASE).owner == "get:a"
-    state.release("g", "get:a")
-    with pytest.raises(MQError, match="consumer group 'g' was released by get:a") as refused:
-        state.renew("g", "get:a", LEASE)
+    state.acquire("g", "query-a", LEASE)
+    state.release("g", "query-b")
+    assert state.lease("g", LEASE).owner == "query-a"
+    state.release("g", "query-a")
+    with pytest.raises(MQError, match="consumer group 'g' was released by query-a") as refused:
+        state.renew("g", "query-a", LEASE)
     assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE
     assert state.lease("g", LEASE) is None
-    state.acquire("g", "get:b", LEASE)
-    with pytest.raises(MQError, match="consumer group 'g' was taken over by get:b"):
-        state.renew("g", "get:a", LEASE)
+    state.acquire("g", "query-b", LEASE)
+    with pytest.raises(MQError, match="consumer group 'g' was taken over by query-b"):
+        state.renew("g", "query-a", LEASE)
