@@ -18,6 +18,7 @@ from mqspark import MQError, MQValidationError, Reason
 from mqspark.qmgr import BROWSE_SCHEMA
 
 from .support.samples import spec_example
+from .support.stream_batches import collecting_query
 
 
 def _payloads(table) -> list[str]:
@@ -111,20 +112,7 @@ def test_get_refuses_while_a_streaming_query_reads_the_group_and_a_query_continu
     qm.put("Q", [{"payload": f"m{i}"} for i in range(6)])
     assert _payloads(qm.get("Q", max_messages=2)) == ["m0", "m1"]
     seen: list[tuple[int, str]] = []
-
-    def process(df, batch_id: int) -> None:
-        seen.extend((r.delivery_seq, r.payload.decode()) for r in df.orderBy("delivery_seq").collect())
-
-    query = (
-        spark.readStream.format("mq")
-        .option("queue", "Q")
-        .option("maxMessagesPerTrigger", "2")
-        .load(qm.root)
-        .writeStream.foreachBatch(process)
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query = collecting_query(spark, qm.root, tmp_path / "ckpt", seen, maxMessagesPerTrigger="2")
     try:
         deadline = time.monotonic() + 60
         while len(seen) < 4 and time.monotonic() < deadline:

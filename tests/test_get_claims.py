@@ -19,6 +19,8 @@ from mqspark import MQError, QueueManager, Reason
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.get import GetRequest, plan_get
 
+from .support.stream_batches import collecting_query
+
 
 def _payloads(table) -> list[str]:
     return [p.decode() for p in table["payload"].to_pylist()]
@@ -141,20 +143,8 @@ def test_a_streaming_query_starting_waits_for_the_gets_claims_then_delivers_the_
     qm.define_queue("Q")
     qm.put("Q", [{"payload": f"m{i}"} for i in range(4)])
     claim = plan_get(qm, GetRequest("Q", max_messages=2))
-    seen: list[str] = []
-
-    def process(df, batch_id: int) -> None:
-        seen.extend(r.payload.decode() for r in df.orderBy("delivery_seq").collect())
-
-    query = (
-        spark.readStream.format("mq")
-        .option("queue", "Q")
-        .load(qm.root)
-        .writeStream.foreachBatch(process)
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    seen: list[tuple[int, str]] = []
+    query = collecting_query(spark, qm.root, tmp_path / "ckpt", seen)
     try:
         deadline = time.monotonic() + 60
         while not query.status["message"].startswith("Getting offsets") and time.monotonic() < deadline:
@@ -165,4 +155,4 @@ def test_a_streaming_query_starting_waits_for_the_gets_claims_then_delivers_the_
             time.sleep(0.1)
     finally:
         query.stop()
-    assert seen == ["m2", "m3"]
+    assert [payload for _, payload in seen] == ["m2", "m3"]
