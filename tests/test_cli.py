@@ -117,6 +117,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
         "retry_count": 0,
         "retry_delay": 1.5,
         "error_queue": None,
+        "lock_duration": 30.0,
         "cluster": ["A", "B"],
         "description": "incoming orders",
     }
@@ -146,6 +147,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
         "retry_count: 0",
         "retry_delay: 1.5",
         "error_queue:",
+        "lock_duration: 30.0",
         "cluster:",
         "  A",
         "  B",

@@ -45,8 +45,8 @@ _registry = threading.Lock()
 
 
 def commit(root: str, queue: str, file: store.DataFile, commit_files: CommitFiles) -> None:
-    """Commit ``file``, a plain put's data file for local queue ``queue`` of the queue manager at
-    ``root``, together with the files of the process's other puts to it waiting meanwhile;
+    """Commit ``file``, a plain put's data file for queue ``queue`` (the name put to) of the queue
+    manager at ``root``, together with the files of the process's other puts to it waiting meanwhile;
     ``commit_files(files)`` makes one commit. Raises what that commit raised."""
     with _registry:
         shared = _queues.setdefault((root, queue), _Queue())

@@ -151,8 +151,10 @@ class Queues:
         groups, targets = group_items(messages), before_targets(messages)
         if producer is None and before_commit is None and not groups.num_rows and not targets:
             # A plain put: committed with the process's other puts to the queue waiting meanwhile.
-            local = definition.name
-            group_commit.commit(self.root, local, file, lambda files: self.commit_put(local, files, groups))
+            # Keyed by the name put to: an alias retargeted meanwhile backs out every put of the commit.
+            group_commit.commit(
+                self.root, queue, file, lambda files: self.commit_put(queue, files, groups, definition=definition)
+            )
             return msg_ids
         if before_commit is not None:
             before_commit(msg_ids)
