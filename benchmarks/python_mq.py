@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from mqspark import MQError, QueueManager
 from mqspark.model.messages import MESSAGE_SCHEMA
@@ -102,7 +103,13 @@ def _append(root: str, count: int, rows: pa.Table) -> dict:
     latencies, begun = [], time.time()
     for _ in range(count):
         start = time.perf_counter()
-        write_deltalake(table, rows, mode="append")
+        # delta-rs retries a conflicting append a few times and then gives up: an application retries.
+        while True:
+            try:
+                write_deltalake(table, rows, mode="append")
+                break
+            except CommitFailedError:
+                continue
         latencies.append(time.perf_counter() - start)
     return {"latencies": latencies, "refused": [], "delivered": [], "start": begun, "end": time.time()}
 
