@@ -370,7 +370,7 @@ class Transfer:
         }
         rows = pa.table({f.name: columns.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA})
         rows = rows.cast(STATE_SCHEMA)
-        self.state.append_if(rows, self._alone(target, committed))
+        self.state.append(rows, self._alone(target, committed))
         try:
             self._put(rows, pending)
         except MQError as refused:

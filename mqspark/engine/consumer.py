@@ -41,7 +41,6 @@ class Consumer:
         self._block: PlannedGet | None = None
         self._rows: list[dict[str, Any]] = []
         self._handed = 0
-        self.delivered = 0
 
     def __enter__(self) -> Consumer:
         return self
@@ -65,7 +64,6 @@ class Consumer:
                 self._rows = self._block.messages.to_pylist()
             row = self._rows[self._handed]
             self._handed += 1
-            self.delivered += 1
             yield row
 
     def _end(self, processed: int, error: str | None = None) -> None:

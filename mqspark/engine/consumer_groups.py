@@ -372,9 +372,8 @@ class ConsumerState:
         rolled back. A claim's lock runs ``lock`` from its plan's or its newest ``renew`` record."""
         rows = self.events(consumer, ("plan", "consumed", "rollback", "renew"), ["event", "plan_id", "owner", "at"])
         event = rows["event"]
-        ended = pc.unique(rows.filter(pc.is_in(event, pa.array(["consumed", "rollback"])))["plan_id"])
-        claimed = pc.and_(pc.equal(event, "plan"), pc.starts_with(rows["owner"], GET_OWNER))
-        open_ = rows.filter(pc.and_(claimed, pc.invert(pc.is_in(rows["plan_id"], value_set=ended))))
+        consumed = rows.filter(pc.equal(event, "consumed"))["plan_id"]
+        open_ = rows.filter(pc.and_(claims_of(rows), pc.invert(pc.is_in(rows["plan_id"], value_set=consumed))))
         ids = pc.unique(open_["plan_id"])
         stamps = rows.filter(
             pc.and_(pc.is_in(event, pa.array(["plan", "renew"])), pc.is_in(rows["plan_id"], value_set=ids))
@@ -397,12 +396,9 @@ class ConsumerState:
         moves = rows.filter(pc.equal(rows["event"], "move"))
         return moves.filter(pc.invert(pc.is_in(moves["plan_id"], value_set=done)))
 
-    def append(self, rows: pa.Table) -> None:
-        """Append rows; concurrent appends of other processes are fine, so conflicts just retry."""
-        self._commit(rows.cast(STATE_SCHEMA), check=None)
-
-    def append_if(self, rows: pa.Table, check: Callable[[], None]) -> None:
-        """Append rows once ``check`` passes (it raises to refuse), at exactly the version it checked."""
+    def append(self, rows: pa.Table, check: Callable[[], None] | None = None) -> None:
+        """Append rows; concurrent appends of other processes are fine, so conflicts just retry. With
+        ``check``, only once it passes (it raises to refuse), at exactly the version it checked."""
         self._commit(rows.cast(STATE_SCHEMA), check)
 
     def _commit(self, rows: pa.Table, check: Callable[[], None] | None) -> None:

@@ -143,18 +143,15 @@ class PlannedGet:
 
     def _renew_on(self, state: ConsumerState) -> None:
         planner = self.planner
-        state.append_if(event_rows(planner.consumer, planner.owner, "renew", self.plan_id, self.seq), self._held(state))
+        state.append(event_rows(planner.consumer, planner.owner, "renew", self.plan_id, self.seq), self._held(state))
 
     def finish(self, error: str | None = None) -> None:
         """Record the claim consumed (its messages backed out first, with ``error``, when given) in
         one state commit; refused (2003) once its lock passed."""
-        planner = self.planner
-        self._stop()
-        rows = [consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq)]
-        if error is not None:
-            identities = plan_messages(self.plan).select(["origin", "row"])
-            rows.insert(0, failure_rows(planner.consumer, planner.owner, "backout", self.plan_id, identities, error))
-        planner.state.append_if(pa.concat_tables(rows), self._held(planner.state))
+        if error is None:
+            self._end([])
+        else:
+            self._end([self._failures("backout", self._identities(), error)])
 
     def release(self) -> None:
         """Give the messages back unprocessed, at once, without counting a failed delivery."""
@@ -164,24 +161,31 @@ class PlannedGet:
         """End the claim in one commit: its first ``processed`` messages consumed, the next one
         backed out with ``error`` when given (one failed delivery), and the rest given back without
         a failure. Refused (2003) once the lock passed."""
-        planner = self.planner
-        self._stop()
-        identities = plan_messages(self.plan)
-        identities = identities.take(pc.sort_indices(identities, [("delivery_seq", "ascending")]))
+        identities = self._identities()
         rows = []
         if error is not None and processed < identities.num_rows:
-            failed = identities.slice(processed, 1).select(["origin", "row"])
-            rows.append(failure_rows(planner.consumer, planner.owner, "backout", self.plan_id, failed, error))
+            rows.append(self._failures("backout", identities.slice(processed, 1), error))
             processed += 1
-        rest = identities.slice(processed).select(["origin", "row"])
-        if rest.num_rows:
-            rows.append(failure_rows(planner.consumer, planner.owner, "return", self.plan_id, rest, RELEASED))
-        rows.append(consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq))
-        planner.state.append_if(pa.concat_tables(rows), self._held(planner.state))
+        if processed < identities.num_rows:
+            rows.append(self._failures("return", identities.slice(processed), RELEASED))
+        self._end(rows)
 
-    def _stop(self) -> None:
+    def _identities(self) -> pa.Table:
+        """``origin`` and ``row`` of the claim's messages, in delivery order."""
+        identities = plan_messages(self.plan)
+        return identities.take(pc.sort_indices(identities, [("delivery_seq", "ascending")])).select(["origin", "row"])
+
+    def _failures(self, event: str, identities: pa.Table, error: str) -> pa.Table:
+        planner = self.planner
+        return failure_rows(planner.consumer, planner.owner, event, self.plan_id, identities, error)
+
+    def _end(self, rows: list[pa.Table]) -> None:
+        """Commit ``rows`` with the claim's consumption, while the claim holds."""
+        planner = self.planner
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        rows = [*rows, consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq)]
+        planner.state.append(pa.concat_tables(rows), self._held(planner.state))
 
     def _held(self, state: ConsumerState) -> Callable[[], None]:
         """A check that the claim still holds its messages: not consumed, not taken back by another
@@ -190,11 +194,10 @@ class PlannedGet:
 
         def check() -> None:
             consumer = planner.consumer
-            ended = state.events(consumer, ("consumed", "rollback"), ["event"], plan_id)["event"].to_pylist()
-            claims = state.claims(consumer, planner.lock)
-            if "consumed" in ended:
+            if state.events(consumer, ("consumed",), ["event"], plan_id).num_rows:
                 raise MQError(f"get from queue {planner.queue}: claim {plan_id} ended already", Reason.MQRC_BACKED_OUT)
-            if "rollback" in ended or plan_id not in claims.live["plan_id"].to_pylist():
+            # A claim rolled back by another get, or whose lock passed, is not live.
+            if plan_id not in state.claims(consumer, planner.lock).live["plan_id"].to_pylist():
                 raise MQError(
                     f"get from queue {planner.queue}: consumer group {consumer!r}: the lock of its "
                     f"{self.messages.num_rows} messages passed (lock_duration {planner.lock.total_seconds():g} s); "

@@ -296,10 +296,7 @@ class Planner:
         ``check``, only once it passes, at exactly the version it checked."""
         rows = [*self.unrecorded, *([plan_rows] if plan_rows is not None else [])]
         if rows:
-            if check is None:
-                self.state.append(pa.concat_tables(rows))
-            else:
-                self.state.append_if(pa.concat_tables(rows), check)
+            self.state.append(pa.concat_tables(rows), check)
             self.unrecorded.clear()
 
     def roll_back(self, plan_id: str, plan: pa.Table) -> None:

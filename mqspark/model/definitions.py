@@ -65,16 +65,17 @@ def _boolean(attr: str, value: Any) -> bool:
     return value
 
 
-def _seconds(attr: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise MQValidationError(f"attribute {attr} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
+def seconds(*, zero: bool) -> Callable[[str, Any], float]:
+    """A validator of a finite number of seconds, at least 0 (``zero``) or more than 0."""
+    bound = ">= 0" if zero else "> 0"
 
+    def check(attr: str, value: Any) -> float:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not (0 <= value if zero else 0 < value) or not value < math.inf:
+            raise MQValidationError(f"attribute {attr} must be a number of seconds {bound}, got {value!r}")
+        return float(value)
 
-def _positive_seconds(attr: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise MQValidationError(f"attribute {attr} must be a number of seconds > 0, got {value!r}")
-    return float(value)
+    return check
 
 
 def _optional_queue_name(attr: str, value: Any) -> str | None:
@@ -111,9 +112,9 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "backout_threshold": int_in(0, MAX_DEPTH_LIMIT),
     "backout_queue": _optional_queue_name,
     "retry_count": int_in(0, MAX_DEPTH_LIMIT),
-    "retry_delay": _seconds,
+    "retry_delay": seconds(zero=True),
     "error_queue": _optional_queue_name,
-    "lock_duration": _positive_seconds,
+    "lock_duration": seconds(zero=False),
     "cluster": _cluster_names,
     "description": _description,
 }
