@@ -1,4 +1,4 @@
-"""The state table of a queue when it disappears, or appears, between two looks of one operation."""
+"""The state table of a queue when it disappears, appears or is rewritten between two looks."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def test_a_compaction_whose_table_went_after_its_commit_is_done(qm: QueueManager
     committed = [False]
     real_table, real_overwrite = ConsumerState.table, ConsumerState._overwrite
 
-    def overwrite(self: ConsumerState, table, rows):
-        committed[0] = real_overwrite(self, table, rows)
+    def overwrite(self: ConsumerState, table, rows, operation):
+        committed[0] = real_overwrite(self, table, rows, operation)
         return committed[0]
 
     monkeypatch.setattr(ConsumerState, "_overwrite", overwrite)
@@ -90,3 +90,21 @@ def test_a_released_lease_is_not_renewed_and_a_release_by_another_owner_changes_
     state.acquire("g", "query-b", LEASE)
     with pytest.raises(MQError, match="consumer group 'g' was taken over by query-b"):
         state.renew("g", "query-a", LEASE)
+
+
+def test_a_compaction_by_another_reader_is_not_a_rewrite_but_a_deleted_group_is(qm: QueueManager) -> None:
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "g")
+    qm.declare_consumer("Q", "h")
+    mine, other = ConsumerState(qm.root, "Q"), ConsumerState(qm.root, "Q")
+    before = mine.rows().num_rows
+    assert other.compact()
+    # The files mine read are gone, but what they said is all there.
+    assert (mine.rows().num_rows, mine.groups(), mine.rewrites) == (before, ["g", "h"], 0)
+    other.delete("h", timedelta(seconds=30))
+    assert (mine.groups(), mine.rewrites) == (["g"], 1)
+    # Further behind than it reads the log for: counted as a rewrite.
+    other.compact()
+    for _ in range(2 * consumer_groups.COMPACT_EVERY + 1):
+        other.append(event_rows("g", "", "declare"))
+    assert (mine.groups(), mine.rewrites) == (["g"], 2)

@@ -54,6 +54,8 @@ INDEX_SCHEMA = pa.schema(
 )
 
 
+# The index's rows are made one chunk again when they have more than this many.
+_CHUNKS = 32
 # Snapshots to try when log clean-up removes an entry one of them needed.
 _ATTEMPTS = 3
 
@@ -157,6 +159,9 @@ class PendingMessages:
         # the ordering engine mostly finds the index sorted already.
         pieces = sorted(pieces, key=_first_position)
         self.rows = pa.concat_tables([self.rows, *pieces])
+        if self.rows.column(0).num_chunks > _CHUNKS:
+            # Compute kernels pay per chunk, and a queue of single puts adds one per message.
+            self.rows = self.rows.combine_chunks()
         if not self.msg_ids and self.rows["before_msg_id"].null_count < self.rows.num_rows:
             self._read_msg_ids()
         return True

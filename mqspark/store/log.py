@@ -148,14 +148,7 @@ class LogEntry:
 REWRITE_OPERATIONS = ("maintain", "purge")
 
 
-def log_entry(location: str, version: int) -> LogEntry:
-    """The data files commit ``version`` added and removed, read straight from its log entry, the only
-    place that says which version added a file.
-
-    Files rewritten without changing data (``dataChange: false``) are left out. A commit that removed
-    data other than by mqspark's maintenance or purge, or used deletion vectors, means the queue table
-    was edited behind mqspark's back, so it fails loudly.
-    """
+def _actions(location: str, version: int) -> list[dict]:
     filesystem, path = _log_path(location, version)
     try:
         with filesystem.open_input_stream(path) as stream:
@@ -165,11 +158,29 @@ def log_entry(location: str, version: int) -> LogEntry:
             f"table {location}: log entry of version {version} is gone (log clean-up?); "
             "the physical order of its messages cannot be rebuilt"
         ) from None
-    actions = [json.loads(line) for line in lines if line.strip()]
-    operation = next(
-        (a["commitInfo"].get("mqspark.operation") for a in actions if "commitInfo" in a),
-        None,
-    )
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _operation(actions: list[dict]) -> str | None:
+    return next((a["commitInfo"].get("mqspark.operation") for a in actions if "commitInfo" in a), None)
+
+
+def commit_operations(location: str, first: int, last: int) -> list[str | None]:
+    """The ``mqspark.operation`` of each commit from version ``first`` to ``last``; raises
+    :class:`LogEntryGone` when one of their log entries was cleaned up."""
+    return [_operation(_actions(location, version)) for version in range(first, last + 1)]
+
+
+def log_entry(location: str, version: int) -> LogEntry:
+    """The data files commit ``version`` added and removed, read straight from its log entry, the only
+    place that says which version added a file.
+
+    Files rewritten without changing data (``dataChange: false``) are left out. A commit that removed
+    data other than by mqspark's maintenance or purge, or used deletion vectors, means the queue table
+    was edited behind mqspark's back, so it fails loudly.
+    """
+    actions = _actions(location, version)
+    operation = _operation(actions)
     added, sizes, removed = [], [], []
     for action in actions:
         if "remove" in action and action["remove"].get("dataChange", True):
