@@ -164,8 +164,12 @@ class ConsumerState:
         if self._table is not None:
             if self._pinned and self._current:
                 return self._table
+            seen = self._table.version()
+            # Two file lookups, where updating the handle lists the whole log.
+            if not store.version_exists(self.location, seen + 1) and store.version_exists(self.location, seen):
+                self._current = self._pinned
+                return self._table
             try:
-                seen = self._table.version()
                 self._table.update_incremental()
                 # A table deleted with its queue may have no newer entry, and no error says so.
                 if self._table.version() > seen or store.version_exists(self.location, seen):

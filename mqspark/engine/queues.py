@@ -62,7 +62,8 @@ class Queues:
         self._definition = definition
         # Message tables stay open and are brought up to date incrementally: opening one lists and
         # replays its log, which costs more the more log entries the retention keeps.
-        self._tables: dict[str, DeltaTable] = {}
+        # Each queue's message table handle, with when its version's log entry was written.
+        self._tables: dict[str, tuple[DeltaTable, int | None]] = {}
 
     @property
     def name(self) -> str:
@@ -283,16 +284,23 @@ class Queues:
 
     def _message_table(self, queue: str) -> DeltaTable:
         """The message table of ``queue`` at its latest version. Not for concurrent use by threads."""
-        table = self._tables.get(queue)
-        if table is not None:
+        location = self._location(queue)
+        table, stamp = self._tables.pop(queue, (None, None))
+        # The same table as at the last look (not deleted, nor defined again): two file lookups, where
+        # updating the handle lists the whole log.
+        if table is not None and stamp is not None and store.log_stamp(location, table.version()) == stamp:
+            if not store.version_exists(location, table.version() + 1):
+                self._tables[queue] = table, stamp
+                return table
             try:
                 table.update_incremental()
+                self._tables[queue] = table, store.log_stamp(location, table.version())
                 return table
             except Exception:  # noqa: BLE001 - deleted, or deleted and defined again: open it afresh
-                del self._tables[queue]
-        table = store.open_table(self._location(queue), self.storage_options)
+                pass
+        table = store.open_table(location, self.storage_options)
         if table is not None:
-            self._tables[queue] = table
+            self._tables[queue] = table, store.log_stamp(location, table.version())
         if table is None:
             raise MQError(
                 f"queue {queue} has no message table at {self._location(queue)}", Reason.MQRC_UNKNOWN_OBJECT_NAME

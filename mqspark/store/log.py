@@ -123,6 +123,15 @@ def version_exists(location: str, version: int) -> bool:
     return filesystem.get_file_info(path).type == pafs.FileType.File
 
 
+def log_stamp(location: str, version: int) -> int | None:
+    """When commit ``version``'s log entry was written (ns), None when there is none. With
+    :func:`version_exists` of the next version, two file lookups tell a table unchanged since
+    ``version`` from one that moved on or was made anew, where updating a handle lists the log."""
+    filesystem, path = _log_path(location, version)
+    info = filesystem.get_file_info(path)
+    return info.mtime_ns if info.type == pafs.FileType.File else None
+
+
 class LogEntryGone(MQError):
     """A log entry a reader needs was cleaned up: maintenance stamped the files it added since, so a
     newer snapshot reads without it."""
