@@ -491,3 +491,25 @@ def test_get_takes_messages_for_a_consumer_group_and_reports_2033_when_none_is_l
     assert fails(root, "get", "ORDERS", "--max", "0") == (
         "mqspark: error: get: queue ORDERS: max_messages must be an integer >= 1, got 0"
     )
+
+
+@pytest.mark.slow  # one mqspark process per step
+def test_get_count_takes_that_many_messages_with_the_block_consumer_and_no_more(qm):
+    root = qm.root
+    qm.define_queue("ORDERS")
+    qm.put("ORDERS", [{"payload": name} for name in ("one", "two", "three", "four", "five")])
+    _, rows = parse_table(ok(root, "get", "ORDERS", "--count", "3"))
+    assert [row["payload"] for row in rows] == ["one", "two", "three"]
+    # Only the messages taken are consumed: the rest is free for the next get at once.
+    assert qm.depth("ORDERS") == 2
+    got = ok_json(root, "get", "ORDERS", "--count", "5", "--wait", "0.2")
+    assert [(m["payload"], m["delivery_seq"]) for m in got] == [("four", 3), ("five", 4)]
+    assert fails(root, "get", "ORDERS", "--count", "2", "--wait", "0.2") == (
+        "mqspark: error: MQRC_NO_MSG_AVAILABLE (2033): queue ORDERS: no message available"
+    )
+    assert fails(root, "get", "ORDERS", "--count", "0") == (
+        "mqspark: error: get: queue ORDERS: --count must be an integer >= 1, got 0"
+    )
+    assert fails(root, "get", "ORDERS", "--count", "2", "--msg-id", "M1") == (
+        "mqspark: error: get: queue ORDERS: --count takes messages in order; --msg-id and --correl-id need --max"
+    )

@@ -13,10 +13,12 @@ import pyarrow as pa
 from mqspark.cli.parser import Commands, duration, key_value
 from mqspark.engine.maintenance import DEFAULT_RETENTION
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
-from mqspark.errors import MQError, Reason
-from mqspark.model.messages import DEAD_LETTER_FIELDS
+from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.messages import BROWSE_SCHEMA, DEAD_LETTER_FIELDS
 from mqspark.qmgr import QueueManager
 
+# The block consumer's prefetch for ``get --count``: Kafka's default max.poll.records.
+_COUNT_PREFETCH = 500
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
 # Shown by browse for the queues failed messages go to, before the payload: MQ's dead-letter header.
 _HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
@@ -110,7 +112,16 @@ def add_get(commands: Commands, output: argparse.ArgumentParser) -> None:
     get.add_argument("queue")
     get.add_argument("--consumer", default="default", help="consumer group (default: default)")
     get.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a first message (default 0)")
-    get.add_argument("--max", type=int, default=1, dest="max_messages", help="most messages to get (default 1)")
+    how_many = get.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--max", type=int, default=1, dest="max_messages", help="most messages to get in one get (default 1)"
+    )
+    how_many.add_argument(
+        "--count",
+        type=int,
+        help="get this many messages with the block consumer, waiting up to --wait seconds for each "
+        "(ends early when none comes)",
+    )
     get.add_argument("--correl-id")
     get.add_argument("--msg-id")
     get.set_defaults(handler=_get)
@@ -118,17 +129,39 @@ def add_get(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 def _get(args: argparse.Namespace) -> pa.Table:
     qm = QueueManager.open(args.root)
-    table = qm.get(
-        args.queue,
-        args.consumer,
-        max_messages=args.max_messages,
-        wait=args.wait,
-        msg_id=args.msg_id,
-        correl_id=args.correl_id,
-    )
+    if args.count is not None:
+        table = _get_count(qm, args)
+    else:
+        table = qm.get(
+            args.queue,
+            args.consumer,
+            max_messages=args.max_messages,
+            wait=args.wait,
+            msg_id=args.msg_id,
+            correl_id=args.correl_id,
+        )
     if table.num_rows == 0:
         raise MQError(f"queue {args.queue}: no message available", Reason.MQRC_NO_MSG_AVAILABLE)
     return _messages(qm, args, table)
+
+
+def _get_count(qm: QueueManager, args: argparse.Namespace) -> pa.Table:
+    """Up to ``--count`` messages taken with the block consumer, which claims them a block at a time
+    and never more than are asked for: only the messages taken are consumed."""
+    count = args.count
+    if count < 1:
+        raise MQValidationError(f"get: queue {args.queue}: --count must be an integer >= 1, got {count}")
+    if args.msg_id or args.correl_id:
+        raise MQValidationError(
+            f"get: queue {args.queue}: --count takes messages in order; --msg-id and --correl-id need --max"
+        )
+    rows = []
+    with qm.consumer(args.queue, args.consumer, prefetch=min(count, _COUNT_PREFETCH), wait=args.wait) as consumer:
+        for message in consumer:
+            rows.append(message)
+            if len(rows) == count:
+                break
+    return pa.Table.from_pylist(rows, schema=BROWSE_SCHEMA)
 
 
 def _messages(qm: QueueManager, args: argparse.Namespace, table: pa.Table) -> pa.Table:
