@@ -25,6 +25,9 @@ from mqspark.model.put import prepare_put
 CONSUMER_PREFETCH = 500
 # The threads of one process putting at once.
 THREADS = 8
+# The latency run: one message every 1/LATENCY_RATE s, taken by a get that waits.
+LATENCY_RATE = 10
+LATENCY_MESSAGES = 100
 
 
 def run(messages: int = 300, processes: int = 4, consumed: int = 100_000) -> dict:
@@ -50,6 +53,7 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
     delivered = sorted(get_many["delivered"])
     consumer = _in_processes(_consume, str(root / "qm"), consumed, 1)
     put_threads = _in_processes(_put_threads, str(root / "qm"), messages, 1, THREADS)
+    latency = _latency(str(root / "qm"))
     return {
         "benchmark": "python_mq",
         "messages": messages,
@@ -77,6 +81,7 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
         "consumer_prefetch": CONSUMER_PREFETCH,
         "consumer_per_s": consumer["rate"],
         "consumer_ratio_to_get": round(consumer["rate"] / get_one["rate"], 1),
+        **latency,
     }
 
 
@@ -177,3 +182,55 @@ def _get(root: str, count: int) -> dict:
         latencies.append(time.perf_counter() - start)
         delivered.extend(got["payload"].to_pylist())
     return {"latencies": latencies, "refused": refused, "delivered": delivered, "start": begun, "end": time.time()}
+
+
+def _latency(root: str) -> dict:
+    """Put one message every 1/LATENCY_RATE s in one process while another waits in a get: the time
+    from the put's call, and from its return, to the get's return (one clock: one machine)."""
+    context = multiprocessing.get_context("spawn")
+    qm = QueueManager.open(root)
+    qm.define_queue("L")
+    with context.Manager() as manager, context.Pool(2) as pool:
+        ready = manager.Event()
+        taken = pool.apply_async(_take, (root, LATENCY_MESSAGES, ready))
+        put = pool.apply_async(_put_paced, (root, LATENCY_MESSAGES, ready))
+        sent, received = put.get(), taken.get()
+    from_call = [received[n] - sent[n][0] for n in sent]
+    from_return = [received[n] - sent[n][1] for n in sent]
+    return {
+        f"latency_at_{LATENCY_RATE}_per_s_messages": len(received),
+        "latency_from_put_call_p50_ms": _percentile_ms(from_call, 50),
+        "latency_from_put_call_p99_ms": _percentile_ms(from_call, 99),
+        "latency_from_put_return_p50_ms": _percentile_ms(from_return, 50),
+        "latency_from_put_return_p99_ms": _percentile_ms(from_return, 99),
+    }
+
+
+def _percentile_ms(values: list[float], percent: int) -> float:
+    return round(statistics.quantiles(values, n=100, method="inclusive")[percent - 1] * 1000, 1)
+
+
+def _put_paced(root: str, count: int, ready) -> dict[int, tuple[float, float]]:
+    """Put ``count`` messages, one every 1/LATENCY_RATE s, once the getter is ``ready``; each one's
+    call and return times."""
+    qm = QueueManager.open(root)
+    ready.wait()
+    times, start = {}, time.monotonic()
+    for n in range(count):
+        time.sleep(max(0.0, start + n / LATENCY_RATE - time.monotonic()))
+        called = time.time()
+        qm.put("L", [{"payload": str(n).encode()}])
+        times[n] = (called, time.time())
+    return times
+
+
+def _take(root: str, count: int, ready) -> dict[int, float]:
+    """Get ``count`` messages one at a time, each get waiting up to 30 s; each one's time of return."""
+    qm = QueueManager.open(root)
+    qm.get("L", consumer="latency", max_messages=1)  # the first get's set-up is not a message's wait
+    ready.set()
+    received = {}
+    while len(received) < count:
+        got = qm.get("L", consumer="latency", max_messages=1, wait=30)
+        received[int(got["payload"][0].as_py())] = time.time()
+    return received
