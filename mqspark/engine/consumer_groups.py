@@ -59,11 +59,10 @@ from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS
 
-# Removed files are kept an hour for readers still on an older version. Log entries only seconds:
-# a reader catches up from the checkpoint, and every commit lists the log, so a busy group's
-# hour of entries would make each commit slower (measured: 10 ms with a hundred, 28 with 1,200).
+# Old log entries and removed files are kept this long for readers still on an older version: a
+# commit whose snapshot is older reads the entries since to check for conflicts.
 STATE_TABLE_CONFIGURATION = {
-    "delta.logRetentionDuration": "interval 10 seconds",
+    "delta.logRetentionDuration": "interval 1 hours",
     "delta.deletedFileRetentionDuration": "interval 1 hours",
 }
 # Compaction runs when the table has grown this many versions since the last one: a commit costs
@@ -503,8 +502,8 @@ class ConsumerState:
 
         With ``live`` (the origins of the queue's live messages at version ``seen_version``), consumed
         ranges of messages no longer in the queue table are dropped: maintenance removed them, so
-        they can never be delivered again. Files it replaces stay an hour for readers still on an
-        older version; log entries older than the checkpoint it makes, seconds."""
+        they can never be delivered again. Files and log entries it replaces stay an hour for readers
+        still on an older version."""
         table = self.table()
         if table is None:
             return False
@@ -521,7 +520,6 @@ class ConsumerState:
         table = self.table()
         if table is None:
             return True  # deleted with its queue since: nothing is left to clean up
-        store.set_properties(table, STATE_TABLE_CONFIGURATION)  # a table an earlier mqspark made
         table.create_checkpoint()
         table.cleanup_metadata()
         table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
