@@ -53,7 +53,10 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
     delivered = sorted(get_many["delivered"])
     consumer = _in_processes(_consume, str(root / "qm"), consumed, 1)
     put_threads = _in_processes(_put_threads, str(root / "qm"), messages, 1, THREADS)
-    latency = _latency(str(root / "qm"))
+    latency = {
+        **_latency(str(root / "qm"), "L", _take, "latency_get"),
+        **_latency(str(root / "qm"), "LC", _consume_waiting, "latency_consumer"),
+    }
     return {
         "benchmark": "python_mq",
         "messages": messages,
@@ -184,25 +187,25 @@ def _get(root: str, count: int) -> dict:
     return {"latencies": latencies, "refused": refused, "delivered": delivered, "start": begun, "end": time.time()}
 
 
-def _latency(root: str) -> dict:
-    """Put one message every 1/LATENCY_RATE s in one process while another waits in a get: the time
-    from the put's call, and from its return, to the get's return (one clock: one machine)."""
+def _latency(root: str, queue: str, taker, name: str) -> dict:
+    """Put one message every 1/LATENCY_RATE s on ``queue`` in one process while ``taker`` waits for
+    them in another: the time from the put's call, and from its return, to the moment the taker had
+    the message (one clock: one machine)."""
     context = multiprocessing.get_context("spawn")
-    qm = QueueManager.open(root)
-    qm.define_queue("L")
+    QueueManager.open(root).define_queue(queue)
     with context.Manager() as manager, context.Pool(2) as pool:
         ready = manager.Event()
-        taken = pool.apply_async(_take, (root, LATENCY_MESSAGES, ready))
-        put = pool.apply_async(_put_paced, (root, LATENCY_MESSAGES, ready))
+        taken = pool.apply_async(taker, (root, queue, LATENCY_MESSAGES, ready))
+        put = pool.apply_async(_put_paced, (root, queue, LATENCY_MESSAGES, ready))
         sent, received = put.get(), taken.get()
     from_call = [received[n] - sent[n][0] for n in sent]
     from_return = [received[n] - sent[n][1] for n in sent]
     return {
-        f"latency_at_{LATENCY_RATE}_per_s_messages": len(received),
-        "latency_from_put_call_p50_ms": _percentile_ms(from_call, 50),
-        "latency_from_put_call_p99_ms": _percentile_ms(from_call, 99),
-        "latency_from_put_return_p50_ms": _percentile_ms(from_return, 50),
-        "latency_from_put_return_p99_ms": _percentile_ms(from_return, 99),
+        f"{name}_messages": len(received),
+        f"{name}_from_put_call_p50_ms": _percentile_ms(from_call, 50),
+        f"{name}_from_put_call_p99_ms": _percentile_ms(from_call, 99),
+        f"{name}_from_put_return_p50_ms": _percentile_ms(from_return, 50),
+        f"{name}_from_put_return_p99_ms": _percentile_ms(from_return, 99),
     }
 
 
@@ -210,8 +213,8 @@ def _percentile_ms(values: list[float], percent: int) -> float:
     return round(statistics.quantiles(values, n=100, method="inclusive")[percent - 1] * 1000, 1)
 
 
-def _put_paced(root: str, count: int, ready) -> dict[int, tuple[float, float]]:
-    """Put ``count`` messages, one every 1/LATENCY_RATE s, once the getter is ``ready``; each one's
+def _put_paced(root: str, queue: str, count: int, ready) -> dict[int, tuple[float, float]]:
+    """Put ``count`` messages, one every 1/LATENCY_RATE s, once the taker is ``ready``; each one's
     call and return times."""
     qm = QueueManager.open(root)
     ready.wait()
@@ -219,18 +222,33 @@ def _put_paced(root: str, count: int, ready) -> dict[int, tuple[float, float]]:
     for n in range(count):
         time.sleep(max(0.0, start + n / LATENCY_RATE - time.monotonic()))
         called = time.time()
-        qm.put("L", [{"payload": str(n).encode()}])
+        qm.put(queue, [{"payload": str(n).encode()}])
         times[n] = (called, time.time())
     return times
 
 
-def _take(root: str, count: int, ready) -> dict[int, float]:
+def _take(root: str, queue: str, count: int, ready) -> dict[int, float]:
     """Get ``count`` messages one at a time, each get waiting up to 30 s; each one's time of return."""
     qm = QueueManager.open(root)
-    qm.get("L", consumer="latency", max_messages=1)  # the first get's set-up is not a message's wait
+    qm.get(queue, consumer="latency", max_messages=1)  # the first get's set-up is not a message's wait
     ready.set()
     received = {}
     while len(received) < count:
-        got = qm.get("L", consumer="latency", max_messages=1, wait=30)
+        got = qm.get(queue, consumer="latency", max_messages=1, wait=30)
         received[int(got["payload"][0].as_py())] = time.time()
+    return received
+
+
+def _consume_waiting(root: str, queue: str, count: int, ready) -> dict[int, float]:
+    """Take ``count`` messages with a block consumer waiting up to 30 s for each block; each one's
+    time of hand-out."""
+    qm = QueueManager.open(root)
+    qm.get(queue, consumer="latency", max_messages=1)
+    ready.set()
+    received = {}
+    with qm.consumer(queue, "latency", prefetch=CONSUMER_PREFETCH, wait=30) as consumer:
+        for message in consumer:
+            received[int(message["payload"])] = time.time()
+            if len(received) == count:
+                break
     return received
