@@ -19,6 +19,10 @@ from deltalake.transaction import AddAction
 
 from mqspark.store.filesystems import filesystem_of
 
+# Rows per Parquet row group: a get or a micro-batch reads the row groups holding its messages, so a
+# put of 100k messages in one group made every block of 500 read all of them.
+ROW_GROUP_ROWS = 10_000
+
 
 def read_data_file(location: str, path: str, columns: list[str] | None = None) -> pa.Table:
     """One data file of the table at ``location`` (``path`` relative to it), as written; ``columns``
@@ -121,7 +125,7 @@ def write_data_file(location: str, batches: Iterable[pa.RecordBatch], schema: pa
                 continue
             if writer is None:
                 writer = pq.ParquetWriter(f"{base}/{name}", schema, filesystem=filesystem, compression="snappy")
-            writer.write_batch(batch)
+            writer.write_batch(batch, row_group_size=ROW_GROUP_ROWS)
             stats.add(batch)
     finally:
         if writer is not None:
