@@ -12,8 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
-from mqspark import MQValidationError, QueueManager
+from mqspark import MQValidationError, QueueManager, store
 
 
 def _payloads(messages) -> list[str]:
@@ -112,4 +113,63 @@ def test_a_consumer_killed_holding_a_block_gives_it_back_after_the_lock_each_mes
                 break
     assert _payloads(back) == ["g0", "g1", "g2", "g3", "m0"]
     assert [m["backout_count"] for m in back] == [1] * 5
+    assert qm.depth("Q", "workers") == 0
+
+
+@pytest.mark.slow
+def test_a_consumer_paused_past_its_lock_is_refused_when_it_acknowledges_and_claims_nothing_more(tmp_path):
+    qm = QueueManager.create(tmp_path / "qm", "QM1")
+    qm.define_queue("Q", lock_duration=2)
+    qm.put("Q", [{"payload": "m0"}, {"payload": "m1"}])
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from mqspark import MQError, QueueManager
+        qm = QueueManager.open({str(qm.root)!r})
+        with qm.consumer("Q", "workers", prefetch=2) as consumer:
+            messages = iter(consumer)
+            print("got", next(messages)["payload"].decode(), next(messages)["payload"].decode(), flush=True)
+            sys.stdin.readline()
+            try:
+                next(messages)
+            except MQError as error:
+                print("refused", int(error.reason), flush=True)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert child.stdout.readline() == "got m0 m1\n"
+        child.send_signal(signal.SIGSTOP)
+        # Its renewals stop with it: once the lock passed, this get takes the block back.
+        back = qm.get("Q", "workers", max_messages=2, wait=60)
+        assert _payloads(back.to_pylist()) == ["m0", "m1"]
+        assert back["backout_count"].to_pylist() == [1, 1]
+        qm.put("Q", [{"payload": "m2"}])
+        child.send_signal(signal.SIGCONT)
+        child.stdin.write("go on\n")
+        child.stdin.flush()
+        # Its acknowledgement, which would have claimed m2 in the same commit, is refused whole.
+        assert child.stdout.readline() == "refused 2003\n"
+        assert child.wait(timeout=60) == 0
+    finally:
+        child.kill()
+        child.wait()
+    assert _payloads(qm.get("Q", "workers").to_pylist()) == ["m2"]
+    assert qm.depth("Q", "workers") == 0
+
+
+def test_a_block_is_acknowledged_in_the_commit_that_claims_the_next(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": f"m{i}"} for i in range(6)])
+    qm.declare_consumer("Q", "workers")
+    state = DeltaTable(store.state_location(qm.root, "Q"))
+    before = state.version()
+    with qm.consumer("Q", "workers", prefetch=2) as consumer:
+        assert _payloads(consumer) == [f"m{i}" for i in range(6)]
+    state.update_incremental()
+    # Three claims, the last two with their block's acknowledgement, then the last block's alone.
+    assert state.version() - before == 4
     assert qm.depth("Q", "workers") == 0

@@ -1,9 +1,10 @@
 """The block consumer: a Python get for throughput. ``QueueManager.consumer`` returns one.
 
 It claims a block of up to ``prefetch`` messages in one commit (a claim of :mod:`mqspark.engine.get`,
-renewed while the block is worked on), hands them out one at a time, and acknowledges the block in
-one commit when the application asks for the message after its last one. So a message handed out is
-acknowledged once the application came back for more: delivery is **at least once**. A consumer
+renewed while the block is worked on) and hands them out one at a time. When the application asks
+for the message after the block's last one, the commit that claims the next block also acknowledges
+this one (alone when there is none). So a message handed out is acknowledged once the application
+came back for more: delivery is **at least once**. A consumer
 killed mid-block gives the whole block back when its lock passes (each message counting one failed
 delivery), the messages it had processed included.
 
@@ -56,8 +57,11 @@ class Consumer:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
             if self._handed == len(self._rows):
-                self._end(self._handed)
-                self._block = plan_get(self.qm, self.request)
+                # The block handed out is acknowledged in the commit claiming the next.
+                block, self._block = self._block, None
+                settling = block.acknowledgement() if block is not None else None
+                self._rows, self._handed = [], 0
+                self._block = plan_get(self.qm, self.request, settling)
                 if self._block is None:
                     return
                 self._block.hold()

@@ -55,7 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark.engine.backout import RELEASED, failure_rows, plan_messages
-from mqspark.engine.consumer_groups import ConsumerState, Stale
+from mqspark.engine.consumer_groups import Claims, ConsumerState, Stale
 from mqspark.engine.leases import GET_OWNER, Heartbeat
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.pending import PendingMessages
@@ -124,6 +124,18 @@ class GetRequest:
     group_id: str | None = None
 
 
+@dataclass(frozen=True)
+class Settlement:
+    """The end of claim ``plan_id`` (its ``plan``) not committed yet: its ``rows`` (its consumption,
+    backouts and returns), and ``held(state)``, the check that the claim still holds, on the state
+    handle committing them."""
+
+    plan_id: str
+    plan: pa.Table
+    rows: pa.Table
+    held: Callable[[ConsumerState], Callable[[], None]]
+
+
 class PlannedGet:
     """A get's claim: its plan, recorded in the state table, and its messages, held until the lock
     passes unless :meth:`finish`, :meth:`release` or :meth:`renew` come first."""
@@ -149,9 +161,9 @@ class PlannedGet:
         """Record the claim consumed (its messages backed out first, with ``error``, when given) in
         one state commit; refused (2003) once its lock passed."""
         if error is None:
-            self._end([])
+            self._end(self._ending([]))
         else:
-            self._end([self._failures("backout", self._identities(), error)])
+            self._end(self._ending([self._failures("backout", self._identities(), error)]))
 
     def release(self) -> None:
         """Give the messages back unprocessed, at once, without counting a failed delivery."""
@@ -168,7 +180,12 @@ class PlannedGet:
             processed += 1
         if processed < identities.num_rows:
             rows.append(self._failures("return", identities.slice(processed), RELEASED))
-        self._end(rows)
+        self._end(self._ending(rows))
+
+    def acknowledgement(self) -> Settlement:
+        """The claim's messages all consumed, to commit with the next claim of the group (see
+        :func:`plan_get`) instead of alone. The claim is no longer renewed."""
+        return self._ending([])
 
     def _identities(self) -> pa.Table:
         """``origin`` and ``row`` of the claim's messages, in delivery order."""
@@ -179,13 +196,17 @@ class PlannedGet:
         planner = self.planner
         return failure_rows(planner.consumer, planner.owner, event, self.plan_id, identities, error)
 
-    def _end(self, rows: list[pa.Table]) -> None:
-        """Commit ``rows`` with the claim's consumption, while the claim holds."""
+    def _ending(self, rows: list[pa.Table]) -> Settlement:
+        """``rows`` with the claim's consumption, to commit while the claim holds; it is no longer renewed."""
         planner = self.planner
         if self._heartbeat is not None:
             self._heartbeat.stop()
         rows = [*rows, consumed_rows(planner.consumer, planner.owner, self.plan_id, self.seq)]
-        planner.state.append(pa.concat_tables(rows), self._held(planner.state))
+        return Settlement(self.plan_id, self.plan, pa.concat_tables(rows), self._held)
+
+    def _end(self, settlement: Settlement) -> None:
+        state = self.planner.state
+        state.append(settlement.rows, settlement.held(state))
 
     def _held(self, state: ConsumerState) -> Callable[[], None]:
         """A check that the claim still holds its messages: not consumed, not taken back by another
@@ -249,9 +270,11 @@ def syncpoint_get(qm: Queues, request: GetRequest) -> Iterator[pa.Table]:
     planned.finish()
 
 
-def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
+def plan_get(qm: Queues, request: GetRequest, settling: Settlement | None = None) -> PlannedGet | None:
     """Plan, claim and read a get's messages; they are held until :meth:`PlannedGet.finish` (or the
-    lock passes). None when nothing matched within ``wait``."""
+    lock passes). None when nothing matched within ``wait``. ``settling``, the end of an earlier
+    claim of the same group, commits with the claim (or alone, first, when nothing matched): one
+    commit where there would be two."""
     match = _checked(request)
     queue, consumer = request.queue, request.consumer
     deadline = time.monotonic() + request.wait
@@ -274,7 +297,8 @@ def plan_get(qm: Queues, request: GetRequest) -> PlannedGet | None:
                     # after each of its commits.
                     with planner.state.pinned():
                         kept.offer(planner)
-                        planned = _claim(planner, request.max_messages, match)
+                        planned = _claim(planner, request.max_messages, match, settling)
+                        settling = None  # committed, with the claim or alone
                 except Stale:
                     # Another get claimed or moved messages since the look: plan again on a new one.
                     conflicts += 1
@@ -323,22 +347,35 @@ def _checked(request: GetRequest) -> DeliveryOptions | None:
     return DeliveryOptions(msg_id=msg_id, correl_id=correl_id, group_id=group_id)
 
 
-def _claim(planner: Planner, max_messages: int, match: DeliveryOptions | None) -> PlannedGet | None:
+def _claim(
+    planner: Planner, max_messages: int, match: DeliveryOptions | None, settling: Settlement | None
+) -> PlannedGet | None:
     """Plan the get's messages around other gets' claims, record the plan as this get's claim and
-    read its messages; None when none matched. Claims whose lock passed are rolled back in the same
-    commit. Raises :class:`Stale` when another get's commit came between the look and the claim."""
+    read its messages; None when none matched. Claims whose lock passed are rolled back, and
+    ``settling`` is committed, in the same commit. Raises :class:`Stale` when another get's commit
+    came between the look and the claim."""
     state, consumer = planner.state, planner.consumer
     _refuse_while_a_query_reads(state, planner)
     planner.consume("", 0)
+    if settling is not None:
+        # Its messages are consumed by the commit that records this claim: planned as such, so
+        # the rest of a group it held follows in logical order.
+        planner.unrecorded.append(settling.rows)
+        planner.pending.mark_consumed(planner.pending.range_keys(settling.plan.select(RANGE_COLUMNS)))
     while True:
         now = datetime.now(UTC)
         claims = state.claims(consumer, planner.lock, now)
+        if settling is not None:
+            claims = Claims(claims.live.filter(pc.not_equal(claims.live["plan_id"], settling.plan_id)), claims.expired)
         for plan_id, plan in claims.expired.items():
             planner.roll_back(plan_id, plan)
         seq, delivered = state.last_position(consumer)
         claimed = planner.pending.range_keys(claims.live.select(RANGE_COLUMNS))
         plan = planner.plan(delivered, now, max_messages, None, match, claimed)
         check = _unchanged(state, planner, seq, list(claims.expired))
+        if settling is not None:
+            check = _both(check, settling.held(state))
+            settling = None  # recorded with the first commit below
         if plan is None:
             planner.flush(check=check)
             # Messages other gets hold come back when their lock passes, without a commit.
@@ -352,6 +389,14 @@ def _claim(planner: Planner, max_messages: int, match: DeliveryOptions | None) -
             return PlannedGet(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
         # Only expired messages, discarded: they are consumed, and the get looks again.
         planner.consume(plan_id, seq + 1)
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def check() -> None:
+        first()
+        second()
+
+    return check
 
 
 def _unchanged(state: ConsumerState, planner: Planner, seq: int, rolled_back: list[str]) -> Callable[[], None]:
