@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
-from mqspark import MQError, MQValidationError, Reason
+from mqspark import MQError, MQValidationError, Reason, store
 from mqspark.qmgr import BROWSE_SCHEMA
 
 from .support.samples import spec_example
@@ -192,3 +193,15 @@ def test_a_get_after_its_group_was_deleted_or_its_queue_made_again_sees_them_afr
     qm.put("Q", [{"payload": b"n1"}])
     assert qm.get("Q", "G", max_messages=5)["payload"].to_pylist() == [b"n1"]
     assert qm.get("Q", "G")["payload"].to_pylist() == []
+
+
+def test_a_get_reads_its_messages_then_claims_them_consumed_in_one_commit(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": f"m{i}"} for i in range(3)])
+    qm.declare_consumer("Q", "default")
+    state = DeltaTable(store.state_location(qm.root, "Q"))
+    before = state.version()
+    assert [_payloads(qm.get("Q")) for _ in range(3)] == [["m0"], ["m1"], ["m2"]]
+    state.update_incremental()
+    assert state.version() - before == 3
+    assert qm.depth("Q") == 0

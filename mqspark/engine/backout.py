@@ -168,16 +168,30 @@ class BackoutPolicy:
         return None
 
 
-def failures(state: ConsumerState, consumer: str) -> pa.Table:
+def failures(state: ConsumerState, consumer: str, unrecorded: Sequence[pa.Table] = ()) -> pa.Table:
     """Each failed message of the group: its ``backout_count``, the time and error of its last
-    failure, and whether that failure was ``pinpointed`` (see the module doc).
+    failure, and whether that failure was ``pinpointed`` (see the module doc). With the failures
+    among ``unrecorded`` state rows (to commit with the next plan) too, when given.
 
     A failure is counted once per plan and kind, however often it was recorded."""
-    return state.derived(("failures", consumer), lambda: _failures(state, consumer))
+    pending = [
+        rows.filter(pc.and_(pc.equal(rows["consumer"], consumer), pc.is_in(rows["event"], pa.array(FAILURE_EVENTS))))
+        for rows in unrecorded
+    ]
+    if any(rows.num_rows for rows in pending):
+        return _failures(pa.concat_tables([_failure_events(state, consumer), *(r.select(_COLUMNS) for r in pending)]))
+    return state.derived(("failures", consumer), lambda: _failures(_failure_events(state, consumer)))
 
 
-def _failures(state: ConsumerState, consumer: str) -> pa.Table:
-    rows = state.events(consumer, FAILURE_EVENTS, ["event", "plan_id", "seq", "origin", "row", "at", "error"])
+# The columns of a failure record that counting failures reads.
+_COLUMNS = ["event", "plan_id", "seq", "origin", "row", "at", "error"]
+
+
+def _failure_events(state: ConsumerState, consumer: str) -> pa.Table:
+    return state.events(consumer, FAILURE_EVENTS, _COLUMNS)
+
+
+def _failures(rows: pa.Table) -> pa.Table:
     if rows.num_rows == 0:
         return FAILURE_SCHEMA.empty_table()
     # Each replay of a plan (numbered in ``seq``) is a failure of its own.

@@ -2,8 +2,10 @@
 match, wait and syncpoint. ``QueueManager.get`` and ``QueueManager.syncpoint_get`` call it.
 
 A get plans like the streaming get (:class:`~mqspark.engine.planner.Planner`): the same ordering, failed
-messages, retry delays and backout moves. It records its plan in the queue's state table before it
-reads the messages, and their consumption after.
+messages, retry delays and backout moves. ``qm.get`` reads the planned messages, then records its
+plan and their consumption in one commit to the queue's state table: a read that fails leaves
+nothing claimed. A syncpoint get and the block consumer record the plan as a claim before they
+hand the messages out, and its end after.
 
 **Competing gets: claims.** Gets of one consumer group run at once and take disjoint messages. A
 get's recorded plan is its *claim* (owner ``get:<id>``): it holds its messages for the queue's
@@ -240,11 +242,8 @@ class PlannedGet:
 def get(qm: Queues, request: GetRequest) -> pa.Table:
     """Get up to ``max_messages`` messages of ``queue`` for ``consumer``, in logical order, waiting up
     to ``wait`` seconds for the first; consumed as they are returned. Empty when nothing matched."""
-    planned = plan_get(qm, request)
-    if planned is None:
-        return BROWSE_SCHEMA.empty_table()
-    planned.finish()
-    return planned.messages
+    planned = plan_get(qm, request, consume=True)
+    return BROWSE_SCHEMA.empty_table() if planned is None else planned.messages
 
 
 @contextmanager
@@ -270,11 +269,14 @@ def syncpoint_get(qm: Queues, request: GetRequest) -> Iterator[pa.Table]:
     planned.finish()
 
 
-def plan_get(qm: Queues, request: GetRequest, settling: Settlement | None = None) -> PlannedGet | None:
+def plan_get(
+    qm: Queues, request: GetRequest, settling: Settlement | None = None, *, consume: bool = False
+) -> PlannedGet | None:
     """Plan, claim and read a get's messages; they are held until :meth:`PlannedGet.finish` (or the
     lock passes). None when nothing matched within ``wait``. ``settling``, the end of an earlier
     claim of the same group, commits with the claim (or alone, first, when nothing matched): one
-    commit where there would be two."""
+    commit where there would be two. With ``consume``, the messages are read first and the claim
+    is recorded consumed in its own commit: they are the caller's once it returns."""
     match = _checked(request)
     queue, consumer = request.queue, request.consumer
     deadline = time.monotonic() + request.wait
@@ -297,7 +299,7 @@ def plan_get(qm: Queues, request: GetRequest, settling: Settlement | None = None
                     # after each of its commits.
                     with planner.state.pinned():
                         kept.offer(planner)
-                        planned = _claim(planner, request.max_messages, match, settling)
+                        planned = _claim(planner, request.max_messages, match, settling, consume)
                         settling = None  # committed, with the claim or alone
                 except Stale:
                     # Another get claimed or moved messages since the look: plan again on a new one.
@@ -348,12 +350,16 @@ def _checked(request: GetRequest) -> DeliveryOptions | None:
 
 
 def _claim(
-    planner: Planner, max_messages: int, match: DeliveryOptions | None, settling: Settlement | None
+    planner: Planner,
+    max_messages: int,
+    match: DeliveryOptions | None,
+    settling: Settlement | None,
+    consume: bool,
 ) -> PlannedGet | None:
-    """Plan the get's messages around other gets' claims, record the plan as this get's claim and
-    read its messages; None when none matched. Claims whose lock passed are rolled back, and
-    ``settling`` is committed, in the same commit. Raises :class:`Stale` when another get's commit
-    came between the look and the claim."""
+    """Plan the get's messages around other gets' claims, read them and record the plan as this
+    get's claim (consumed, with ``consume``); None when none matched. Claims whose lock passed are
+    rolled back, and ``settling`` is committed, in the same commit. Raises :class:`Stale` when
+    another get's commit came between the look and the claim."""
     state, consumer = planner.state, planner.consumer
     _refuse_while_a_query_reads(state, planner)
     planner.consume("", 0)
@@ -383,8 +389,11 @@ def _claim(
             planner.next_due = min((due for due in expiries if due is not None), default=None)
             return None
         plan_id = plan.schema.metadata[b"plan_id"].decode()
-        planner.record(plan_id, seq + 1, plan, check)
+        # Read before the claim commits: a read that fails leaves nothing claimed.
         pieces = [rows.messages() for rows in planner.planned_rows(plan_id, plan)]
+        if consume and pieces:
+            planner.unrecorded.append(consumed_rows(consumer, planner.owner, plan_id, seq + 1))
+        planner.record(plan_id, seq + 1, plan, check)
         if pieces:
             return PlannedGet(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
         # Only expired messages, discarded: they are consumed, and the get looks again.

@@ -480,7 +480,8 @@ class Planner:
 
     def _backout_counts(self, delivered: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         """The delivery_seq (sorted) and backout_count of the plan's messages that have failed before."""
-        failed = failures(self.state, self.consumer)
+        # Failures to commit with the plan (claims rolled back by a get) count already.
+        failed = failures(self.state, self.consumer, self.unrecorded)
         empty = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
         if failed.num_rows == 0:
             return empty
