@@ -285,22 +285,10 @@ class Queues:
     def _message_table(self, queue: str) -> DeltaTable:
         """The message table of ``queue`` at its latest version. Not for concurrent use by threads."""
         location = self._location(queue)
-        table, stamp = self._tables.pop(queue, (None, None))
-        # The same table as at the last look (not deleted, nor defined again): two file lookups, where
-        # updating the handle lists the whole log.
-        if table is not None and stamp is not None and store.log_stamp(location, table.version()) == stamp:
-            if not store.version_exists(location, table.version() + 1):
-                self._tables[queue] = table, stamp
-                return table
-            try:
-                table.update_incremental()
-                self._tables[queue] = table, store.log_stamp(location, table.version())
-                return table
-            except Exception:  # noqa: BLE001 - deleted, or deleted and defined again: open it afresh
-                pass
-        table = store.open_table(location, self.storage_options)
+        kept = store.refreshed(location, *self._tables.pop(queue, (None, None)))
+        table = kept[0] if kept is not None else store.open_table(location, self.storage_options)
         if table is not None:
-            self._tables[queue] = table, store.log_stamp(location, table.version())
+            self._tables[queue] = kept or (table, store.log_stamp(location, table.version()))
         if table is None:
             raise MQError(
                 f"queue {queue} has no message table at {self._location(queue)}", Reason.MQRC_UNKNOWN_OBJECT_NAME

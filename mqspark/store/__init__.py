@@ -55,6 +55,7 @@ from mqspark.store.log import (
     log_entry,
     log_entry_count,
     log_stamp,
+    refreshed,
     version_exists,
 )
 from mqspark.store.tables import (
@@ -122,6 +123,7 @@ __all__ = [
     "queue_dir_name",
     "queue_location",
     "reachable",
+    "refreshed",
     "read_back_failed",
     "read_committed",
     "read_data_file",

@@ -132,6 +132,21 @@ def log_stamp(location: str, version: int) -> int | None:
     return info.mtime_ns if info.type == pafs.FileType.File else None
 
 
+def refreshed(location: str, table: DeltaTable | None, stamp: int | None) -> tuple[DeltaTable, int | None] | None:
+    """``table`` at the latest version and its entry's :func:`log_stamp`, when it is still the table
+    whose current entry was written at ``stamp`` (not deleted, nor made anew); None when it must be
+    opened afresh. Two file lookups when nothing changed, where updating the handle lists the log."""
+    if table is None or stamp is None or log_stamp(location, table.version()) != stamp:
+        return None
+    if version_exists(location, table.version() + 1):
+        try:
+            table.update_incremental()
+        except Exception:  # noqa: BLE001 - deleted, or deleted and made again meanwhile
+            return None
+        stamp = log_stamp(location, table.version())
+    return table, stamp
+
+
 class LogEntryGone(MQError):
     """A log entry a reader needs was cleaned up: maintenance stamped the files it added since, so a
     newer snapshot reads without it."""
