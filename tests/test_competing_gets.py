@@ -5,12 +5,14 @@ and each message group is delivered in logical order across the getters."""
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from pathlib import Path
 
 import pytest
 
 from mqspark import MQError, QueueManager
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.pending import PendingMessages
 
 MESSAGES = 100
 GROUPS = 5
@@ -78,3 +80,24 @@ def test_competing_gets_deliver_every_message_once_and_fail_none(tmp_path, run):
     # A race between healthy getters is not a failed delivery: nothing backed out or rolled back.
     state = ConsumerState(qm.root, "Q", qm.storage_options)
     assert state.events("workers", ("backout", "rollback"), ["event", "origin", "row"]).to_pylist() == []
+
+
+def test_a_first_get_that_found_no_state_table_does_not_deliver_what_another_get_took_meanwhile(qm, monkeypatch):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "m0"}, {"payload": "m1"}])
+    other = QueueManager.open(qm.root)
+    taken = []
+    real_load = PendingMessages.load
+
+    def load_then_another_get(self, consumed, up_to=None):
+        real_load(self, consumed, up_to)
+        if not taken:  # right after this get's first look: another get takes m0
+            taken.append(None)
+            worker = threading.Thread(target=lambda: taken.append(other.get("Q", "workers")))
+            worker.start()
+            worker.join()
+
+    monkeypatch.setattr(PendingMessages, "load", load_then_another_get)
+    got = qm.get("Q", "workers")
+    assert [p.decode() for p in taken[1]["payload"].to_pylist()] == ["m0"]
+    assert [p.decode() for p in got["payload"].to_pylist()] == ["m1"]

@@ -197,6 +197,12 @@ class ConsumerState:
             self._pinned = outer
             self._current = self._current and outer
 
+    def created(self) -> None:
+        """Create the table when there is none yet. A look inside :meth:`pinned` holds only once
+        there is a table: without one, every question would look again and might see commits the
+        earlier answers did not."""
+        self._table_or_create()
+
     def _table_or_create(self) -> DeltaTable:
         table = self.table()
         if table is not None:

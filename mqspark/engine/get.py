@@ -298,6 +298,7 @@ def plan_get(
                     # One look at the state table answers the planning step's questions, taken again
                     # after each of its commits.
                     with planner.state.pinned():
+                        planner.state.created()
                         kept.offer(planner)
                         planned = _claim(planner, request.max_messages, match, settling, consume)
                         settling = None  # committed, with the claim or alone
