@@ -4,17 +4,15 @@ killed with SIGKILL while it holds a block. Real Delta tables."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from mqspark import MQValidationError, QueueManager, store
+
+from .support.processes import python_child
 
 
 def _payloads(messages) -> list[str]:
@@ -93,8 +91,7 @@ def test_a_consumer_killed_holding_a_block_gives_it_back_after_the_lock_each_mes
                 time.sleep(600)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
+    child = python_child(script)
     try:
         assert child.stdout.readline() == "got g0\n"
         child.send_signal(signal.SIGKILL)
@@ -136,10 +133,7 @@ def test_a_consumer_paused_past_its_lock_is_refused_when_it_acknowledges_and_cla
                 print("refused", int(error.reason), flush=True)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
-    )
+    child = python_child(script)
     try:
         assert child.stdout.readline() == "got m0 m1\n"
         child.send_signal(signal.SIGSTOP)

@@ -3,14 +3,10 @@ a streaming query, and bad input. Real Delta tables; real streaming queries wher
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -18,6 +14,7 @@ from deltalake import DeltaTable
 from mqspark import MQError, MQValidationError, Reason, store
 from mqspark.qmgr import BROWSE_SCHEMA
 
+from .support.processes import python_child
 from .support.samples import spec_example
 from .support.stream_batches import collecting_query
 
@@ -164,10 +161,9 @@ def test_a_get_killed_inside_its_syncpoint_gives_its_message_back_once_its_lock_
             time.sleep(600)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    child = python_child(script)
     try:
-        assert child.stdout.readline().decode().strip() == "first"
+        assert child.stdout.readline().strip() == "first"
         child.send_signal(signal.SIGKILL)
     finally:
         child.kill()

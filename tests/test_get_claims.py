@@ -5,13 +5,9 @@ paused with SIGSTOP past its lock."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +15,7 @@ from mqspark import MQError, QueueManager, Reason
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.get import GetRequest, plan_get
 
+from .support.processes import python_child
 from .support.stream_batches import collecting_query
 
 
@@ -110,10 +107,7 @@ def test_a_get_paused_past_its_lock_is_refused_when_it_goes_on_and_the_message_i
             print("refused", int(error.reason), flush=True)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    child = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
-    )
+    child = python_child(script)
     try:
         assert child.stdout.readline() == "got m1\n"
         child.send_signal(signal.SIGSTOP)

@@ -19,6 +19,15 @@ from pathlib import Path
 PATIENCE = 300
 
 
+def python_child(script: str) -> subprocess.Popen:
+    """A Python process running ``script`` with this checkout importable, its stdin and stdout text
+    pipes (read its output by whole lines)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+    )
+
+
 def last_spark_commit(checkpoint: Path) -> int:
     """The last micro-batch Spark recorded as done in the checkpoint's commit log (-1: none)."""
     commits = checkpoint / "commits"
