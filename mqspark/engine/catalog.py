@@ -141,9 +141,9 @@ class Catalog:
     def _snapshot(self) -> tuple[DeltaTable, CatalogState]:
         # This thread's handle, kept while the catalog has not moved (a DeltaTable is not shared
         # between threads): every get and put reads the catalog, and opening it lists its log.
-        kept = store.refreshed(self.location, *getattr(self._looks, "table", (None, None)))
-        table = kept[0] if kept is not None else store.open_table(self.location, self.storage_options)
-        self._looks.table = kept or (table, store.log_stamp(self.location, table.version()) if table else None)
+        handle = store.current_handle(self.location, self.storage_options, getattr(self._looks, "table", (None, None)))
+        self._looks.table = handle or (None, None)
+        table = handle[0] if handle is not None else None
         if table is None:
             raise MQError(f"no queue manager at {self.root}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
         # The table's id is a UUID string (deltalake's annotation says int, which it is not): str() keeps it as is.

@@ -284,16 +284,15 @@ class Queues:
 
     def _message_table(self, queue: str) -> DeltaTable:
         """The message table of ``queue`` at its latest version. Not for concurrent use by threads."""
-        location = self._location(queue)
-        kept = store.refreshed(location, *self._tables.pop(queue, (None, None)))
-        table = kept[0] if kept is not None else store.open_table(location, self.storage_options)
-        if table is not None:
-            self._tables[queue] = kept or (table, store.log_stamp(location, table.version()))
-        if table is None:
+        handle = store.current_handle(
+            self._location(queue), self.storage_options, self._tables.pop(queue, (None, None))
+        )
+        if handle is None:
             raise MQError(
                 f"queue {queue} has no message table at {self._location(queue)}", Reason.MQRC_UNKNOWN_OBJECT_NAME
             )
-        return table
+        self._tables[queue] = handle
+        return handle[0]
 
     def _state(self, queue: str) -> ConsumerState:
         return ConsumerState(self.root, queue, self.storage_options)

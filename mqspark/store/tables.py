@@ -16,7 +16,7 @@ from mqspark.errors import MQError
 from mqspark.store.files import read_data_file
 from mqspark.store.filesystems import filesystem_of
 from mqspark.store.layout import StorageOptions
-from mqspark.store.log import add_versions, clean_up_log
+from mqspark.store.log import add_versions, clean_up_log, log_stamp, refreshed
 
 # A table property set on a message table that is being deleted; puts refuse to commit on top of it.
 CLOSED_PROPERTY = "mqspark.closed"
@@ -51,6 +51,19 @@ def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | N
             attempts += 1
             if log_file_gone(error) is None or attempts == _OPEN_ATTEMPTS:
                 raise
+
+
+def current_handle(
+    location: str, storage_options: StorageOptions, kept: tuple[DeltaTable | None, int | None]
+) -> tuple[DeltaTable, int | None] | None:
+    """A handle on the table at ``location`` at its latest version, with its entry's
+    :func:`log_stamp`: ``kept`` (a handle and stamp from an earlier call) brought up to date while
+    it is still the same table (see :func:`refreshed`), else opened afresh; None without a table."""
+    fresh = refreshed(location, *kept)
+    if fresh is not None:
+        return fresh
+    table = open_table(location, storage_options)
+    return None if table is None else (table, log_stamp(location, table.version()))
 
 
 def create_table(
