@@ -50,6 +50,20 @@ def test_concurrent_puts_of_one_process_all_land_each_once(qm):
     assert sum(entry["mqspark.messages"] for entry in puts) == 16
 
 
+def test_every_message_of_a_group_commit_is_got_once_by_its_own_identity(qm):
+    """Puts committed together are told apart: getting one consumes only it, not the first message
+    of each other put in its commit."""
+    qm.define_queue("Q")
+    results = _put_from_threads(qm, 16)
+    history = DeltaTable(store.queue_location(qm.root, "Q")).history()
+    assert any(entry.get("mqspark.messages", 0) > 1 for entry in history), "no commit held two puts"
+    got = []
+    while (batch := qm.get("Q", consumer="c", max_messages=1)).num_rows:
+        got += batch["msg_id"].to_pylist()
+    assert sorted(got) == sorted(result[0] for result in results)
+    assert qm.depth("Q", consumer="c") == 0
+
+
 def test_a_commit_that_fails_fails_every_put_in_it_and_commits_none_of_them(qm):
     qm.define_queue("Q", max_depth=3)
     results = _put_from_threads(qm, 8)

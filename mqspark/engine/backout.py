@@ -74,7 +74,7 @@ from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
 from mqspark.model.groups import group_items
-from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP
+from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP, replace_column
 from mqspark.model.ranges import expand_ranges, single_ranges
 
 if TYPE_CHECKING:
@@ -446,11 +446,6 @@ class Transfer:
             batch_id=version,
             metadata={"mqspark.moved_from": self.queue},
         )
-
-
-def replace_column(messages: pa.Table, name: str, column: pa.Array) -> pa.Table:
-    index = MESSAGE_SCHEMA.get_field_index(name)
-    return messages.set_column(index, MESSAGE_SCHEMA.field(index), column.cast(MESSAGE_SCHEMA.field(index).type))
 
 
 class Mover:

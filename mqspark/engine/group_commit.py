@@ -2,7 +2,7 @@
 
 A Delta commit costs the same for one message as for many, and concurrent commits to one table
 conflict and retry. So a put that finds another put of its process committing to the same queue
-waits, and the puts that gathered meanwhile go together in the next commit, one data file each
+waits, and the puts that gathered meanwhile go together in the next commit, in one data file
 (Kafka's producer batches, a database's group commit). Each call returns once the commit holding
 its messages landed; a commit that fails fails every call in it, and none of their messages is
 committed.
@@ -18,15 +18,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mqspark import store
+import pyarrow as pa
 
-# One put's commit: it commits the data files of every put given.
-CommitFiles = Callable[[list[store.DataFile]], object]
+# One put's commit: it writes and commits the message rows of every put given.
+CommitRows = Callable[[list[pa.Table]], object]
 
 
 @dataclass
 class _Put:
-    file: store.DataFile
+    messages: pa.Table
     done: bool = False
     error: BaseException | None = None
 
@@ -44,13 +44,13 @@ _queues: dict[tuple[str, str], _Queue] = {}
 _registry = threading.Lock()
 
 
-def commit(root: str, queue: str, file: store.DataFile, commit_files: CommitFiles) -> None:
-    """Commit ``file``, a plain put's data file for queue ``queue`` (the name put to) of the queue
-    manager at ``root``, together with the files of the process's other puts to it waiting meanwhile;
-    ``commit_files(files)`` makes one commit. Raises what that commit raised."""
+def commit(root: str, queue: str, messages: pa.Table, commit_rows: CommitRows) -> None:
+    """Commit ``messages``, a plain put's rows for queue ``queue`` (the name put to) of the queue
+    manager at ``root``, together with the rows of the process's other puts to it waiting meanwhile;
+    ``commit_rows(tables)`` writes them and makes one commit. Raises what that raised."""
     with _registry:
         shared = _queues.setdefault((root, queue), _Queue())
-    mine = _Put(file)
+    mine = _Put(messages)
     with shared.condition:
         shared.waiting.append(mine)
         # A commit in flight takes no more files: wait for it, then lead the next one if no one does.
@@ -61,7 +61,7 @@ def commit(root: str, queue: str, file: store.DataFile, commit_files: CommitFile
         batch, shared.waiting, shared.committing = shared.waiting, [], True
     error: BaseException | None = None
     try:
-        commit_files([put.file for put in batch])
+        commit_rows([put.messages for put in batch])
     except BaseException as failed:
         error = failed
     with shared.condition:

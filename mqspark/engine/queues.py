@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -29,7 +30,7 @@ from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
-from mqspark.model.messages import QUEUE_TABLE_SCHEMA
+from mqspark.model.messages import QUEUE_TABLE_SCHEMA, replace_column
 from mqspark.model.put import prepare_put, rows_to_table
 
 MESSAGE_TABLE_CONFIGURATION = {
@@ -146,21 +147,33 @@ class Queues:
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
         definition = self.resolve_for_put(queue)
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
-        file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-        if file is None:
+        if not messages.num_rows:
             return msg_ids
         groups, targets = group_items(messages), before_targets(messages)
         if producer is None and before_commit is None and not groups.num_rows and not targets:
-            # A plain put: committed with the process's other puts to the queue waiting meanwhile.
-            # Keyed by the name put to: an alias retargeted meanwhile backs out every put of the commit.
+            # A plain put: written and committed with the process's other puts to the queue waiting
+            # meanwhile. Keyed by the name put to: an alias retargeted meanwhile backs out every put
+            # of the commit.
             group_commit.commit(
-                self.root, queue, file, lambda files: self.commit_put(queue, files, groups, definition=definition)
+                self.root, queue, messages, lambda tables: self._commit_together(queue, tables, groups, definition)
             )
+            return msg_ids
+        file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
+        if file is None:
             return msg_ids
         if before_commit is not None:
             before_commit(msg_ids)
         self.commit_put(queue, [file], groups, targets, producer=producer, batch_id=batch_id, definition=definition)
         return msg_ids
+
+    def _commit_together(self, queue: str, puts: list[pa.Table], groups: pa.Table, definition: QueueDefinition) -> None:
+        """Commit the rows of plain puts to ``queue`` (``groups``: none) in one data file and one commit,
+        numbered one after another: a message's identity is its commit version and ``put_seq``."""
+        messages = pa.concat_tables(puts)
+        messages = replace_column(messages, "put_seq", pa.array(np.arange(messages.num_rows, dtype=np.int64)))
+        file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
+        if file is not None:
+            self.commit_put(queue, [file], groups, definition=definition)
 
     def committed_transaction(self, queue: str, producer: str) -> int | None:
         """The last ``batch_id`` producer ``producer`` committed to ``queue`` (None: none)."""

@@ -16,13 +16,13 @@ import pyarrow.compute as pc
 from mqspark import store
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.errors import MQValidationError
-from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA
+from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA, replace_column
 from mqspark.model.ranges import single_ranges
 
 if TYPE_CHECKING:
     from mqspark.engine.pending import PendingMessages
     from mqspark.engine.queues import Queues
-from mqspark.engine.backout import IDENTITY_SCHEMA, Transfer, replace_column
+from mqspark.engine.backout import IDENTITY_SCHEMA, Transfer
 
 # The consumer group under which redrive takes messages off a backout, error or dead-letter queue.
 REDRIVER = "mqspark.redrive"

@@ -81,6 +81,12 @@ def origins(commit_version: np.ndarray, put_seq: np.ndarray) -> tuple[list[str],
     return names, pair.indices.to_numpy(), put_seq & 0xFFFFFFFF
 
 
+def replace_column(messages: pa.Table, name: str, column: pa.Array) -> pa.Table:
+    """``messages`` (in :data:`MESSAGE_SCHEMA`) with column ``name`` replaced by ``column``, cast to its type."""
+    index = MESSAGE_SCHEMA.get_field_index(name)
+    return messages.set_column(index, MESSAGE_SCHEMA.field(index), column.cast(MESSAGE_SCHEMA.field(index).type))
+
+
 def origin_versions(names: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The commit version each origin name starts with."""
     return pc.list_element(pc.split_pattern(names, ":"), 0).cast(pa.int64())
