@@ -33,6 +33,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
 
 PRIORITIES = (0, 3, 5, 9)
 BATCH = 7
+# A run after a kill waits up to this long for the killed run's lease to lapse; renewals commit every
+# third of it, so a kill at the state table's next commit mostly hits a plan or a consumption record.
+LEASE_S = 10
 OUTPUT = ["msg_id", "group_id", "msg_seq_number", "offset", "priority", "payload", "delivery_seq"]
 
 # A streaming get in its own process: BATCH messages per micro-batch into a Delta table, until drained.
@@ -57,6 +60,7 @@ query = (
     .option("queue", "Q")
     .option("consumer", "crash")
     .option("maxMessagesPerTrigger", {BATCH})
+    .option("leaseTimeout", {LEASE_S})
     .load(root)
     .select({", ".join(repr(name) for name in OUTPUT)})
     .writeStream.format("delta")
@@ -167,7 +171,7 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
     kills = 5
     rng = random.Random(20261122)
     qm.define_queue("Q", delivery_sequence="priority")
-    puts = _fill(qm, rng, groups=24, plain=110)
+    puts = _fill(qm, rng, groups=12, plain=40)
     location = store.queue_location(qm.root, "Q")
     committed = store.read_committed(DeltaTable(location), MESSAGE_SCHEMA.names, MESSAGE_SCHEMA)
     rows = committed.to_pylist()
