@@ -24,7 +24,7 @@ from mqspark.cluster.repository import Cluster
 from mqspark.engine.catalog import CatalogState
 from mqspark.engine.consumer import Consumer
 from mqspark.engine.depth import waiting
-from mqspark.engine.get import GetRequest, get, syncpoint_get
+from mqspark.engine.get import Claim, GetRequest, get, plan_get, syncpoint_get
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
 from mqspark.engine.ordering import DeliveryOptions, deliver
@@ -279,6 +279,22 @@ class QueueManager(Queues):
         messages are consumed when the block succeeds, and backed out (one failed delivery each) when
         it raises."""
         return syncpoint_get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+
+    def claim(
+        self,
+        queue: str,
+        consumer: str = "default",
+        max_messages: int = 1,
+        wait: float = 0.0,
+        msg_id: str | None = None,
+        correl_id: str | None = None,
+        group_id: str | None = None,
+    ) -> Claim | None:
+        """MQGET under syncpoint, ended by the caller (SQS's receive, Service Bus's peek-lock): the
+        claim's ``messages`` are held for the queue's ``lock_duration`` until ``commit()``,
+        ``backout(error)`` or ``release()``; ``renew()`` holds them a whole lock again. None when
+        nothing matched within ``wait``."""
+        return plan_get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
 
     def consumer(self, queue: str, consumer: str = "default", prefetch: int = 500, wait: float = 0.0) -> Consumer:
         """A block consumer for throughput: ``with qm.consumer(Q, G, prefetch=500) as c: for message

@@ -194,7 +194,7 @@ class Connection:
         )
         if planned is None:
             return BROWSE_SCHEMA.empty_table()
-        self.call(lambda qm: planned.finish_in_doubt(), f"get from queue {queue}", queue, in_doubt=lambda: True)
+        self.call(lambda qm: planned.commit_in_doubt(), f"get from queue {queue}", queue, in_doubt=lambda: True)
         return planned.messages
 
     def browse(self, queue: str, **options: Any) -> pa.Table:

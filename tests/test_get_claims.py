@@ -13,7 +13,6 @@ import pytest
 
 from mqspark import MQError, QueueManager, Reason
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.get import GetRequest, plan_get
 
 from .support.processes import python_child
 from .support.stream_batches import collecting_query
@@ -32,12 +31,12 @@ def _grouped(group: str, count: int) -> list[dict]:
 def test_a_claimed_message_and_the_rest_of_its_group_wait_while_other_messages_go_to_another_get(qm):
     qm.define_queue("Q")
     qm.put("Q", [*_grouped("G", 3), {"payload": "u1"}, {"payload": "u2"}])
-    first = plan_get(qm, GetRequest("Q", "workers"))
+    first = qm.claim("Q", "workers")
     assert _payloads(first.messages) == ["G0"]
     # G0 is held: G1 and G2 wait behind it; u1 and u2 go to whoever asks.
     assert _payloads(qm.get("Q", "workers", max_messages=10)) == ["u1", "u2"]
     assert _payloads(qm.get("Q", "workers", max_messages=10)) == []
-    first.finish()
+    first.commit()
     assert _payloads(qm.get("Q", "workers", max_messages=10)) == ["G1", "G2"]
     assert qm.depth("Q", "workers") == 0
 
@@ -45,7 +44,7 @@ def test_a_claimed_message_and_the_rest_of_its_group_wait_while_other_messages_g
 def test_a_released_claim_gives_its_messages_back_at_once_without_a_failure(qm):
     qm.define_queue("Q", backout_threshold=1)
     qm.put("Q", [{"payload": "m1"}, {"payload": "m2"}])
-    claim = plan_get(qm, GetRequest("Q", max_messages=2))
+    claim = qm.claim("Q", max_messages=2)
     claim.release()
     got = qm.get("Q", max_messages=2)
     assert _payloads(got) == ["m1", "m2"]
@@ -53,11 +52,38 @@ def test_a_released_claim_gives_its_messages_back_at_once_without_a_failure(qm):
     assert qm.depth(qm.dead_letter_queue) == 0
 
 
+def test_a_claim_committed_is_consumed_and_one_backed_out_comes_back_counting_a_failure(qm):
+    qm.define_queue("Q", retry_count=2)
+    qm.put("Q", [{"payload": "m1"}, {"payload": "m2"}])
+    assert qm.claim("Q", group_id="none", wait=0) is None
+    kept = qm.claim("Q")
+    assert _payloads(kept.messages) == ["m1"]
+    failed = qm.claim("Q")
+    assert _payloads(failed.messages) == ["m2"]
+    kept.commit()
+    failed.backout("no stock for item 7")
+    again = qm.get("Q", max_messages=5)
+    assert _payloads(again) == ["m2"]
+    assert again["backout_count"].to_pylist() == [1]
+    assert qm.depth("Q") == 0
+
+
+def test_a_backout_error_that_is_not_text_is_refused_naming_the_queue_and_value(qm):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "m1"}])
+    claim = qm.claim("Q")
+    for bad in (7, ""):
+        with pytest.raises(MQError, match=rf"^get from queue Q: backout error must be a non-empty text, got {bad!r}$"):
+            claim.backout(bad)
+    claim.release()
+    assert _payloads(qm.get("Q")) == ["m1"]
+
+
 def test_a_lapsed_claim_is_taken_back_counted_once_and_its_late_consumption_is_refused(qm):
     qm.define_queue("Q", lock_duration=1)
     qm.put("Q", [{"payload": "m1"}])
-    late = plan_get(qm, GetRequest("Q"))
-    renewed = plan_get(qm, GetRequest("Q", "other"))
+    late = qm.claim("Q")
+    renewed = qm.claim("Q", "other")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         renewed.renew()
@@ -68,8 +94,8 @@ def test_a_lapsed_claim_is_taken_back_counted_once_and_its_late_consumption_is_r
     assert _payloads(got) == ["m1"]
     assert got["backout_count"].to_pylist() == [1]
     with pytest.raises(MQError, match="get from queue Q: consumer group 'default': the lock of its 1 messages passed"):
-        late.finish()
-    renewed.finish()
+        late.commit()
+    renewed.commit()
     assert qm.depth("Q", "default") == 0 and qm.depth("Q", "other") == 0
     state = ConsumerState(qm.root, "Q")
     rolled_back = state.events("default", ("rollback",), ["plan_id"])["plan_id"].to_pylist()
@@ -80,7 +106,7 @@ def test_a_lapsed_claim_is_taken_back_counted_once_and_its_late_consumption_is_r
 def test_a_renewal_after_the_claim_was_taken_back_is_refused(qm):
     qm.define_queue("Q", lock_duration=1)
     qm.put("Q", [{"payload": "m1"}])
-    late = plan_get(qm, GetRequest("Q"))
+    late = qm.claim("Q")
     assert _payloads(qm.get("Q", wait=30)) == ["m1"]
     with pytest.raises(MQError) as refused:
         late.renew()
@@ -136,7 +162,7 @@ def test_a_bad_lock_duration_is_refused_naming_the_queue_and_value(qm):
 def test_a_streaming_query_starting_waits_for_the_gets_claims_then_delivers_the_rest(spark, qm, tmp_path):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": f"m{i}"} for i in range(4)])
-    claim = plan_get(qm, GetRequest("Q", max_messages=2))
+    claim = qm.claim("Q", max_messages=2)
     seen: list[tuple[int, str]] = []
     query = collecting_query(spark, qm.root, tmp_path / "ckpt", seen)
     try:
@@ -144,7 +170,7 @@ def test_a_streaming_query_starting_waits_for_the_gets_claims_then_delivers_the_
         while not query.status["message"].startswith("Getting offsets") and time.monotonic() < deadline:
             time.sleep(0.05)
         # The query's planner waits for the claim; the claimed messages are consumed, never delivered.
-        claim.finish()
+        claim.commit()
         while len(seen) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from mqspark.engine.get import GetRequest, PlannedGet, plan_get
+from mqspark.engine.get import Claim, GetRequest, plan_get
 from mqspark.engine.queues import Queues
 from mqspark.errors import MQValidationError
 
@@ -39,7 +39,7 @@ class Consumer:
             )
         self.qm = qm
         self.request = GetRequest(queue, consumer, max_messages=prefetch, wait=wait)
-        self._block: PlannedGet | None = None
+        self._block: Claim | None = None
         self._rows: list[dict[str, Any]] = []
         self._handed = 0
 
@@ -71,7 +71,7 @@ class Consumer:
             yield row
 
     def _end(self, processed: int, error: str | None = None) -> None:
-        """Settle the block being worked on, if any (see :meth:`PlannedGet.settle`)."""
+        """Settle the block being worked on, if any (see :meth:`Claim.settle`)."""
         block, self._block = self._block, None
         self._rows, self._handed = [], 0
         if block is not None:

@@ -1,5 +1,5 @@
 """The Python get (MQGET), without Spark: destructive for a consumer group, in logical order, with
-match, wait and syncpoint. ``QueueManager.get`` and ``QueueManager.syncpoint_get`` call it.
+match, wait and syncpoint. ``QueueManager.get``, ``syncpoint_get`` and ``claim`` call it.
 
 A get plans like the streaming get (:class:`~mqspark.engine.planner.Planner`): the same ordering, failed
 messages, retry delays and backout moves. ``qm.get`` reads the planned messages, then records its
@@ -138,9 +138,9 @@ class Settlement:
     held: Callable[[ConsumerState], Callable[[], None]]
 
 
-class PlannedGet:
-    """A get's claim: its plan, recorded in the state table, and its messages, held until the lock
-    passes unless :meth:`finish`, :meth:`release` or :meth:`renew` come first."""
+class Claim:
+    """A get's claim: its plan, recorded in the state table, and its ``messages``, held until the
+    lock passes unless :meth:`commit`, :meth:`backout`, :meth:`release` or :meth:`renew` come first."""
 
     def __init__(self, planner: Planner, plan_id: str, seq: int, plan: pa.Table, messages: pa.Table) -> None:
         self.planner, self.plan_id, self.seq, self.plan, self.messages = planner, plan_id, seq, plan, messages
@@ -159,13 +159,18 @@ class PlannedGet:
         planner = self.planner
         state.append(event_rows(planner.consumer, planner.owner, "renew", self.plan_id, self.seq), self._held(state))
 
-    def finish(self, error: str | None = None) -> None:
-        """Record the claim consumed (its messages backed out first, with ``error``, when given) in
-        one state commit; refused (2003) once its lock passed."""
-        if error is None:
-            self._end(self._ending([]))
-        else:
-            self._end(self._ending([self._failures("backout", self._identities(), error)]))
+    def commit(self) -> None:
+        """Consume the claim's messages (MQCMIT), in one state commit; refused (2003) once its lock passed."""
+        self._end(self._ending([]))
+
+    def backout(self, error: str) -> None:
+        """Give the messages back as failed (MQBACK): each counts one failed delivery, with ``error``
+        as its error, and the queue's retry and backout rules apply. Refused (2003) once the lock passed."""
+        if not isinstance(error, str) or not error:
+            raise MQValidationError(
+                f"get from queue {self.planner.queue}: backout error must be a non-empty text, got {error!r}"
+            )
+        self._end(self._ending([self._failures("backout", self._identities(), error)]))
 
     def release(self) -> None:
         """Give the messages back unprocessed, at once, without counting a failed delivery."""
@@ -231,12 +236,12 @@ class PlannedGet:
 
         return check
 
-    def finish_in_doubt(self) -> None:
-        """:meth:`finish` a get whose first try at it may or may not have landed (in doubt)."""
+    def commit_in_doubt(self) -> None:
+        """:meth:`commit` a claim whose first try at it may or may not have landed (in doubt)."""
         planner = self.planner
         if self.plan_id in planner.state.consumed_plans(planner.consumer).to_pylist():
             return
-        self.finish()
+        self.commit()
 
 
 def get(qm: Queues, request: GetRequest) -> pa.Table:
@@ -260,19 +265,19 @@ def syncpoint_get(qm: Queues, request: GetRequest) -> Iterator[pa.Table]:
         yield planned.messages
     except BaseException as error:
         try:
-            planned.finish(f"{type(error).__name__}: {error}")
+            planned.backout(f"{type(error).__name__}: {error}")
         except MQError as lost:
             # The lock passed: the messages wait again, counted as rolled back; the block's error goes on.
             if lost.reason is not Reason.MQRC_BACKED_OUT:
                 raise
         raise
-    planned.finish()
+    planned.commit()
 
 
 def plan_get(
     qm: Queues, request: GetRequest, settling: Settlement | None = None, *, consume: bool = False
-) -> PlannedGet | None:
-    """Plan, claim and read a get's messages; they are held until :meth:`PlannedGet.finish` (or the
+) -> Claim | None:
+    """Plan, claim and read a get's messages; they are held until :meth:`Claim.commit` (or the
     lock passes). None when nothing matched within ``wait``. ``settling``, the end of an earlier
     claim of the same group, commits with the claim (or alone, first, when nothing matched): one
     commit where there would be two. With ``consume``, the messages are read first and the claim
@@ -356,7 +361,7 @@ def _claim(
     match: DeliveryOptions | None,
     settling: Settlement | None,
     consume: bool,
-) -> PlannedGet | None:
+) -> Claim | None:
     """Plan the get's messages around other gets' claims, read them and record the plan as this
     get's claim (consumed, with ``consume``); None when none matched. Claims whose lock passed are
     rolled back, and ``settling`` is committed, in the same commit. Raises :class:`Stale` when
@@ -396,7 +401,7 @@ def _claim(
             planner.unrecorded.append(consumed_rows(consumer, planner.owner, plan_id, seq + 1))
         planner.record(plan_id, seq + 1, plan, check)
         if pieces:
-            return PlannedGet(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
+            return Claim(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
         # Only expired messages, discarded: they are consumed, and the get looks again.
         planner.consume(plan_id, seq + 1)
 
