@@ -1,7 +1,9 @@
 """The package's layers, read from its source: imports run one way and form no circle.
 
-Every import counts, including those inside functions; only imports under ``if TYPE_CHECKING:`` are
-left out (they never run). The layers, from the bottom up, are listed in :data:`LAYERS`; a module may
+Every import counts, including those inside functions and, for the layers and circles, those under
+``if TYPE_CHECKING:`` (they never run, but a circle of types is still a circle of concepts). pyspark
+may be named for types anywhere: only its imports that run are kept under ``spark/`` and ``jobs/``.
+The layers, from the bottom up, are listed in :data:`LAYERS`; a module may
 import its own layer and those below it. docs/architecture.md explains the rule.
 """
 
@@ -40,20 +42,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _is_type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
-def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.AST, types_only: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Each import statement, and whether it is only for types (under ``if TYPE_CHECKING:``)."""
     for node in ast.iter_child_nodes(tree):
-        if _is_type_checking(node):
-            for other in node.orelse:  # an else branch of TYPE_CHECKING does run
-                yield from _imports(ast.Module(body=[other], type_ignores=[]))
-            continue
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for branch, only in ((node.body, True), (node.orelse, types_only)):  # an else branch runs
+                yield from _imports(ast.Module(body=branch, type_ignores=[]), only)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            yield node, types_only
         else:
-            yield from _imports(node)
+            yield from _imports(node, types_only)
 
 
 def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> Iterator[str]:
@@ -79,9 +77,11 @@ def import_graph() -> nx.DiGraph:
         module = _module_name(path)
         graph.add_node(module)
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in _imports(tree):
+        for node, types_only in _imports(tree):
             for target in _targets(module, path.name == "__init__.py", node, known):
-                if target.startswith(("mqspark", "pyspark")) and target != module:
+                if (target.startswith("mqspark") or (target.startswith("pyspark") and not types_only)) and (
+                    target != module
+                ):
                     graph.add_edge(module, target, line=node.lineno)
     return graph
 
@@ -134,19 +134,19 @@ def test_every_module_says_what_it_owns():
 
 
 def test_the_checks_see_an_upward_import_and_a_circle():
-    """The graph is built from real source: an import inside a function counts, TYPE_CHECKING does not."""
+    """The graph is built from real source: imports inside functions and under TYPE_CHECKING count."""
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from mqspark.qmgr import QueueManager\n"
         "def f():\n    from mqspark.spark import session\n"
     )
     found = [
-        target
-        for node in _imports(ast.parse(source))
+        (target, types_only)
+        for node, types_only in _imports(ast.parse(source))
         for target in _targets("mqspark.engine.x", False, node, {"mqspark.spark.session"})
         if target.startswith("mqspark")
     ]
-    assert found == ["mqspark.spark.session"]
+    assert found == [("mqspark.qmgr", True), ("mqspark.spark.session", False)]
     assert layer_of("mqspark.spark.session") > layer_of("mqspark.engine.x")
     looped = nx.DiGraph([("a", "b"), ("b", "a")])
     assert [sorted(c) for c in nx.strongly_connected_components(looped) if len(c) > 1] == [["a", "b"]]

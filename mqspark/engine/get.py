@@ -58,7 +58,8 @@ import pyarrow.compute as pc
 
 from mqspark.engine.backout import RELEASED, failure_rows, plan_messages
 from mqspark.engine.consumer_groups import Claims, ConsumerState, Stale
-from mqspark.engine.leases import GET_OWNER, Heartbeat
+from mqspark.engine.heartbeat import Heartbeat
+from mqspark.engine.leases import GET_OWNER
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.pending import PendingMessages
 from mqspark.engine.planner import Planner

@@ -35,7 +35,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -45,12 +44,10 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine import depth
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.leases import MAINTENANCE, Heartbeat
+from mqspark.engine.heartbeat import Heartbeat
+from mqspark.engine.leases import MAINTENANCE
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
-
-if TYPE_CHECKING:
-    from mqspark.engine.queues import Queues
 
 # Removed files and log entries stay this long by default, for time travel and for readers still
 # on an older version.
@@ -94,7 +91,9 @@ def check_retention(retention: object) -> timedelta:
     return retention
 
 
-def maintain(qm: Queues, queue: str, retention: timedelta, now: datetime | None = None) -> MaintenanceSummary:
+def maintain(
+    qm: store.QueueManagerRoot, queue: str, retention: timedelta, now: datetime | None = None
+) -> MaintenanceSummary:
     """Run maintenance on local queue ``queue`` (see the module docstring)."""
     started = time.monotonic()
     now = now or datetime.now(UTC)
@@ -145,7 +144,7 @@ def maintain(qm: Queues, queue: str, retention: timedelta, now: datetime | None 
         )
 
 
-def purge(qm: Queues, queue: str, lease_timeout: timedelta) -> int:
+def purge(qm: store.QueueManagerRoot, queue: str, lease_timeout: timedelta) -> int:
     """Remove every live message of local queue ``queue`` in one commit (see :meth:`QueueManager.purge`)."""
     state = ConsumerState(qm.root, queue, qm.storage_options)
     for group in state.groups():
@@ -202,7 +201,7 @@ class Maintenance:
     """Maintenance runs a long-lived service (a streaming get's planner) starts now and then, each in a
     background thread, with the default retention. A run that finds another one going is skipped."""
 
-    def __init__(self, qm: Queues, queue: str) -> None:
+    def __init__(self, qm: store.QueueManagerRoot, queue: str) -> None:
         self.qm = qm
         self.queue = queue
         self.started = time.monotonic()
@@ -236,7 +235,7 @@ class Maintenance:
 class _Lease:
     """The queue's maintenance lease, renewed while a run lasts; refused (2042) while another run holds it."""
 
-    def __init__(self, qm: Queues, queue: str) -> None:
+    def __init__(self, qm: store.QueueManagerRoot, queue: str) -> None:
         location = store.maintenance_location(qm.root, queue)
         self.state = ConsumerState(qm.root, queue, qm.storage_options, location)
         self.queue = queue

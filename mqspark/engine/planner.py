@@ -44,7 +44,7 @@ from mqspark.engine.backout import (
     plan_messages,
 )
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.leases import Heartbeat
+from mqspark.engine.heartbeat import Heartbeat
 from mqspark.engine.ordering import DeliveryOptions, deliver, join_segments, keep_rows
 from mqspark.engine.pending import PendingMessages, lookup
 from mqspark.engine.plans import admit, file_runs, keys_of, locate_plan, plan_ranges

@@ -5,6 +5,7 @@ table, maintenance lease, forwarder checkpoints, monitor history and instance re
 from __future__ import annotations
 
 import os
+from typing import Protocol
 
 from mqspark.store.filesystems import is_uri
 
@@ -17,6 +18,17 @@ INSTANCES_DIR = "instances"
 QUEUES_DIR = "queues"
 
 StorageOptions = dict[str, str] | None
+
+
+class QueueManagerRoot(Protocol):
+    """A queue manager's root and the options that reach its store: all that code working on one
+    queue's tables (maintenance, say) needs of the queue manager."""
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def storage_options(self) -> StorageOptions: ...
 
 
 def normalize_root(root: str | os.PathLike) -> str:
