@@ -1,6 +1,8 @@
 """The Python put and get one message at a time, as applications outside Spark use them, against the
 storage's own limit: a one-row ``write_deltalake`` append from the same number of processes; and the
-block consumer draining a backlog, against the single get of the same run."""
+block consumer draining a backlog, against the single get of the same run. Each also reports the CPU
+time a call used and how many cores its processes kept busy: a call that keeps one core busy cannot
+run faster in 4 processes than the machine has cores."""
 
 from __future__ import annotations
 
@@ -63,14 +65,21 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
         "processes": processes,
         "anchor_append_per_s": append_one["rate"],
         "anchor_append_p50_ms": append_one["p50_ms"],
+        "anchor_append_cores_busy": append_one["cores_busy"],
+        f"anchor_append_{processes}_processes_cores_busy": append_many["cores_busy"],
         f"anchor_append_{processes}_processes_per_s": append_many["rate"],
         "put_per_s": put_one["rate"],
         "put_p50_ms": put_one["p50_ms"],
+        "put_cpu_ms_per_call": put_one["cpu_ms"],
         "put_ratio_to_append": round(put_one["rate"] / append_one["rate"], 3),
         f"put_{processes}_processes_per_s": put_many["rate"],
         f"put_{processes}_processes_ratio_to_append": round(put_many["rate"] / append_many["rate"], 3),
         "get_per_s": get_one["rate"],
         "get_p50_ms": get_one["p50_ms"],
+        "get_cpu_ms_per_call": get_one["cpu_ms"],
+        "get_cores_busy": get_one["cores_busy"],
+        f"get_{processes}_processes_cores_busy": get_many["cores_busy"],
+        "cores": os.cpu_count(),
         "get_ratio_to_append": round(get_one["rate"] / append_one["rate"], 3),
         f"get_{processes}_processes_per_s": get_many["rate"],
         f"get_{processes}_processes_ratio_to_one": round(get_many["rate"] / get_one["rate"], 3),
@@ -98,9 +107,13 @@ def _in_processes(work, root: str, messages: int, processes: int, *args) -> dict
     # From the first call's start to the last call's end, leaving out the processes' start.
     elapsed = max(result["end"] for result in results) - min(result["start"] for result in results)
     latencies = [latency for result in results for latency in result["latencies"]]
+    cpu = sum(result.get("cpu", 0.0) for result in results)
     return {
         "rate": round(len(latencies) / elapsed, 1),
         "p50_ms": round(statistics.median(latencies) * 1000, 1),
+        # CPU time of the processes (their native threads too) per call, and the cores it kept busy.
+        "cpu_ms": round(cpu / len(latencies) * 1000, 1),
+        "cores_busy": round(cpu / elapsed, 2),
         "refused": [reason for result in results for reason in result["refused"]],
         "delivered": [payload for result in results for payload in result["delivered"]],
     }
@@ -109,6 +122,7 @@ def _in_processes(work, root: str, messages: int, processes: int, *args) -> dict
 def _append(root: str, count: int, rows: pa.Table) -> dict:
     table = DeltaTable(root)
     latencies, begun = [], time.time()
+    cpu = time.process_time()
     for _ in range(count):
         start = time.perf_counter()
         # delta-rs retries a conflicting append a few times and then gives up: an application retries.
@@ -119,17 +133,32 @@ def _append(root: str, count: int, rows: pa.Table) -> dict:
             except CommitFailedError:
                 continue
         latencies.append(time.perf_counter() - start)
-    return {"latencies": latencies, "refused": [], "delivered": [], "start": begun, "end": time.time()}
+    return {
+        "latencies": latencies,
+        "refused": [],
+        "delivered": [],
+        "start": begun,
+        "end": time.time(),
+        "cpu": time.process_time() - cpu,
+    }
 
 
 def _put(root: str, count: int) -> dict:
     qm = QueueManager.open(root)
     latencies, begun = [], time.time()
+    cpu = time.process_time()
     for n in range(count):
         start = time.perf_counter()
         qm.put("Q", [{"payload": f"{os.getpid()}-{n}".encode()}])
         latencies.append(time.perf_counter() - start)
-    return {"latencies": latencies, "refused": [], "delivered": [], "start": begun, "end": time.time()}
+    return {
+        "latencies": latencies,
+        "refused": [],
+        "delivered": [],
+        "start": begun,
+        "end": time.time(),
+        "cpu": time.process_time() - cpu,
+    }
 
 
 def _put_threads(root: str, count: int, threads: int) -> dict:
@@ -171,6 +200,7 @@ def _get(root: str, count: int) -> dict:
     """Single gets until this process has had ``count`` messages or the group has none left."""
     qm = QueueManager.open(root)
     latencies, delivered, refused, begun = [], [], [], time.time()
+    cpu = time.process_time()
     while len(delivered) < count:
         start = time.perf_counter()
         try:
@@ -184,7 +214,14 @@ def _get(root: str, count: int) -> dict:
             continue
         latencies.append(time.perf_counter() - start)
         delivered.extend(got["payload"].to_pylist())
-    return {"latencies": latencies, "refused": refused, "delivered": delivered, "start": begun, "end": time.time()}
+    return {
+        "latencies": latencies,
+        "refused": refused,
+        "delivered": delivered,
+        "start": begun,
+        "end": time.time(),
+        "cpu": time.process_time() - cpu,
+    }
 
 
 def _latency(root: str, queue: str, taker, name: str) -> dict:
