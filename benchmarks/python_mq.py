@@ -13,6 +13,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -119,46 +120,42 @@ def _in_processes(work, root: str, messages: int, processes: int, *args) -> dict
     }
 
 
+def _timed_calls(count: int, call: Callable[[int], object]) -> dict:
+    """Call ``call(n)`` for n in 0 .. count-1, timing each call, with the process's CPU time: what
+    :func:`_in_processes` merges."""
+    latencies, begun, cpu = [], time.time(), time.process_time()
+    for n in range(count):
+        start = time.perf_counter()
+        call(n)
+        latencies.append(time.perf_counter() - start)
+    return {
+        "latencies": latencies,
+        "refused": [],
+        "delivered": [],
+        "start": begun,
+        "end": time.time(),
+        "cpu": time.process_time() - cpu,
+    }
+
+
 def _append(root: str, count: int, rows: pa.Table) -> dict:
     table = DeltaTable(root)
-    latencies, begun = [], time.time()
-    cpu = time.process_time()
-    for _ in range(count):
-        start = time.perf_counter()
+
+    def append(_: int) -> None:
         # delta-rs retries a conflicting append a few times and then gives up: an application retries.
         while True:
             try:
                 write_deltalake(table, rows, mode="append")
-                break
+                return
             except CommitFailedError:
                 continue
-        latencies.append(time.perf_counter() - start)
-    return {
-        "latencies": latencies,
-        "refused": [],
-        "delivered": [],
-        "start": begun,
-        "end": time.time(),
-        "cpu": time.process_time() - cpu,
-    }
+
+    return _timed_calls(count, append)
 
 
 def _put(root: str, count: int) -> dict:
     qm = QueueManager.open(root)
-    latencies, begun = [], time.time()
-    cpu = time.process_time()
-    for n in range(count):
-        start = time.perf_counter()
-        qm.put("Q", [{"payload": f"{os.getpid()}-{n}".encode()}])
-        latencies.append(time.perf_counter() - start)
-    return {
-        "latencies": latencies,
-        "refused": [],
-        "delivered": [],
-        "start": begun,
-        "end": time.time(),
-        "cpu": time.process_time() - cpu,
-    }
+    return _timed_calls(count, lambda n: qm.put("Q", [{"payload": f"{os.getpid()}-{n}".encode()}]))
 
 
 def _put_threads(root: str, count: int, threads: int) -> dict:
