@@ -168,6 +168,12 @@ class BackoutPolicy:
         return None
 
 
+def check_error_text(error: str, what: str) -> None:
+    """Refuse a backout's error that is not a non-empty text, in one line starting with ``what``."""
+    if not isinstance(error, str) or not error:
+        raise MQValidationError(f"{what} must be a non-empty text, got {error!r}")
+
+
 def failures(state: ConsumerState, consumer: str, unrecorded: Sequence[pa.Table] = ()) -> pa.Table:
     """Each failed message of the group: its ``backout_count``, the time and error of its last
     failure, and whether that failure was ``pinpointed`` (see the module doc). With the failures
@@ -282,8 +288,7 @@ def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> i
     """
     from mqspark.engine.queues import Queues
 
-    if not isinstance(error, str) or not error:
-        raise MQValidationError(f"backout: error must be a non-empty text, got {error!r}")
+    check_error_text(error, "backout: error")
     validate_name(consumer, "consumer group")
     table = _as_table(rows)
     missing = [name for name in ("queue", "delivery_seq") if name not in table.column_names]

@@ -56,7 +56,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqspark.engine.backout import RELEASED, failure_rows, plan_messages
+from mqspark.engine.backout import RELEASED, check_error_text, failure_rows, plan_messages
 from mqspark.engine.consumer_groups import Claims, ConsumerState, Stale
 from mqspark.engine.heartbeat import Heartbeat
 from mqspark.engine.leases import GET_OWNER
@@ -167,10 +167,7 @@ class Claim:
     def backout(self, error: str) -> None:
         """Give the messages back as failed (MQBACK): each counts one failed delivery, with ``error``
         as its error, and the queue's retry and backout rules apply. Refused (2003) once the lock passed."""
-        if not isinstance(error, str) or not error:
-            raise MQValidationError(
-                f"get from queue {self.planner.queue}: backout error must be a non-empty text, got {error!r}"
-            )
+        check_error_text(error, f"get from queue {self.planner.queue}: backout error")
         self._end(self._ending([self._failures("backout", self._identities(), error)]))
 
     def release(self) -> None:
