@@ -121,14 +121,14 @@ def test_quickstart_notebook_runs(tmp_path, kernel_name):
 @pytest.mark.spark
 def test_monitoring_notebook_warns_recovers_aborts_and_plots_the_history(tmp_path, kernel_name):
     nb = nbformat.read(MONITORING, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(nb, timeout=600, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError on the first cell that fails
 
     # The slow consumer recovered: the warning monitor's last points are back under the watch count.
     recovered = result_text(tagged(nb, "recover"))
     assert recovered.count(" watching continue status=OK ") == 3, recovered
     aborted = stdout_text(tagged(nb, "abort")).splitlines()
-    assert aborted[0] == "StreamingQueryException"
+    assert aborted[0] == "StreamingQueryException", (aborted, stdout_text(tagged(nb, "history")))
     assert aborted[1].startswith(
         "MQRC_Q_SERVICE_INTERVAL_HIGH (2226): queue ORDERS: consumer group 'billing' is falling behind: it processed A="
     )
