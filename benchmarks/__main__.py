@@ -1,4 +1,7 @@
-"""Run the benchmarks and print one JSON object per line: python -m benchmarks [NAME ...]"""
+"""Run the benchmarks and print one JSON object per line: python -m benchmarks [NAME ...]
+
+A benchmark that takes arguments (``backlog``) takes every argument after its name:
+python -m benchmarks backlog 100k 1M 20M"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import json
 import sys
 
 from . import (
+    backlog,
     backout,
     browse,
     cluster_drain,
@@ -53,10 +57,16 @@ BENCHMARKS = {
     "instances_takeover": lambda: instances.run(),
     "object_store_put": lambda: object_store.run(),
     "cluster_drain": lambda: cluster_drain.run(),
+    "backlog": lambda: backlog.run(),
 }
+# Benchmarks that take arguments: called with every argument after their name.
+WITH_ARGUMENTS = {"backlog": backlog.main}
 
 
 def main(names: list[str]) -> None:
+    if names and names[0] in WITH_ARGUMENTS:
+        print(json.dumps(WITH_ARGUMENTS[names[0]](names[1:])), flush=True)
+        return
     unknown = sorted(set(names) - set(BENCHMARKS))
     if unknown:
         sys.exit(f"unknown benchmark {unknown[0]}; known: {', '.join(BENCHMARKS)}")
