@@ -36,9 +36,10 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-    # The tests that start their own Spark drivers run one after another on one worker (their
-    # xdist_group), the longest chain of the run: first, so the other worker takes the rest meanwhile.
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    # The tests that start their own Spark drivers form two chains of about 30 minutes each under CI's
+    # load (xdist_groups drivers-a and drivers-b, split by module). A chain runs on one worker, one test
+    # after another, so at most two such tests compete for the 2 cores. xdist's loadgroup hands out the
+    # groups with the most tests first, so each worker starts on one chain and the rest fill in after.
 
 
 @pytest.fixture(scope="session")

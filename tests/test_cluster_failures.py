@@ -28,7 +28,7 @@ from mqspark.cluster.repository import Cluster
 from .support.processes import PATIENCE, finish_driver, kill_run, last_spark_commit, start_driver
 
 # Every test runs producers that are Spark drivers of their own (mqspark.session()).
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers-b")]
 
 REPLICAS = ("QM2", "QM3", "QM4")
 # The sink's report of a replica share it found committed already (mqspark.spark.sink.commit_batch).

@@ -14,7 +14,7 @@ from mqspark import QueueManager
 from .support.processes import finish_driver, start_process
 
 # Each example runs under spark-submit.
-pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers")]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers-a")]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")

@@ -33,7 +33,7 @@ from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill
 
 # Every test runs instances that are Spark drivers of their own (mqspark.session()).
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers-b")]
 
 LEASE_S = 5
 BATCH = 5

@@ -28,7 +28,7 @@ from mqspark.model.messages import MESSAGE_SCHEMA
 from .support.processes import PATIENCE, finish_driver, kill_run, last_spark_commit, start_driver
 
 # Every test runs producers that are Spark drivers of their own (mqspark.session()).
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers-b")]
 
 REPLAYED = "was committed before"
 

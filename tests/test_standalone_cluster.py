@@ -26,7 +26,7 @@ from .test_forward_jobs import SERVICES, _job
 from .test_stream_get import _expected_df, _reference
 
 # Every test runs jobs on a Spark standalone cluster.
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers")]
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers-b")]
 
 JOB = Path(__file__).parent / "support" / "standalone_job.py"
 
