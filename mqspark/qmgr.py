@@ -138,7 +138,7 @@ class QueueManager(Queues):
         """Check the depth and close the message table in one step, so no put can land in between."""
         for attempt in range(PUT_ATTEMPTS):
             table = self._message_table(name)
-            depth = self._curdepth(name, table)
+            depth = self._count_waiting(name, table)
             if depth and not purge:
                 raise MQError(
                     f"queue {name} holds {depth} messages; delete with purge to discard them", Reason.MQRC_Q_NOT_EMPTY
@@ -174,7 +174,10 @@ class QueueManager(Queues):
         """MQ's CURDEPTH: the messages still waiting for at least one counted consumer group (see
         :mod:`mqspark.engine.depth`); with ``consumer``, the messages still waiting for that group.
         Expired messages are not counted."""
-        return self.backlog(queue, consumer, oldest=False).depth
+        local = self._resolve(queue).name
+        if consumer is not None:
+            validate_name(consumer, "consumer group")
+        return self.waiting_count(local, consumer)
 
     def consumers(self, queue: str) -> list[str]:
         """The consumer groups that count for the queue's depth, by name: those that have read it, and
@@ -199,9 +202,12 @@ class QueueManager(Queues):
         which reads every live message's put_time; for a consumer group also who holds its lease,
         the active instance of a service."""
         local = self._resolve(queue).name
-        waiting_now = self.waiting_messages(local, consumer, ["put_time"] if oldest else [])
-        count = waiting_now.num_rows
-        first = pc.min(waiting_now["put_time"]).as_py() if oldest and count else None
+        if oldest:
+            waiting_now = self.waiting_messages(local, consumer, ["put_time"])
+            count = waiting_now.num_rows
+            first = pc.min(waiting_now["put_time"]).as_py() if count else None
+        else:
+            count, first = self.depth(local, consumer), None
         lease = None if consumer is None else self._state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
         return Backlog(local, consumer, count, first, None if lease is None else lease.owner)
 

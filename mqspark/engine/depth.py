@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine.consumer_groups import GroupsSnapshot
 from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
-from mqspark.model.ranges import expand_ranges, in_ranges
+from mqspark.model.ranges import expand_ranges, in_ranges, intersect_ranges, overlap_counts
 
 
 def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
@@ -37,16 +37,7 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
     """
     extra = extra or []
     files = store.live_files(table)
-    simple = np.zeros(files.num_rows, dtype=bool)
-    if not extra and files.num_rows:
-        low = pc.fill_null(files["min_put_seq"], -1).to_numpy()
-        high = pc.fill_null(files["max_put_seq"], -2).to_numpy()
-        simple = (
-            pc.is_valid(files["version"]).to_numpy(zero_copy_only=False)
-            & pc.fill_null(files["never_expire"], False).to_numpy(zero_copy_only=False)
-            & (high - low + 1 == files["rows"].to_numpy())
-            & (low >> 32 == high >> 32)
-        )
+    simple = put_files(files) if not extra else np.zeros(files.num_rows, dtype=bool)
     pieces = []
     if simple.any():
         chosen = np.flatnonzero(simple)
@@ -61,9 +52,47 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
                 pa.nulls(int(count.sum()), TIMESTAMP),
             )
         )
+    pieces += _read_identities(table, files, np.flatnonzero(~simple), extra)
+    if not pieces:
+        empty = _identities(
+            np.array([], np.int64), np.array([], np.int64), np.array([], np.int64), pa.array([], TIMESTAMP)
+        )
+        for name in extra:
+            empty = empty.append_column(name, pa.array([], MESSAGE_SCHEMA.field(name).type))
+        return files, empty
+    return files, pa.concat_tables(pieces)
+
+
+def put_files(files: pa.Table) -> np.ndarray:
+    """Which of the live ``files`` a put wrote with rows consecutive in one origin and no expiry: their
+    statistics describe their messages, one range of identities each (see :func:`file_ranges`)."""
+    if not files.num_rows:
+        return np.zeros(0, dtype=bool)
+    low = pc.fill_null(files["min_put_seq"], -1).to_numpy()
+    high = pc.fill_null(files["max_put_seq"], -2).to_numpy()
+    return (
+        pc.is_valid(files["version"]).to_numpy(zero_copy_only=False)
+        & pc.fill_null(files["never_expire"], False).to_numpy(zero_copy_only=False)
+        & (high - low + 1 == files["rows"].to_numpy())
+        & (low >> 32 == high >> 32)
+    )
+
+
+def file_ranges(files: pa.Table, chosen: np.ndarray) -> pa.Table:
+    """The identities of the messages of the ``chosen`` :func:`put_files`, one ``origin``/``row``/``count``
+    range per file."""
+    low = files["min_put_seq"].to_numpy(zero_copy_only=False)[chosen].astype(np.int64)
+    version = files["version"].to_numpy(zero_copy_only=False)[chosen].astype(np.int64)
+    origin, row = identity_columns(version, low)
+    return pa.table({"origin": origin, "row": row, "count": pa.array(files["rows"].to_numpy()[chosen])})
+
+
+def _read_identities(table: DeltaTable, files: pa.Table, numbers: np.ndarray, extra: list[str]) -> list[pa.Table]:
+    """The messages of the live files ``numbers``, read: as :func:`live_messages` gives them."""
     paths = files["path"].to_pylist()
     versions = files["version"].to_pylist()
-    for number in np.flatnonzero(~simple):
+    pieces = []
+    for number in numbers:
         data = store.read_messages(table.table_uri, paths[number], versions[number], ["put_seq", "expiry", *extra])
         piece = _identities(
             np.full(data.num_rows, number),
@@ -74,14 +103,7 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
         for name in extra:
             piece = piece.append_column(name, data[name])
         pieces.append(piece)
-    if not pieces:
-        empty = _identities(
-            np.array([], np.int64), np.array([], np.int64), np.array([], np.int64), pa.array([], TIMESTAMP)
-        )
-        for name in extra:
-            empty = empty.append_column(name, pa.array([], MESSAGE_SCHEMA.field(name).type))
-        return files, empty
-    return files, pa.concat_tables(pieces)
+    return pieces
 
 
 def _identities(
@@ -140,3 +162,24 @@ def waiting_and_depth(live: pa.Table, groups: GroupsSnapshot, now: datetime, con
         return mine, int(unexpired.sum())
     for_someone = np.logical_or.reduce([left[name] for name in groups.groups])
     return mine, int((unexpired & for_someone).sum())
+
+
+def count_waiting(table: DeltaTable, groups: GroupsSnapshot, now: datetime, consumer: str | None = None) -> int:
+    """How many live messages wait, as :func:`waiting` decides, without listing them: the messages of
+    :func:`put_files` are counted from their files' ranges and the groups' consumed ranges, so the cost
+    follows the files and ranges, not the messages; only the other files are read."""
+    files = store.live_files(table)
+    simple = put_files(files)
+    ranges = file_ranges(files, np.flatnonzero(simple))
+    if consumer is not None:
+        consumed = [] if groups.consumed.get(consumer) is None else [groups.consumed[consumer]]
+    else:
+        # Waiting for at least one counted group: not consumed by all of them.
+        consumed = [groups.consumed[name] for name in groups.groups]
+    count = int(pc.sum(ranges["count"]).as_py() or 0)
+    if consumed and ranges.num_rows:
+        count -= int(overlap_counts(ranges, intersect_ranges(consumed)).sum())
+    others = _read_identities(table, files, np.flatnonzero(~simple), [])
+    if others:
+        count += int(waiting(pa.concat_tables(others), groups, now, consumer).sum())
+    return count

@@ -25,7 +25,7 @@ from mqspark import store
 from mqspark.engine import group_commit
 from mqspark.engine.catalog import Catalog, CatalogState
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.depth import live_messages, waiting
+from mqspark.engine.depth import count_waiting, live_messages, waiting
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
@@ -236,7 +236,7 @@ class Queues:
             # would not fit find which still wait.
             live_files[0], depth = store.live_counts(table)
             if depth + rows > resolved.max_depth:
-                depth = self._curdepth(local, table)
+                depth = self._count_waiting(local, table)
             if depth + rows > resolved.max_depth:
                 raise MQError(
                     f"queue {local} is full (max_depth {resolved.max_depth}, depth {depth}, put of {rows})",
@@ -329,9 +329,13 @@ class Queues:
                     raise
         return read(self._message_table(queue))
 
-    def _curdepth(self, queue: str, table: DeltaTable) -> int:
-        _, live = live_messages(table)
-        return int(waiting(live, self._state(queue).all_groups(), datetime.now(UTC)).sum())
+    def waiting_count(self, queue: str, consumer: str | None = None) -> int:
+        """How many messages wait on local queue ``queue``: for ``consumer``, or (None) for at least one
+        counted group (CURDEPTH); see :func:`mqspark.engine.depth.count_waiting`."""
+        return self._with_snapshot(queue, lambda table: self._count_waiting(queue, table, consumer))
+
+    def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
+        return count_waiting(table, self._state(queue).all_groups(), datetime.now(UTC), consumer)
 
     def _definition_in(self, state: CatalogState, name: str) -> QueueDefinition:
         try:

@@ -105,3 +105,56 @@ def in_ranges(
     # Merged ranges are disjoint and never adjacent: a run lies in one of them or not in all of them.
     last = key if count is None else key + np.asarray(count, dtype=np.int64) - 1
     return pa.array((number >= 0) & (at >= 0) & (last < ends[np.maximum(at, 0)]))
+
+
+def _keyed(sets: list[pa.Table]) -> tuple[pa.Array, list[tuple[np.ndarray, np.ndarray]]]:
+    """The origins of ``sets`` (sorted), and each set's ranges as sorted, disjoint ``[start, end)``
+    keys (origin number << 32 | row)."""
+    merged = [merge_ranges(ranges) for ranges in sets]
+    names = pc.unique(pa.chunked_array([ranges["origin"] for ranges in merged], pa.string()))
+    names = names.take(pc.sort_indices(names))
+    keyed = []
+    for ranges in merged:
+        start = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64) << 32
+        start = start | ranges["row"].to_numpy()
+        keyed.append((start, start + ranges["count"].to_numpy()))
+    return names, keyed
+
+
+def intersect_ranges(sets: list[pa.Table]) -> pa.Table:
+    """The identities that lie in every one of the ``origin``/``row``/``count`` range tables ``sets``
+    (at least one), as merged ranges."""
+    names, keyed = _keyed(sets)
+    position = np.concatenate([key for start, end in keyed for key in (start, end)])
+    step = np.concatenate([np.full(len(key), sign) for start, end in keyed for key, sign in ((start, 1), (end, -1))])
+    # At one position a range that ends comes before one that starts: ranges are half-open.
+    order = np.lexsort((step, position))
+    position, inside = position[order], np.cumsum(step[order])
+    segment = np.flatnonzero((inside[:-1] == len(sets)) & (position[1:] > position[:-1]))
+    start = position[segment]
+    return pa.table(
+        {
+            "origin": names.take(pa.array(start >> 32)),
+            "row": pa.array(start & 0xFFFFFFFF),
+            "count": pa.array(position[segment + 1] - start),
+        }
+    )
+
+
+def overlap_counts(ranges: pa.Table, within: pa.Table) -> np.ndarray:
+    """For each of the ``origin``/``row``/``count`` ``ranges`` (one origin each), how many of its
+    identities lie in the ranges ``within``: arithmetic on the ranges, whatever their lengths."""
+    names, [(start, end)] = _keyed([within])
+    number = pc.fill_null(pc.index_in(ranges["origin"], value_set=names), -1).to_numpy().astype(np.int64)
+    first = number << 32 | ranges["row"].to_numpy()
+    length = end - start
+    before = np.concatenate([[0], np.cumsum(length)])
+
+    def covered(key: np.ndarray) -> np.ndarray:
+        """How many identities of ``within`` lie below each key."""
+        at = np.searchsorted(start, key, side="right") - 1
+        partial = np.clip(key - start[np.maximum(at, 0)], 0, length[np.maximum(at, 0)]) if len(start) else 0
+        return np.where(at >= 0, before[np.maximum(at, 0)] + partial, 0)
+
+    counts = covered(first + ranges["count"].to_numpy()) - covered(first)
+    return np.where(number >= 0, counts, 0)
