@@ -195,12 +195,15 @@ def _check_output(spark, output: Path, expected: list[dict]) -> None:
     assert_df_equality(got.orderBy("delivery_seq"), wanted.orderBy("delivery_seq"), ignore_nullable=True)
 
 
-def _wait_until_drained(qm, instances: Instances, total: int, timeout: float = 240) -> None:
+def _wait_until_drained(qm, instances: Instances, total: int) -> None:
     """Until every message reached the output and the active instance recorded the last micro-batch
-    consumed (at its next trigger)."""
-    deadline = time.monotonic() + timeout
-    while instances.output_rows() < total or qm.depth("Q", consumer="ha"):
-        assert time.monotonic() < deadline, f"{instances.output_rows()} of {total} messages delivered in {timeout} s"
+    consumed (at its next trigger). Fails when no message reached the output for PATIENCE s: under
+    CI's load a micro-batch of 5 took up to 43 s."""
+    seen, deadline = -1, 0.0
+    while (rows := instances.output_rows()) < total or qm.depth("Q", consumer="ha"):
+        if rows != seen:
+            seen, deadline = rows, time.monotonic() + PATIENCE
+        assert time.monotonic() < deadline, f"{rows} of {total} messages delivered, none for {PATIENCE} s"
         time.sleep(0.2)
 
 
@@ -248,9 +251,9 @@ def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm,
         record_property("takeovers", json.dumps(takeovers))
         print("\ntakeovers:\n" + "\n".join(json.dumps(t) for t in takeovers))
 
+    # Each takeover came (the wait above gives up after LEASE_S + PATIENCE). How fast is the
+    # benchmark's question (instances_takeover): under CI's load one took 96 s.
     assert len(takeovers) == kills
-    # How fast is the benchmark's question (instances_takeover); here only that each takeover came.
-    assert all(t["s"] < LEASE_S + 90 for t in takeovers), takeovers
     # Only the active instance delivered: deliveries change hands only at a kill, never back.
     order = [d[0] for d in instances.delivered()]
     hands = [order[0], *(b for a, b in zip(order, order[1:], strict=False) if a != b)]
