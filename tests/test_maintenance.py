@@ -566,7 +566,8 @@ def test_a_long_retention_keeps_removed_files_and_log_entries(qm, new_reader):
 def test_the_state_table_stays_small_after_many_batches_and_maintenance(qm, new_reader):
     qm.define_queue("Q")
     _put_each(qm, [f"m{i}" for i in range(40)])
-    reader = new_reader()
+    # A lease of an hour: no renewal adds a state commit however slowly the 31 batches run.
+    reader = new_reader(leaseTimeout="3600")
     start = reader.initialOffset()
     delivered = []
     for _ in range(31):
