@@ -358,3 +358,58 @@ def test_before_msg_id_ignores_a_namesake_put_with_it(qm):
     assert qm.browse("Q", now=NOW)["payload"].to_pylist() == [b"ins", b"old", b"namesake"]
     # Once the message it was put before has expired, it keeps its own place.
     assert qm.browse("Q", now=NOW + 2 * HOUR)["payload"].to_pylist() == [b"namesake", b"ins"]
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    transactions=puts(),
+    delivery_sequence=st.sampled_from(["priority", "fifo"]),
+    head=st.integers(1, 12),
+)
+def test_a_head_orders_a_prefix_of_the_whole_order(transactions, delivery_sequence, head):
+    """Ordering only the first messages in physical order (and the groups they touch) gives a prefix
+    of the whole order, and the whole order once the head holds every message."""
+    queue = QueueDefinition.build("Q", delivery_sequence=delivery_sequence)
+    committed = _committed(queue, transactions)
+    for order, all_available, complete in OPTION_SETS:
+        options = DeliveryOptions(order, all_available, complete)
+        whole = deliver(committed, delivery_sequence, options, NOW).messages.to_pylist()
+        part = deliver(committed, delivery_sequence, options, NOW, head=head)
+        rows = part.messages.to_pylist()
+        assert _fields(rows[: part.exact]) == _fields(whole[: part.exact]), (order, all_available, complete)
+        everything = deliver(committed, delivery_sequence, options, NOW, head=committed.num_rows)
+        assert everything.exact == len(whole)
+        assert _fields(everything.messages.to_pylist()) == _fields(whole)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(transactions=puts(), sizes=st.lists(st.integers(1, 4), min_size=1, max_size=6))
+def test_gets_planned_on_a_short_head_deliver_what_gets_planned_on_the_whole_queue_do(
+    tmp_path_factory, transactions, sizes
+):
+    """Two groups drain the same queue with the same gets, one planning on heads of a few messages
+    (growing when a head held too few), the other on the whole queue: each get gives the same
+    messages."""
+    from mqspark import QueueManager
+    from mqspark.engine import planner
+
+    qm = QueueManager.create(tmp_path_factory.mktemp("qm"), "QM1")
+    qm.define_queue("Q")
+    for rows in transactions:
+        qm.put("Q", rows)
+    columns = ["msg_id", "payload", "group_id", "msg_seq_number", "offset"]
+    default = planner.HEAD
+    try:
+        for step in range(12):
+            size = sizes[step % len(sizes)]
+            planner.HEAD = 1
+            short = qm.get("Q", "short", max_messages=size)
+            planner.HEAD = 10**9
+            whole = qm.get("Q", "whole", max_messages=size)
+            assert short.select(columns).to_pylist() == whole.select(columns).to_pylist(), step
+            if whole.num_rows == 0:
+                break
+    finally:
+        planner.HEAD = default

@@ -57,20 +57,35 @@ class DeliveryOptions:
 
 @dataclass(frozen=True)
 class Delivery:
-    """The deliverable messages in delivery order, and how many expired messages were discarded."""
+    """The deliverable messages in delivery order, and how many expired messages were discarded.
+
+    ``exact``: how many of the first ``messages`` are those of the whole queue's order. All of them,
+    unless :func:`deliver` ordered only a head; the rows after them may be missing some that come
+    between, and a caller that needs more orders a longer head."""
 
     messages: pa.Table
     expired: int
+    exact: int
 
 
 def deliver(
-    messages: pa.Table, delivery_sequence: str, options: DeliveryOptions, now: datetime, *, join: bool = True
+    messages: pa.Table,
+    delivery_sequence: str,
+    options: DeliveryOptions,
+    now: datetime,
+    *,
+    join: bool = True,
+    head: int | None = None,
 ) -> Delivery:
     """Order ``messages`` (message columns plus ``commit_version``) for delivery at ``now``.
 
     ``messages`` may carry ``payload_length`` instead of ``payload`` (the streaming get plans on an
     index without payloads); then ``join`` must be false and segments are joined when they are read.
     Columns other than the message columns travel along with their rows.
+
+    With ``head``, only the first ``head`` messages in physical order (at least; ties go together)
+    and every item of the groups they hold an item of are ordered: the cost of sorting follows the
+    head, not the queue. ``Delivery.exact`` says how much of the result holds for the whole queue.
     """
     moment = pa.scalar(now, TIMESTAMP)
     expired = pc.fill_null(pc.less_equal(messages["expiry"], moment), False)
@@ -78,11 +93,79 @@ def deliver(
     expired_count = pc.sum(expired).as_py() or 0
     present = keep_rows(messages, pc.invert(pc.or_(expired, waiting)))
     keys = _physical_keys(present, delivery_sequence)
+    in_head = None
+    if head is not None and head < present.num_rows:
+        in_head = head_rows(keys, head)
+        chosen = in_head | _groups_of(present, in_head)
+        keys = [key[chosen] for key in keys]
+        in_head = in_head[chosen]
+        present = present.filter(pa.array(chosen)).append_column(_IN_HEAD, pa.array(in_head))
     if options.order == "physical":
         ordered = take_rows(present, sort_order(keys))
     else:
         ordered = _logical(present, keys, options, join)
-    return Delivery(_match(ordered, options), expired_count)
+    if in_head is None:
+        matched = _match(ordered, options)
+        return Delivery(matched, expired_count, matched.num_rows)
+    exact = _exact_prefix(ordered, options.order == "logical")
+    matched = _match(ordered.slice(0, exact).drop_columns([_IN_HEAD]), options)
+    rest = _match(ordered.slice(exact).drop_columns([_IN_HEAD]), options)
+    return Delivery(pa.concat_tables([matched, rest]), expired_count, matched.num_rows)
+
+
+# A column that travels with the rows of a head: whether the row is in the head itself.
+_IN_HEAD = "__in_head"
+
+
+def head_rows(keys: list[np.ndarray], at_least: int) -> np.ndarray:
+    """Which rows sort at or before a threshold (``keys`` most significant first) chosen so that at
+    least ``at_least`` rows do: every row left out sorts after every row kept. Selects key by key
+    (``np.partition``), without sorting."""
+    count = len(keys[0])
+    inside = np.zeros(count, dtype=bool)
+    undecided = np.arange(count)
+    need = at_least
+    for key in keys:
+        if len(undecided) <= need:
+            break
+        values = key[undecided]
+        threshold = np.partition(values, need - 1)[need - 1]
+        below = values < threshold
+        inside[undecided[below]] = True
+        need -= int(below.sum())
+        undecided = undecided[values == threshold]
+    # Rows that tie on every key with the last one kept go with it.
+    inside[undecided] = True
+    return inside
+
+
+def _groups_of(table: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """Every row of the groups that hold one of ``rows``."""
+    group_id = table["group_id"]
+    held = pc.unique(group_id.filter(pa.array(rows)).drop_null())
+    return pc.fill_null(pc.is_in(group_id, value_set=held), False).to_numpy(zero_copy_only=False)
+
+
+def _exact_prefix(ordered: pa.Table, logical: bool) -> int:
+    """How many of the first rows of a head's delivery order hold for the whole queue: those placed by
+    a row of the head itself (in logical order, an ungrouped row or a group's first item). A row left
+    out of the head sorts after every head row, and so does any group it begins."""
+    count = ordered.num_rows
+    if count == 0:
+        return 0
+    in_head = ordered[_IN_HEAD].to_numpy(zero_copy_only=False)
+    if not logical:
+        outside = np.flatnonzero(~in_head)
+        return int(outside[0]) if len(outside) else count
+    group = ordered["group_id"]
+    grouped = pc.is_valid(group).to_numpy(zero_copy_only=False)
+    codes = pc.dictionary_encode(pc.fill_null(group, "")).combine_chunks().indices.to_numpy()
+    # A group's delivered items are one run, its first item first: that item placed the run.
+    starts = np.ones(count, dtype=bool)
+    starts[1:] = ~grouped[1:] | ~grouped[:-1] | (codes[1:] != codes[:-1])
+    placed = in_head[np.maximum.accumulate(np.where(starts, np.arange(count), 0))]
+    outside = np.flatnonzero(~placed)
+    return int(outside[0]) if len(outside) else count
 
 
 _LAST = np.iinfo(np.int64).max

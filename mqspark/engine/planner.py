@@ -53,6 +53,9 @@ from mqspark.engine.state_rows import STATE_SCHEMA, consumed_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
 
+# The fewest messages, in physical order, a plan with limits orders at first (see plan).
+HEAD = 1024
+
 
 @dataclass
 class PlannedRows:
@@ -329,21 +332,22 @@ class Planner:
             rows["available_at"], pc.and_(waiting, pc.fill_null(pc.greater(rows["available_at"], moment), False))
         )
         self.next_due = pc.min(later).as_py() if len(later) else None
-        ordered = deliver(rows, self.delivery_sequence, self.delivery, now, join=False).messages
-        candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
         if claimed is not None and len(claimed):
-            candidates = self._unclaimed(candidates, claimed)
             expired = expired.filter(pa.array(~np.isin(self.pending.keys(expired), claimed)))
-        if match is not None:
-            candidates = self._matching(candidates, match)
-        taken, delivered = admit(
-            candidates,
-            max_messages,
-            max_bytes,
-            first_seq,
-            self.delivery,
-            self._isolation(candidates),
-        )
+        # Order a head of the queue that the limits leave room to fill, and a longer one when what it
+        # held was all taken: a batch costs what its head costs, not what the queue holds.
+        head = None if max_messages is None and max_bytes is None else max(4 * (max_messages or 0), HEAD)
+        while True:
+            if head is not None and head >= rows.num_rows:
+                head = None
+            delivery = deliver(rows, self.delivery_sequence, self.delivery, now, join=False, head=head)
+            candidates = self._candidates(delivery.messages.slice(0, delivery.exact), match, claimed)
+            taken, delivered = admit(
+                candidates, max_messages, max_bytes, first_seq, self.delivery, self._isolation(candidates)
+            )
+            if head is None or taken.num_rows < candidates.num_rows:
+                break
+            head *= 4
         self.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
             return None
@@ -357,6 +361,16 @@ class Planner:
         self.plan_keys[plan_id] = self.pending.keys(taken)
         self.plan_files[plan_id] = (self.pending, self.pending.moves, where)
         return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
+
+    def _candidates(self, ordered: pa.Table, match: DeliveryOptions | None, claimed: np.ndarray | None) -> pa.Table:
+        """The messages of ``ordered`` (in delivery order) a plan may take: not consumed, held by no
+        other get, and selected by ``match``."""
+        candidates = keep_rows(ordered, pc.invert(ordered["consumed"]))
+        if claimed is not None and len(claimed):
+            candidates = self._unclaimed(candidates, claimed)
+        if match is not None:
+            candidates = self._matching(candidates, match)
+        return candidates
 
     def _unclaimed(self, candidates: pa.Table, claimed: np.ndarray) -> pa.Table:
         """The candidates no other get holds: a group with a held item waits whole, in logical order."""
