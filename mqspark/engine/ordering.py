@@ -157,15 +157,20 @@ def _exact_prefix(ordered: pa.Table, logical: bool) -> int:
     if not logical:
         outside = np.flatnonzero(~in_head)
         return int(outside[0]) if len(outside) else count
-    group = ordered["group_id"]
-    grouped = pc.is_valid(group).to_numpy(zero_copy_only=False)
-    codes = pc.dictionary_encode(pc.fill_null(group, "")).combine_chunks().indices.to_numpy()
     # A group's delivered items are one run, its first item first: that item placed the run.
-    starts = np.ones(count, dtype=bool)
-    starts[1:] = ~grouped[1:] | ~grouped[:-1] | (codes[1:] != codes[:-1])
+    starts = ~same_group_as_previous(ordered["group_id"])
     placed = in_head[np.maximum.accumulate(np.where(starts, np.arange(count), 0))]
     outside = np.flatnonzero(~placed)
     return int(outside[0]) if len(outside) else count
+
+
+def same_group_as_previous(group_id: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """For each row, whether it is an item of the same group as the row before it."""
+    grouped = pc.is_valid(group_id).to_numpy(zero_copy_only=False)
+    codes = pc.dictionary_encode(pc.fill_null(group_id, "")).combine_chunks().indices.to_numpy()
+    same = np.zeros(len(codes), dtype=bool)
+    same[1:] = grouped[1:] & grouped[:-1] & (codes[1:] == codes[:-1])
+    return same
 
 
 _LAST = np.iinfo(np.int64).max

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqspark.engine.ordering import DeliveryOptions
+from mqspark.engine.ordering import DeliveryOptions, same_group_as_previous
 from mqspark.engine.pending import PendingMessages
 from mqspark.model.ranges import expand_ranges, single_ranges
 
@@ -33,12 +33,9 @@ def admit(
         return candidates.append_column("delivery_seq", pa.array([], pa.int64())).append_column(
             "partition", pa.array([], pa.int32())
         ), first_seq
-    grouped = pc.is_valid(candidates["group_id"]).to_numpy(zero_copy_only=False)
-    group = pc.dictionary_encode(pc.fill_null(candidates["group_id"], "")).combine_chunks().indices.to_numpy()
     seq = candidates["msg_seq_number"].to_numpy()
     segmented = candidates["segmented"].to_numpy(zero_copy_only=False)
-    same_group = np.zeros(count, dtype=bool)
-    same_group[1:] = grouped[1:] & grouped[:-1] & (group[1:] == group[:-1])
+    same_group = same_group_as_previous(candidates["group_id"])
     same_message = np.zeros(count, dtype=bool)
     same_message[1:] = same_group[1:] & (seq[1:] == seq[:-1]) & segmented[1:] & segmented[:-1]
     unit_start = ~(same_group if delivery.all_messages_available else same_message)
