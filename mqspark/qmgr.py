@@ -174,7 +174,9 @@ class QueueManager(Queues):
         """MQ's CURDEPTH: the messages still waiting for at least one counted consumer group (see
         :mod:`mqspark.engine.depth`); with ``consumer``, the messages still waiting for that group.
         Expired messages are not counted."""
-        local = self._resolve(queue).name
+        return self._depth(self._resolve(queue).name, consumer)
+
+    def _depth(self, local: str, consumer: str | None) -> int:
         if consumer is not None:
             validate_name(consumer, "consumer group")
         return self.waiting_count(local, consumer)
@@ -207,7 +209,7 @@ class QueueManager(Queues):
             count = waiting_now.num_rows
             first = pc.min(waiting_now["put_time"]).as_py() if count else None
         else:
-            count, first = self.depth(local, consumer), None
+            count, first = self._depth(local, consumer), None
         lease = None if consumer is None else self._state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
         return Backlog(local, consumer, count, first, None if lease is None else lease.owner)
 
