@@ -63,7 +63,7 @@ def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_onl
     for put in range(8):
         # Puts of several messages (files described by their statistics), and some with an expiry,
         # one of them already past (files that must be read).
-        expiry = [None, now + timedelta(hours=1), now - timedelta(seconds=1)][put % 4] if put % 4 < 3 else None
+        expiry = [None, now + timedelta(hours=1), now - timedelta(seconds=1), None][put % 4]
         qm.put("Q", [{"payload": f"{put}-{n}".encode(), "expiry": expiry} for n in range(rng.randint(2, 6))])
     qm.declare_consumer("Q", "a")
     qm.declare_consumer("Q", "b")
