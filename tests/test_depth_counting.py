@@ -8,12 +8,14 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqspark import store
 from mqspark.engine.depth import put_files
-from mqspark.model.ranges import intersect_ranges, overlap_counts
+from mqspark.model.ranges import intersect_ranges, overlap_counts, subtract_ranges
 
 ORIGINS = ["1:0", "2:0", "10:3"]
 
@@ -50,6 +52,17 @@ def test_intersections_and_overlaps_of_ranges_are_those_of_their_identities(sets
     within = _identities(sets[0])
     overlaps = overlap_counts(_ranges(probes), _ranges(sets[0]))
     assert overlaps.tolist() == [len(_identities([probe]) & within) for probe in probes]
+
+
+@settings(max_examples=300, deadline=None)
+@given(range_rows, range_rows)
+def test_a_difference_of_ranges_is_that_of_their_identities(ranges, minus):
+    left = subtract_ranges(_ranges(ranges), _ranges(minus))
+    rows = list(zip(*(left[name].to_pylist() for name in ("origin", "row", "count")), strict=True))
+    assert _identities(rows) == _identities(ranges) - _identities(minus)
+    # Merged: disjoint, none empty, none adjacent to the next of its origin.
+    assert all(count > 0 for _, _, count in rows)
+    assert all(a[0] != b[0] or a[1] + a[2] < b[1] for a, b in zip(rows, rows[1:], strict=False))
 
 
 def _listed(qm, consumer: str | None = None) -> int:
@@ -96,3 +109,59 @@ def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_onl
         assert read == 4 * int((~described).sum()), (step, read, described)
     # Group a took more than b; c never read, so everything unexpired waits for it.
     assert 0 < steps[-1][0][1] < steps[-1][0][2] < steps[-1][0][3]
+
+
+def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm):
+    """The monitor's measure of a group (waiting, CURDEPTH, claimable, oldest claimable put time) agrees
+    with one computed from every listed message, through gets, failures parked by the retry delay,
+    delayed and expiring messages and maintenance."""
+    from mqspark.engine.consumer_groups import ConsumerState
+    from mqspark.engine.depth import waiting
+    from mqspark.model.ranges import in_ranges
+    from mqspark.services.monitor import parked_messages
+
+    definition = qm.define_queue("Q", retry_delay=3600)
+    rng = random.Random(7)
+    now = datetime.now(UTC)
+    for put in range(8):
+        later = now + timedelta(hours=1)
+        kind = put % 4
+        rows = [
+            {"payload": f"{put}-{n}".encode(), "expiry": later if kind == 1 else None}
+            | ({"available_at": later} if kind == 2 and n % 2 else {})
+            for n in range(rng.randint(2, 5))
+        ]
+        qm.put("Q", rows)
+    for consumer in ("a", "b"):
+        qm.declare_consumer("Q", consumer)
+    state = ConsumerState(qm.root, "Q", None)
+    for step in range(5):
+        qm.get("Q", "a", max_messages=rng.randint(1, 3))
+        with pytest.raises(RuntimeError), qm.syncpoint_get("Q", "b", max_messages=2):
+            raise RuntimeError("parked for the retry delay")
+        if step == 2:
+            qm.maintain("Q", timedelta(0))
+        moment = datetime.now(UTC)
+        _, live = qm.live_messages("Q", ["put_time", "available_at"])
+        groups = state.all_groups()
+        for consumer in ("a", "b", "c"):
+            parked = parked_messages(definition, state, consumer, moment)
+            backlog = qm.group_backlog("Q", groups, moment, consumer, parked)
+            mine = live.filter(pa.array(waiting(live, groups, moment, consumer)))
+            delayed = pc.fill_null(
+                pc.greater(mine["available_at"], pa.scalar(moment, mine["available_at"].type)), False
+            )
+            free = mine.filter(pc.invert(pc.or_(delayed, in_ranges(mine["origin"], mine["row"], parked))))
+            expected = (
+                set(zip(mine["origin"].to_pylist(), mine["row"].to_pylist(), strict=True)),
+                mine.num_rows,
+                int(waiting(live, groups, moment).sum()),
+                free.num_rows,
+                pc.min(free["put_time"]).as_py(),
+            )
+            rows = list(zip(*(backlog.waiting[name].to_pylist() for name in ("origin", "row", "count")), strict=True))
+            found = (_identities(rows), backlog.count, backlog.depth, backlog.claimable, backlog.oldest_claimable)
+            assert found == expected, (step, consumer)
+    # The groups differ: a consumed, b has parked messages, c waits for everything unexpired.
+    assert backlog.claimable == backlog.count - sum(1 for row in live.to_pylist() if row["available_at"] is not None)
+    assert parked_messages(definition, state, "b", moment).num_rows

@@ -14,6 +14,7 @@ messages (consumed or not) fit under ``max_depth``; otherwise it computes CURDEP
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
@@ -24,7 +25,16 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine.consumer_groups import GroupsSnapshot
 from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
-from mqspark.model.ranges import expand_ranges, in_ranges, intersect_ranges, overlap_counts
+from mqspark.model.ranges import (
+    KEY_COLUMNS,
+    expand_ranges,
+    in_ranges,
+    intersect_ranges,
+    merge_ranges,
+    overlap_counts,
+    single_ranges,
+    subtract_ranges,
+)
 
 
 def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
@@ -53,14 +63,14 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
             )
         )
     pieces += _read_identities(table, files, np.flatnonzero(~simple), extra)
-    if not pieces:
-        empty = _identities(
-            np.array([], np.int64), np.array([], np.int64), np.array([], np.int64), pa.array([], TIMESTAMP)
-        )
-        for name in extra:
-            empty = empty.append_column(name, pa.array([], MESSAGE_SCHEMA.field(name).type))
-        return files, empty
-    return files, pa.concat_tables(pieces)
+    return files, pa.concat_tables(pieces) if pieces else _no_identities(extra)
+
+
+def _no_identities(extra: list[str]) -> pa.Table:
+    empty = _identities(np.array([], np.int64), np.array([], np.int64), np.array([], np.int64), pa.array([], TIMESTAMP))
+    for name in extra:
+        empty = empty.append_column(name, pa.array([], MESSAGE_SCHEMA.field(name).type))
+    return empty
 
 
 def put_files(files: pa.Table) -> np.ndarray:
@@ -170,16 +180,92 @@ def count_waiting(table: DeltaTable, groups: GroupsSnapshot, now: datetime, cons
     follows the files and ranges, not the messages; only the other files are read."""
     files = store.live_files(table)
     simple = put_files(files)
-    ranges = file_ranges(files, np.flatnonzero(simple))
-    if consumer is not None:
-        consumed = [] if groups.consumed.get(consumer) is None else [groups.consumed[consumer]]
-    else:
-        # Waiting for at least one counted group: not consumed by all of them.
-        consumed = [groups.consumed[name] for name in groups.groups]
-    count = int(pc.sum(ranges["count"]).as_py() or 0)
-    if consumed and ranges.num_rows:
-        count -= int(overlap_counts(ranges, intersect_ranges(consumed)).sum())
+    count = _count_ranges(file_ranges(files, np.flatnonzero(simple)), _consumed(groups, consumer))
     others = _read_identities(table, files, np.flatnonzero(~simple), [])
     if others:
         count += int(waiting(pa.concat_tables(others), groups, now, consumer).sum())
     return count
+
+
+def _consumed(groups: GroupsSnapshot, consumer: str | None) -> list[pa.Table]:
+    """The consumed ranges whose intersection a message must lie in to wait for nobody: ``consumer``'s,
+    or (None) every counted group's."""
+    if consumer is not None:
+        return [] if groups.consumed.get(consumer) is None else [groups.consumed[consumer]]
+    return [groups.consumed[name] for name in groups.groups]
+
+
+def _count_ranges(ranges: pa.Table, consumed: list[pa.Table]) -> int:
+    """How many identities of ``ranges`` (one origin each) lie outside the intersection of ``consumed``."""
+    count = int(pc.sum(ranges["count"]).as_py() or 0)
+    if consumed and ranges.num_rows:
+        count -= int(overlap_counts(ranges, intersect_ranges(consumed)).sum())
+    return count
+
+
+@dataclass(frozen=True)
+class GroupBacklog:
+    """What waits for one consumer group at one moment: its waiting messages as merged
+    ``origin``/``row``/``count`` ranges and their ``count``, CURDEPTH (``depth``), how many are
+    ``claimable`` (neither delayed by ``available_at`` nor parked after a failure) and the put time of
+    the oldest claimable one."""
+
+    waiting: pa.Table
+    count: int
+    depth: int
+    claimable: int
+    oldest_claimable: datetime | None
+
+
+# What the claimable count and age need of the messages that file statistics do not describe.
+_CLAIM_COLUMNS = ["put_time", "available_at"]
+
+
+def group_backlog(
+    table: DeltaTable, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
+) -> GroupBacklog:
+    """Group ``consumer``'s :class:`GroupBacklog` on ``table``'s version, ``parked`` being the ranges of
+    messages waiting out a retry delay. The files a put wrote without expiry or delay are counted
+    from their ranges (see :func:`count_waiting`); of those only the ``put_time`` of the files holding
+    claimable messages is read. The other files are read whole (only the columns needed)."""
+    files = store.live_files(table)
+    described = put_files(files) & pc.fill_null(files["never_delayed"], False).to_numpy(zero_copy_only=False)
+    chosen = np.flatnonzero(described)
+    ranges = file_ranges(files, chosen)
+    mine = _consumed(groups, consumer)
+    others = _read_identities(table, files, np.flatnonzero(~described), _CLAIM_COLUMNS)
+    listed = pa.concat_tables(others) if others else _no_identities(_CLAIM_COLUMNS)
+    listed_mine, listed_depth = waiting_and_depth(listed, groups, now, consumer)
+    listed = listed.filter(pa.array(listed_mine))
+    free = pc.invert(pc.fill_null(pc.greater(listed["available_at"], pa.scalar(now, TIMESTAMP)), False))
+    free = pc.and_(free, pc.invert(in_ranges(listed["origin"], listed["row"], parked)))
+    mine_ranges = subtract_ranges(ranges, mine[0]) if mine else merge_ranges(ranges)
+    claimable = subtract_ranges(mine_ranges, parked)
+    oldest = [
+        pc.min(listed["put_time"].filter(free)).as_py(),
+        _oldest(table.table_uri, files["path"].take(chosen).to_pylist(), ranges, claimable),
+    ]
+    return GroupBacklog(
+        waiting=merge_ranges(pa.concat_tables([mine_ranges, single_ranges(listed.select(KEY_COLUMNS))])),
+        count=int(pc.sum(mine_ranges["count"]).as_py() or 0) + listed.num_rows,
+        depth=_count_ranges(ranges, _consumed(groups, None)) + listed_depth,
+        claimable=int(pc.sum(claimable["count"]).as_py() or 0) + int(pc.sum(free).as_py() or 0),
+        oldest_claimable=min((stamp for stamp in oldest if stamp is not None), default=None),
+    )
+
+
+def _oldest(location: str, paths: list[str], ranges: pa.Table, claimable: pa.Table) -> datetime | None:
+    """The oldest ``put_time`` of the ``claimable`` identities in the described files ``paths``, whose
+    identities are ``ranges`` (one per file, see :func:`file_ranges`; a put writes its rows in
+    ``put_seq`` order). Each file holding one is read from its first claimable row to its last,
+    ``put_time`` only."""
+    oldest = None
+    for index in np.flatnonzero(overlap_counts(ranges, claimable)) if claimable.num_rows else []:
+        inside = intersect_ranges([ranges.slice(int(index), 1), claimable])
+        start = inside["row"].to_numpy() - ranges["row"][int(index)].as_py()
+        stop = int(start[-1] + inside["count"][-1].as_py())
+        data = store.read_data_rows(location, paths[index], int(start[0]), stop, ["put_time"])
+        chosen = expand_ranges(start - start[0], inside["count"].to_numpy())
+        stamp = pc.min(data["put_time"].take(pa.array(chosen))).as_py()
+        oldest = stamp if oldest is None or stamp < oldest else oldest
+    return oldest

@@ -24,8 +24,8 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine import group_commit
 from mqspark.engine.catalog import Catalog, CatalogState
-from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.depth import count_waiting, live_messages, waiting
+from mqspark.engine.consumer_groups import ConsumerState, GroupsSnapshot
+from mqspark.engine.depth import GroupBacklog, count_waiting, group_backlog, live_messages, waiting
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
@@ -333,6 +333,13 @@ class Queues:
         """How many messages wait on local queue ``queue``: for ``consumer``, or (None) for at least one
         counted group (CURDEPTH); see :func:`mqspark.engine.depth.count_waiting`."""
         return self._with_snapshot(queue, lambda table: self._count_waiting(queue, table, consumer))
+
+    def group_backlog(
+        self, queue: str, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
+    ) -> GroupBacklog:
+        """Group ``consumer``'s backlog on local queue ``queue`` now, counted from ranges; see
+        :func:`mqspark.engine.depth.group_backlog`."""
+        return self._with_snapshot(queue, lambda table: group_backlog(table, groups, now, consumer, parked))
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
         return count_waiting(table, self._state(queue).all_groups(), datetime.now(UTC), consumer)

@@ -117,20 +117,42 @@ def _keyed(sets: list[pa.Table]) -> tuple[pa.Array, list[tuple[np.ndarray, np.nd
     for ranges in merged:
         start = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64) << 32
         start = start | ranges["row"].to_numpy()
-        keyed.append((start, start + ranges["count"].to_numpy()))
+        end = start + ranges["count"].to_numpy()
+        # An empty range would split a stretch of the others in two.
+        keyed.append((start[end > start], end[end > start]))
     return names, keyed
 
 
 def intersect_ranges(sets: list[pa.Table]) -> pa.Table:
     """The identities that lie in every one of the ``origin``/``row``/``count`` range tables ``sets``
     (at least one), as merged ranges."""
-    names, keyed = _keyed(sets)
-    position = np.concatenate([key for start, end in keyed for key in (start, end)])
-    step = np.concatenate([np.full(len(key), sign) for start, end in keyed for key, sign in ((start, 1), (end, -1))])
+    return _sweep(sets, [])
+
+
+def subtract_ranges(ranges: pa.Table, minus: pa.Table) -> pa.Table:
+    """The identities of the ``origin``/``row``/``count`` ``ranges`` that lie in none of ``minus``, as
+    merged ranges."""
+    return _sweep([ranges], [minus])
+
+
+def _sweep(within: list[pa.Table], outside: list[pa.Table]) -> pa.Table:
+    """The identities in every range table of ``within`` and in none of ``outside``: one pass over the
+    ranges' ends in order, counting how many sets of each kind cover each stretch."""
+    names, keyed = _keyed([*within, *outside])
+    ends = [
+        (key, sign, number < len(within))
+        for number, (start, end) in enumerate(keyed)
+        for key, sign in ((start, 1), (end, -1))
+    ]
+    position = np.concatenate([key for key, _, _ in ends])
+    step = np.concatenate([np.full(len(key), sign) for key, sign, _ in ends])
+    of_within = np.concatenate([np.full(len(key), kind) for key, _, kind in ends])
     # At one position a range that ends comes before one that starts: ranges are half-open.
     order = np.lexsort((step, position))
-    position, inside = position[order], np.cumsum(step[order])
-    segment = np.flatnonzero((inside[:-1] == len(sets)) & (position[1:] > position[:-1]))
+    position, step, of_within = position[order], step[order], of_within[order]
+    inside = np.cumsum(np.where(of_within, step, 0))
+    excluded = np.cumsum(np.where(of_within, 0, step))
+    segment = np.flatnonzero((inside[:-1] == len(within)) & (excluded[:-1] == 0) & (position[1:] > position[:-1]))
     start = position[segment]
     return pa.table(
         {

@@ -45,13 +45,12 @@ from deltalake import DeltaTable, write_deltalake
 from mqspark import store
 from mqspark.engine.backout import failures
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.depth import identity_columns, waiting, waiting_and_depth
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.state_rows import STATE_SCHEMA
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP
-from mqspark.model.ranges import in_ranges, merge_ranges, single_ranges
+from mqspark.model.ranges import merge_ranges, overlap_counts, single_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -202,48 +201,26 @@ HISTORY_SCHEMA = pa.schema(
         pa.field("dead_letters", pa.int64()),
     ]
 )
-# What the claimable age needs of the files holding waiting messages.
-_CLAIM_COLUMNS = ["put_time", "available_at"]
 # The history table keeps a day of log entries; a checkpoint every 100 points keeps opening it cheap.
 _HISTORY_CONFIGURATION = {"delta.logRetentionDuration": "interval 1 days", "delta.checkpointInterval": "100"}
+
+
+def _age(now: datetime, stamp: datetime | None) -> float | None:
+    return None if stamp is None else (now - stamp).total_seconds()
 
 
 def _event(reason: Reason) -> str:
     return f"{reason.name} ({reason.value})"
 
 
-def claimable_messages(
-    qm: Queues,
-    definition: QueueDefinition,
-    state: ConsumerState,
-    consumer: str,
-    files: pa.Table,
-    waiting_now: pa.Table,
-    now: datetime,
-) -> tuple[int, datetime | None]:
-    """How many of group ``consumer``'s waiting messages (``waiting_now``, whose ``file`` numbers
-    index ``files``, both from :meth:`~mqspark.qmgr.QueueManager.live_messages`) are claimable now,
-    and the put time of the oldest: not delayed (``available_at``) nor parked by the queue's
-    ``retry_delay`` after a failure. Only the files holding waiting messages are read."""
-    location = store.queue_location(qm.root, definition.name)
-    paths, versions = files["path"].to_pylist(), files["version"].to_pylist()
-    read = []
-    for number in pc.unique(waiting_now["file"]).to_pylist():
-        data = store.read_messages(location, paths[number], versions[number], ["put_seq", *_CLAIM_COLUMNS])
-        origin, row = identity_columns(data["commit_version"].to_numpy(), data["put_seq"].to_numpy())
-        read.append(pa.table({"origin": origin, "row": row, **{c: data[c] for c in _CLAIM_COLUMNS}}))
-    if not read:
-        return 0, None
-    rows = waiting_now.select(["origin", "row"]).join(pa.concat_tables(read), ["origin", "row"])
-    claimable = pc.invert(pc.fill_null(pc.greater(rows["available_at"], pa.scalar(now, TIMESTAMP)), False))
+def parked_messages(definition: QueueDefinition, state: ConsumerState, consumer: str, now: datetime) -> pa.Table:
+    """The ranges of group ``consumer``'s messages parked by the queue's ``retry_delay`` after a failure."""
     retry_delay = timedelta(seconds=definition.retry_delay)
-    if retry_delay > timedelta(0):
-        failed = failures(state, consumer)
-        held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
-        if held.num_rows:
-            parked = in_ranges(rows["origin"], rows["row"], merge_ranges(single_ranges(held)))
-            claimable = pc.and_(claimable, pc.invert(parked))
-    return int(pc.sum(claimable).as_py() or 0), pc.min(rows["put_time"].filter(claimable)).as_py()
+    failed = failures(state, consumer) if retry_delay > timedelta(0) else None
+    if failed is None or not failed.num_rows:
+        return single_ranges(pa.table({"origin": pa.array([], pa.string()), "row": pa.array([], pa.int64())}))
+    held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
+    return merge_ranges(single_ranges(held))
 
 
 @dataclass(frozen=True)
@@ -294,27 +271,26 @@ def group_health(
     definition = qm.resolve_for_get(queue)
     consumer = validate_name(consumer, "consumer group")
     state = ConsumerState(qm.root, definition.name, qm.storage_options)
-    files, live = qm.live_messages(definition.name)
-    waiting_now = live.filter(pa.array(waiting(live, state.all_groups(), now, consumer)))
-    claimable, oldest = claimable_messages(qm, definition, state, consumer, files, waiting_now, now)
+    parked = parked_messages(definition, state, consumer, now)
+    backlog = qm.group_backlog(definition.name, state.all_groups(), now, consumer, parked)
     lease = state.lease(consumer, lease_timeout, now)
     active = lease is not None
     latest = latest_point(qm, definition.name, consumer)
     status, status_at = None, None
-    if waiting_now.num_rows and not active:
+    if backlog.count and not active:
         status, status_at = GroupStatus.STOP, now
-    elif not waiting_now.num_rows:
+    elif not backlog.count:
         status, status_at = GroupStatus.OK, now
     elif latest is not None and latest["status"] != GroupStatus.STOP:
         status, status_at = GroupStatus(latest["status"]), latest["at"]
     return GroupHealth(
         queue=definition.name,
         consumer=consumer,
-        backlog=waiting_now.num_rows,
+        backlog=backlog.count,
         active=active,
         held_by=None if lease is None else lease.owner,
-        claimable=claimable,
-        oldest_claimable_age_s=None if oldest is None else (now - oldest).total_seconds(),
+        claimable=backlog.claimable,
+        oldest_claimable_age_s=_age(now, backlog.oldest_claimable),
         status=status,
         status_at=status_at,
         rate_per_s=None if latest is None else latest["rate_per_s"],
@@ -379,20 +355,14 @@ class Monitor:
     def point(self, now: datetime | None = None) -> MonitorPoint:
         """Measure, judge and record one point; an ``abort`` verdict also stops the group's query."""
         now = now or datetime.now(UTC)
-        files, live = self.qm.live_messages(self.queue)
-        groups = self.state.all_groups()
-        mine, depth = waiting_and_depth(live, groups, now, self.consumer)
-        waiting_now = live.filter(pa.array(mine))
-        identities = merge_ranges(single_ranges(waiting_now.select(["origin", "row"])))
+        parked = parked_messages(self.definition, self.state, self.consumer, now)
+        backlog = self.qm.group_backlog(self.queue, self.state.all_groups(), now, self.consumer, parked)
         still = None
         if self._waiting is not None:
-            still = int(pc.sum(in_ranges(waiting_now["origin"], waiting_now["row"], self._waiting)).as_py() or 0)
+            still = int(overlap_counts(backlog.waiting, self._waiting).sum())
         previous = self.window[-1] if self.window else None
-        judgement = self.judge.observe(waiting_now.num_rows, still)
-        self._waiting = identities
-        claimable, oldest = claimable_messages(
-            self.qm, self.definition, self.state, self.consumer, files, waiting_now, now
-        )
+        judgement = self.judge.observe(backlog.count, still)
+        self._waiting = backlog.waiting
         seconds = None if previous is None else (now - previous.at).total_seconds()
         rate = None if not seconds or judgement.processed is None else judgement.processed / seconds
         max_depth = self.definition.max_depth
@@ -403,10 +373,10 @@ class Monitor:
             judgement=judgement,
             watch_count=self.judge.watch_count,
             active=self.state.lease(self.consumer, self.lease_timeout, now) is not None,
-            claimable=claimable,
-            oldest_claimable_age_s=None if oldest is None else (now - oldest).total_seconds(),
+            claimable=backlog.claimable,
+            oldest_claimable_age_s=_age(now, backlog.oldest_claimable),
             rate_per_s=rate,
-            depth=depth,
+            depth=backlog.depth,
             max_depth=max_depth,
             **self._failed_on(),
         )

@@ -97,8 +97,9 @@ def live_files(table: DeltaTable) -> pa.Table:
     """The data files of ``table``'s version: ``path``, ``size``, ``rows``, and ``version``, the version
     of the commit that added the file, which applies to its rows that carry no ``commit_version``
     (null for files whose every row carries one: maintenance wrote them). From the statistics of a
-    queue table's files also ``min_put_seq``, ``max_put_seq`` and ``never_expire`` (no row has an
-    expiry); null where a file has no statistics."""
+    queue table's files also ``min_put_seq``, ``max_put_seq``, ``never_expire`` (no row has an
+    expiry) and ``never_delayed`` (no row has an ``available_at``); null where a file has no
+    statistics."""
     actions = pa.table(table.get_add_actions(flatten=True))
     paths = actions["path"]
     rows = actions["num_records"]
@@ -119,6 +120,7 @@ def live_files(table: DeltaTable) -> pa.Table:
             "min_put_seq": stat("min.put_seq", pa.int64()),
             "max_put_seq": stat("max.put_seq", pa.int64()),
             "never_expire": pc.equal(stat("null_count.expiry", pa.int64()), rows),
+            "never_delayed": pc.equal(stat("null_count.available_at", pa.int64()), rows),
         }
     )
 
