@@ -21,18 +21,19 @@ from deltalake.exceptions import CommitFailedError
 from mqspark import store
 from mqspark.cluster.records import AdvertisedQueue
 from mqspark.cluster.repository import Cluster
+from mqspark.engine.browse import browse_messages
 from mqspark.engine.catalog import CatalogState
 from mqspark.engine.consumer import Consumer
 from mqspark.engine.depth import waiting
 from mqspark.engine.get import Claim, GetRequest, get, plan_get, syncpoint_get
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
-from mqspark.engine.ordering import DeliveryOptions, deliver
+from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.queues import PUT_ATTEMPTS, Queues, create_message_table
 from mqspark.engine.redrive import redrive
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition, validate_name
-from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA
+from mqspark.model.messages import BROWSE_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -349,22 +350,21 @@ class QueueManager(Queues):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
         definition = self._resolve(queue)
-        messages = self._with_snapshot(
+        moment = now or datetime.now(UTC)
+        delivered, expired = self._with_snapshot(
             definition.name,
-            lambda table: store.read_committed(table, MESSAGE_SCHEMA.names, MESSAGE_SCHEMA, version),
+            lambda table: browse_messages(
+                table, self.storage_options, definition.delivery_sequence, options, moment, limit, version
+            ),
             retry=version is None,
         )
-        delivery = deliver(messages, definition.delivery_sequence, options, now or datetime.now(UTC))
-        delivered = delivery.messages.drop_columns(["commit_version"])
-        if limit is not None:
-            delivered = delivered.slice(0, limit)
         rows = delivered.num_rows
         delivered = delivered.append_column(BROWSE_SCHEMA.field("queue"), pa.repeat(definition.name, rows))
         delivered = delivered.append_column(BROWSE_SCHEMA.field("qmgr"), pa.repeat(self.name, rows))
         delivered = delivered.append_column(
             BROWSE_SCHEMA.field("delivery_seq"), pa.array(np.arange(rows, dtype=np.int64))
         )
-        return delivered.cast(BROWSE_SCHEMA).replace_schema_metadata({"mqspark.expired": str(delivery.expired)})
+        return delivered.cast(BROWSE_SCHEMA).replace_schema_metadata({"mqspark.expired": str(expired)})
 
 
 def _check_references(state: CatalogState, definition: QueueDefinition) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -146,6 +148,19 @@ def test_engine_matches_reference_model(transactions, delivery_sequence):
         assert delivery.expired == reference_model.expired_count(rows, NOW)
 
 
+@contextmanager
+def _head(messages: int) -> Iterator[None]:
+    """Browses order heads of at least ``messages`` messages meanwhile."""
+    from mqspark.engine import browse
+
+    default = browse.HEAD
+    browse.HEAD = messages
+    try:
+        yield
+    finally:
+        browse.HEAD = default
+
+
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
@@ -165,6 +180,13 @@ def test_browse_matches_reference_model_through_delta(tmp_path_factory, transact
         assert _fields(browsed.to_pylist()) == _fields(expected)
         assert browsed["delivery_seq"].to_pylist() == list(range(len(expected)))
         assert browsed.schema.metadata[b"mqspark.expired"] == str(reference_model.expired_count(rows, NOW)).encode()
+        # A browse with a limit orders a head of one message first, and longer ones until it holds them.
+        for limit in (0, 1, 3):
+            with _head(1):
+                first = qm.browse(
+                    "Q", order, all_messages_available=all_available, complete_message=complete, limit=limit, now=NOW
+                )
+            assert _fields(first.to_pylist()) == _fields(expected[:limit]), (order, all_available, complete, limit)
 
 
 def test_spec_example_logical_order(qm):

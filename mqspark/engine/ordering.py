@@ -113,6 +113,8 @@ def deliver(
     return Delivery(pa.concat_tables([matched, rest]), expired_count, matched.num_rows)
 
 
+# The fewest messages, in physical order, a reader with a limit orders at first (see deliver's head).
+HEAD = 1024
 # A column that travels with the rows of a head: whether the row is in the head itself.
 _IN_HEAD = "__in_head"
 

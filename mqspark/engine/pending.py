@@ -163,10 +163,10 @@ class PendingMessages:
             # Compute kernels pay per chunk, and a queue of single puts adds one per message.
             self.rows = self.rows.combine_chunks()
         if not self.msg_ids and self.rows["before_msg_id"].null_count < self.rows.num_rows:
-            self._read_msg_ids()
+            self.read_msg_ids()
         return True
 
-    def _read_msg_ids(self) -> None:
+    def read_msg_ids(self) -> None:
         """Read ``msg_id`` of every message of the index, and of every message read from now on."""
         self.msg_ids = True
         msg_id = self.read_columns(self.rows, ["msg_id"])["msg_id"]

@@ -45,16 +45,13 @@ from mqspark.engine.backout import (
 )
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
-from mqspark.engine.ordering import DeliveryOptions, deliver, join_segments, keep_rows
+from mqspark.engine.ordering import HEAD, DeliveryOptions, deliver, join_segments, keep_rows
 from mqspark.engine.pending import PendingMessages, lookup
 from mqspark.engine.plans import admit, file_runs, keys_of, locate_plan, plan_ranges
 from mqspark.engine.queues import Queues
 from mqspark.engine.state_rows import STATE_SCHEMA, consumed_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
-
-# The fewest messages, in physical order, a plan with limits orders at first (see plan).
-HEAD = 1024
 
 
 @dataclass

@@ -1,0 +1,86 @@
+"""Browse (MQGMO_BROWSE): a queue's committed messages in delivery order, without removing any.
+
+A browse orders the index columns of every live message (:class:`~mqspark.engine.pending.PendingMessages`,
+without payloads or ``msg_id``) and reads the whole rows of only the messages it returns. With a
+``limit`` it orders a head of the queue (see :func:`~mqspark.engine.ordering.deliver`), a longer one
+when the head held too few: a browse of ten costs what its head costs, plus one pass over the index.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from mqspark import store
+from mqspark.engine.ordering import HEAD, Delivery, DeliveryOptions, deliver, join_segments
+from mqspark.engine.pending import PendingMessages
+from mqspark.model.messages import MESSAGE_SCHEMA
+
+_NO_RANGES = pa.table(
+    {"origin": pa.array([], pa.string()), "row": pa.array([], pa.int64()), "count": pa.array([], pa.int64())}
+)
+
+
+def browse_messages(
+    table: DeltaTable,
+    storage_options: store.StorageOptions,
+    delivery_sequence: str,
+    options: DeliveryOptions,
+    now: datetime,
+    limit: int | None,
+    version: int | None = None,
+) -> tuple[pa.Table, int]:
+    """The first ``limit`` (None: all) messages of ``table`` at ``version`` (default: the handle's) in
+    delivery order at ``now``, in :data:`~mqspark.model.messages.MESSAGE_SCHEMA`, segments joined with
+    ``complete_message``; and how many expired messages were left out."""
+    pending = PendingMessages(table.table_uri, storage_options)
+    pending.load(_NO_RANGES, up_to=table.version() if version is None else version)
+    if options.msg_id is not None and not pending.msg_ids:
+        pending.read_msg_ids()
+    rows = pending.rows
+    if options.correl_id is not None:
+        rows = rows.append_column("correl_id", pending.read_columns(rows, ["correl_id"])["correl_id"])
+    delivery, end = _ordered(rows, delivery_sequence, options, now, limit)
+    chosen = delivery.messages.slice(0, end)
+    messages = pending.read_columns(chosen, MESSAGE_SCHEMA.names)
+    if options.complete_message:
+        messages = join_segments(messages)
+    return messages, delivery.expired
+
+
+def _ordered(
+    rows: pa.Table, delivery_sequence: str, options: DeliveryOptions, now: datetime, limit: int | None
+) -> tuple[Delivery, int]:
+    """The delivery of ``rows`` and how many of its first rows make its first ``limit`` messages,
+    ordering heads that grow fourfold until one holds them."""
+    head = None if limit is None else max(4 * limit, HEAD)
+    while True:
+        if head is not None and head >= rows.num_rows:
+            head = None
+        delivery = deliver(rows, delivery_sequence, options, now, join=False, head=head)
+        exact = delivery.messages.slice(0, delivery.exact)
+        end = _rows_of_messages(exact, options.complete_message, limit, whole=head is None)
+        if end is not None:
+            return delivery, end
+        assert head is not None, "the whole queue's order holds every message"
+        head *= 4
+
+
+def _rows_of_messages(ordered: pa.Table, complete_message: bool, limit: int | None, whole: bool) -> int | None:
+    """How many first rows of ``ordered`` hold its first ``limit`` (None: all) messages, segments
+    joined with ``complete_message``; None when they may not all be there yet (``ordered`` is the
+    exact part of a head's order, not the ``whole`` queue's)."""
+    if limit is None:
+        return ordered.num_rows
+    if complete_message:
+        segmented = ordered["segmented"].to_numpy(zero_copy_only=False)
+        starts = np.flatnonzero(~segmented | (ordered["offset"].to_numpy() == 0))
+    else:
+        starts = np.arange(ordered.num_rows)
+    if len(starts) > limit:
+        # The message after the last one wanted has begun: the last one wanted is whole.
+        return int(starts[limit])
+    return ordered.num_rows if whole else None
