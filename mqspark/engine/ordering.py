@@ -125,19 +125,27 @@ def head_rows(keys: list[np.ndarray], at_least: int) -> np.ndarray:
     (``np.partition``), without sorting."""
     count = len(keys[0])
     inside = np.zeros(count, dtype=bool)
-    undecided = np.arange(count)
+    # None: every row is undecided (not listed, as a queue's whole index would be).
+    undecided: np.ndarray | None = None
     need = at_least
     for key in keys:
-        if len(undecided) <= need:
+        if (count if undecided is None else len(undecided)) <= need:
             break
-        values = key[undecided]
+        values = key if undecided is None else key[undecided]
         threshold = np.partition(values, need - 1)[need - 1]
         below = values < threshold
-        inside[undecided[below]] = True
+        if undecided is None:
+            inside |= below
+            undecided = np.flatnonzero(values == threshold)
+        else:
+            inside[undecided[below]] = True
+            undecided = undecided[values == threshold]
         need -= int(below.sum())
-        undecided = undecided[values == threshold]
     # Rows that tie on every key with the last one kept go with it.
-    inside[undecided] = True
+    if undecided is None:
+        inside[:] = True
+    else:
+        inside[undecided] = True
     return inside
 
 

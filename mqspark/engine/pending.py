@@ -161,7 +161,7 @@ class PendingMessages:
         self.rows = pa.concat_tables([self.rows, *pieces])
         if self.rows.column(0).num_chunks > _CHUNKS:
             # Compute kernels pay per chunk, and a queue of single puts adds one per message.
-            self.rows = self.rows.combine_chunks()
+            self.rows = _lean(self.rows.combine_chunks())
         if not self.msg_ids and self.rows["before_msg_id"].null_count < self.rows.num_rows:
             self.read_msg_ids()
         return True
@@ -211,7 +211,7 @@ class PendingMessages:
             )
         gone = removed & ~found
         if gone.any():
-            self.rows = self.rows.filter(pa.array(~gone))
+            self.rows = _lean(self.rows.filter(pa.array(~gone)))
 
     def _number(self, names: list[str], numbers: dict[str, int], into: list[str]) -> np.ndarray:
         result = np.empty(len(names), dtype=np.int32)
@@ -242,7 +242,7 @@ class PendingMessages:
         columns["file"] = pa.array(np.full(count, self._number([path], self._file_numbers, self.files)[0], np.int32))
         columns["file_row"] = pa.array(np.arange(count, dtype=np.int64))
         columns["consumed"] = pa.array(np.zeros(count, dtype=bool))
-        return pa.table(columns, schema=INDEX_SCHEMA)
+        return _lean(pa.table(columns, schema=INDEX_SCHEMA))
 
     def keys(self, rows: pa.Table | None = None) -> np.ndarray:
         rows = self.rows if rows is None else rows
@@ -275,12 +275,21 @@ class PendingMessages:
             & consumed
             & grouped
         )
-        finished = pc.is_in(self.rows["group_id"], self.rows["group_id"].filter(pa.array(ends_group))).to_numpy(
-            zero_copy_only=False
-        )
-        keep = ~consumed | (grouped & ~finished)
+        keep = ~consumed | grouped
+        if ends_group.any():
+            ended = self.rows["group_id"].filter(pa.array(ends_group))
+            keep &= ~pc.is_in(self.rows["group_id"], ended).to_numpy(zero_copy_only=False) | ~consumed
         if not keep.all():
-            self.rows = self.rows.filter(pa.array(keep))
+            self.rows = _lean(self.rows.filter(pa.array(keep)))
+
+
+def _lean(rows: pa.Table) -> pa.Table:
+    """``rows`` with each column that holds only nulls (most queues' ``expiry``, ``available_at``,
+    ``before_msg_id``) made an array of nulls, whose buffers take next to no memory."""
+    for index, column in enumerate(rows.columns):
+        if column.null_count == len(column) and column.get_total_buffer_size() > len(column) // 4:
+            rows = rows.set_column(index, rows.schema.field(index), pa.nulls(len(column), column.type))
+    return rows
 
 
 def _first_position(piece: pa.Table) -> tuple[int, int]:

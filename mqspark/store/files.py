@@ -35,7 +35,38 @@ def read_data_file(location: str, path: str, columns: list[str] | None = None) -
     with filesystem.open_input_file(f"{base}/{path}") as handle:
         parquet = pq.ParquetFile(handle, pre_buffer=True)
         present = _present(parquet, columns)
-        return _with_nulls(parquet.read(columns=present, use_threads=False), columns)
+        if present is not None:
+            # A column the footer says holds only nulls comes back as nulls that take no memory.
+            empty = _only_nulls(parquet.metadata)
+            present = [name for name in present if name not in empty]
+        data = parquet.read(columns=present, use_threads=False)
+        if columns is not None and present is not None and len(present) < len(columns):
+            schema = parquet.schema_arrow
+            data = pa.table(
+                {
+                    name: data[name] if name in present else pa.nulls(data.num_rows, schema.field(name).type)
+                    for name in columns
+                    if name in schema.names
+                }
+            )
+        return _with_nulls(data, columns)
+
+
+def _only_nulls(metadata: pq.FileMetaData) -> set[str]:
+    """The top-level columns whose every value is null, from the row groups' statistics."""
+    nulls: dict[str, int] = {}
+    unknown = set()
+    for group in range(metadata.num_row_groups):
+        chunks = metadata.row_group(group)
+        for index in range(chunks.num_columns):
+            chunk = chunks.column(index)
+            name, stats = chunk.path_in_schema, chunk.statistics
+            if stats is None or not stats.has_null_count:
+                unknown.add(name)
+            else:
+                nulls[name] = nulls.get(name, 0) + stats.null_count
+    rows = metadata.num_rows
+    return {name for name, count in nulls.items() if count == rows > 0 and name not in unknown and "." not in name}
 
 
 def read_data_rows(location: str, path: str, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
