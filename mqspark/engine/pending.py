@@ -260,7 +260,15 @@ class PendingMessages:
         """Mark messages consumed, and forget those no group in flight still needs."""
         if len(keys) == 0:
             return
-        consumed = self.rows["consumed"].to_numpy(zero_copy_only=False) | is_in_runs(self.keys(), keys)
+        index_keys = self.keys()
+        # A queue put in order has its index keys sorted: then each key is found by bisection.
+        if len(index_keys) and (index_keys[:-1] <= index_keys[1:]).all():
+            at = np.minimum(np.searchsorted(index_keys, keys), len(index_keys) - 1)
+            hit = np.zeros(len(index_keys), dtype=bool)
+            hit[at[index_keys[at] == keys]] = True
+        else:
+            hit = is_in_runs(index_keys, keys)
+        consumed = self.rows["consumed"].to_numpy(zero_copy_only=False) | hit
         self.rows = self.rows.set_column(
             INDEX_SCHEMA.get_field_index("consumed"), INDEX_SCHEMA.field("consumed"), pa.array(consumed)
         )
@@ -275,12 +283,28 @@ class PendingMessages:
             & consumed
             & grouped
         )
-        keep = ~consumed | grouped
+        drop = consumed & ~grouped
         if ends_group.any():
+            # Only consumed items of groups in flight are in the index: few, whatever the queue holds.
+            held = np.flatnonzero(consumed & grouped)
             ended = self.rows["group_id"].filter(pa.array(ends_group))
-            keep &= ~pc.is_in(self.rows["group_id"], ended).to_numpy(zero_copy_only=False) | ~consumed
-        if not keep.all():
-            self.rows = _lean(self.rows.filter(pa.array(keep)))
+            drop[held[pc.is_in(self.rows["group_id"].take(held), ended).to_numpy(zero_copy_only=False)]] = True
+        self._drop(drop)
+
+    def _drop(self, drop: np.ndarray) -> None:
+        """Remove the rows ``drop`` marks, copying only the stretch from the first to the last of them:
+        the consumed messages of a queue read in order are its first rows, and slicing them off copies
+        nothing."""
+        dropped = np.flatnonzero(drop)
+        if not len(dropped):
+            return
+        first, last = int(dropped[0]), int(dropped[-1]) + 1
+        middle = self.rows.slice(first, last - first)
+        pieces = [self.rows.slice(0, first), middle.filter(pa.array(~drop[first:last])), self.rows.slice(last)]
+        self.rows = pa.concat_tables([piece for piece in pieces if piece.num_rows] or [pieces[0]])
+        if self.rows.column(0).num_chunks > _CHUNKS:
+            self.rows = self.rows.combine_chunks()
+        self.rows = _lean(self.rows)
 
 
 def _lean(rows: pa.Table) -> pa.Table:
