@@ -62,7 +62,7 @@ _ATTEMPTS = 3
 
 def message_keys(origin: np.ndarray, row: np.ndarray) -> np.ndarray:
     """One int64 per message from its origin number and row (an origin holds fewer than 2**32 rows)."""
-    return origin.astype(np.int64) << 32 | row.astype(np.int64)
+    return origin.astype(np.int64) << 32 | row.astype(np.int64, copy=False)
 
 
 class PendingMessages:
@@ -109,12 +109,11 @@ class PendingMessages:
                     raise
         else:
             raise AssertionError("unreachable: the last attempt returns, breaks or raises")
-        pieces = [
-            self._read(path, size, version)
-            for path, size, version in zip(
-                live["path"].to_pylist(), live["size"].to_pylist(), live["version"].to_pylist(), strict=True
-            )
-        ]
+        files = zip(live["path"].to_pylist(), live["size"].to_pylist(), live["version"].to_pylist(), strict=True)
+        # Read in the order puts committed them (files maintenance wrote, with older messages, first),
+        # so that origins are numbered in physical order and the index's keys come out sorted.
+        ordered = sorted(files, key=lambda file: (file[2] is not None, file[2] or 0))
+        pieces = [self._read(path, size, version) for path, size, version in ordered]
         self.version = table.version()
         self._append(pieces)
         self.mark_consumed(self.range_keys(consumed))
