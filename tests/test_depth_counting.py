@@ -111,11 +111,15 @@ def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_onl
     assert 0 < steps[-1][0][1] < steps[-1][0][2] < steps[-1][0][3]
 
 
-def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm):
+def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypatch):
     """The monitor's measure of a group (waiting, CURDEPTH, claimable, oldest claimable put time) agrees
     with one computed from every listed message, through gets, failures parked by the retry delay,
-    delayed and expiring messages and maintenance."""
+    delayed and expiring messages and maintenance. Row groups of two rows: the oldest put time is
+    looked for row group by row group."""
     from mqspark.engine.consumer_groups import ConsumerState
+    from mqspark.store import files
+
+    monkeypatch.setattr(files, "ROW_GROUP_ROWS", 2)
     from mqspark.engine.depth import waiting
     from mqspark.model.ranges import in_ranges
     from mqspark.services.monitor import parked_messages

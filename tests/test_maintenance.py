@@ -25,6 +25,7 @@ from mqspark.cli.main import main
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.engine.maintenance import EXPIRY_GRACE, maintain
+from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.queues import MAINTAIN_AT_FILES
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.spark.stream import QueueStreamReader
@@ -896,6 +897,35 @@ def test_a_snapshot_older_than_a_log_clean_up_is_read_again_newer(qm):
     assert qm.depth("Q") == 2
     qm.put("Q", [{"payload": "c"}])
     assert _browse(qm) == ["a", "b", "c"]
+
+
+def test_a_browse_whose_files_maintenance_deleted_meanwhile_reads_a_newer_snapshot(qm, monkeypatch):
+    """Between ordering the index and reading the rows it returns, maintenance (retention 0, run
+    twice) rewrites the queue's files and deletes the old ones: the browse reads again, newer."""
+    from mqspark.engine.pending import PendingMessages
+
+    qm.define_queue("Q")
+    _put_each(qm, ["a", "b", "c"])
+    read_columns = PendingMessages.read_columns
+    runs = []
+
+    def maintained_first(self, rows, columns):
+        if not runs:
+            runs.append([qm.maintain("Q", retention=ZERO).files_vacuumed for _ in range(2)])
+        return read_columns(self, rows, columns)
+
+    monkeypatch.setattr(PendingMessages, "read_columns", maintained_first)
+    assert _payloads(qm.browse("Q", limit=2)) == ["a", "b"]
+    # The second run deleted the three put files the first one replaced.
+    assert runs == [[0, 3]]
+    # At a fixed version the browse cannot read again: it says why.
+    _put_each(qm, ["d", "e"])
+    before = _version(qm)
+    runs.clear()
+    with pytest.raises(store.LogEntryGone, match=rf"a data file of version {before} was deleted"):
+        qm.browse_with("Q", DeliveryOptions(), version=before)
+    # The first run merged the file of a-c and the two new put files; the second deleted all three.
+    assert runs == [[0, 3]]
 
 
 @pytest.mark.parametrize("retention, vacuumed", [(None, 0), (timedelta(hours=1), 2)])

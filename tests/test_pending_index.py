@@ -1,6 +1,6 @@
 """The pending index forgets exactly what no group in flight needs, however its rows are marked
-consumed: in steps or at once, with its rows in physical order (found by bisection) or in any order
-(found among runs of keys)."""
+consumed: in steps of any size, with its rows in physical order (found by bisection) or in any
+order (found among runs of keys)."""
 
 from __future__ import annotations
 
@@ -39,18 +39,15 @@ def _rows(put: list, seq: dict[int, int], closed: set[int]) -> list[dict]:
     return rows
 
 
-def _expected(index: pa.Table, consumed: set[int], keys: np.ndarray) -> tuple[set[int], set[int]]:
-    """What the index must hold after ``consumed`` (keys): every message not consumed, and the consumed
-    items of groups whose last item is not consumed; and which of those are marked consumed."""
-    groups = index["group_id"].to_pylist()
-    ends = index["last_in_group"].to_pylist()
-    finished = {group for group, end, key in zip(groups, ends, keys, strict=True) if group and end and key in consumed}
-    kept = {
-        int(key)
-        for key, group in zip(keys, groups, strict=True)
-        if key not in consumed or (group is not None and group not in finished)
-    }
-    return kept, kept & consumed
+def _kept_after(index: pa.Table, keys: np.ndarray, kept: set[int], consumed: set[int]) -> set[int]:
+    """What the index holds after a step that marked ``consumed`` (all so far), given what it held
+    (``kept``): it forgets a consumed message that is ungrouped, or an item of a group whose last
+    item it holds consumed. A group whose last item it forgot earlier (consumed before the items
+    before it) is not known to be finished: those items stay, marked consumed."""
+    group_of = dict(zip(keys.tolist(), index["group_id"].to_pylist(), strict=True))
+    ends = {key for key, end in zip(keys.tolist(), index["last_in_group"].to_pylist(), strict=True) if end}
+    finished = {group_of[key] for key in kept & consumed & ends if group_of[key] is not None}
+    return {key for key in kept if key not in consumed or (group_of[key] is not None and group_of[key] not in finished)}
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -75,13 +72,14 @@ def test_marking_messages_consumed_keeps_what_groups_in_flight_need(tmp_path_fac
     whole = pending.rows
     keys = pending.keys(whole)
     consumed: set[int] = set()
+    kept = set(keys.tolist())
     for step in steps:
         chosen = np.unique(keys[[n for n in step if n < len(keys)]])
         consumed |= {int(key) for key in chosen}
         pending.mark_consumed(chosen)
+        kept = _kept_after(whole, keys, kept, consumed)
         held = pending.keys()
         flags = pending.rows["consumed"].to_pylist()
-        assert (set(held.tolist()), {int(key) for key, flag in zip(held, flags, strict=True) if flag}) == _expected(
-            whole, consumed, keys
-        )
-        assert len(held) == len(set(held.tolist()))
+        assert set(held.tolist()) == kept
+        assert {int(key) for key, flag in zip(held, flags, strict=True) if flag} == kept & consumed
+        assert len(held) == len(kept)

@@ -37,15 +37,22 @@ def browse_messages(
     delivery order at ``now``, in :data:`~mqspark.model.messages.MESSAGE_SCHEMA`, segments joined with
     ``complete_message``; and how many expired messages were left out."""
     pending = PendingMessages(table.table_uri, storage_options)
-    pending.load(_NO_RANGES, up_to=table.version() if version is None else version)
-    if options.msg_id is not None and not pending.msg_ids:
-        pending.read_msg_ids()
-    rows = pending.rows
-    if options.correl_id is not None:
-        rows = rows.append_column("correl_id", pending.read_columns(rows, ["correl_id"])["correl_id"])
-    delivery, end = _ordered(rows, delivery_sequence, options, now, limit)
-    chosen = delivery.messages.slice(0, end)
-    messages = pending.read_columns(chosen, MESSAGE_SCHEMA.names)
+    at = table.version() if version is None else version
+    try:
+        pending.load(_NO_RANGES, up_to=at)
+        if options.msg_id is not None and not pending.msg_ids:
+            pending.read_msg_ids()
+        rows = pending.rows
+        if options.correl_id is not None:
+            rows = rows.append_column("correl_id", pending.read_columns(rows, ["correl_id"])["correl_id"])
+        delivery, end = _ordered(rows, delivery_sequence, options, now, limit)
+        chosen = delivery.messages.slice(0, end)
+        messages = pending.read_columns(chosen, MESSAGE_SCHEMA.names)
+    except FileNotFoundError as error:
+        # Maintenance removed and deleted a file of this snapshot meanwhile: a newer one does not name it.
+        raise store.LogEntryGone(
+            f"table {table.table_uri}: a data file of version {at} was deleted: {error}"
+        ) from error
     if options.complete_message:
         messages = join_segments(messages)
     return messages, delivery.expired

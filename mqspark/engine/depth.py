@@ -257,15 +257,29 @@ def group_backlog(
 def _oldest(location: str, paths: list[str], ranges: pa.Table, claimable: pa.Table) -> datetime | None:
     """The oldest ``put_time`` of the ``claimable`` identities in the described files ``paths``, whose
     identities are ``ranges`` (one per file, see :func:`file_ranges`; a put writes its rows in
-    ``put_seq`` order). Each file holding one is read from its first claimable row to its last,
-    ``put_time`` only."""
-    oldest = None
+    ``put_seq`` order, so a row's place in its file follows from its identity). The row groups
+    holding claimable rows are read in the order of their smallest ``put_time`` (Parquet
+    statistics), until the next one's cannot be older."""
+    groups = []
     for index in np.flatnonzero(overlap_counts(ranges, claimable)) if claimable.num_rows else []:
         inside = intersect_ranges([ranges.slice(int(index), 1), claimable])
-        start = inside["row"].to_numpy() - ranges["row"][int(index)].as_py()
-        stop = int(start[-1] + inside["count"][-1].as_py())
-        data = store.read_data_rows(location, paths[index], int(start[0]), stop, ["put_time"])
-        chosen = expand_ranges(start - start[0], inside["count"].to_numpy())
-        stamp = pc.min(data["put_time"].take(pa.array(chosen))).as_py()
+        first = inside["row"].to_numpy() - ranges["row"][int(index)].as_py()
+        end = first + inside["count"].to_numpy()
+        bounds, minima = store.row_group_minima(location, paths[index], "put_time")
+        # The first claimable stretch ending after each row group's start begins before its end.
+        after = np.searchsorted(end, bounds[:-1], side="right")
+        for number in np.flatnonzero((after < len(first)) & (first[np.minimum(after, len(first) - 1)] < bounds[1:])):
+            span = slice(after[number], np.searchsorted(first, bounds[number + 1]))
+            groups.append((minima[number], paths[index], first[span], end[span], bounds[number : number + 2]))
+    # Row groups without statistics first: any of them may hold the oldest.
+    groups.sort(key=lambda group: (group[0] is not None, group[0] or 0))
+    oldest = None
+    for smallest, path, starts, ends, (low, high) in groups:
+        if oldest is not None and smallest is not None and smallest >= oldest:
+            break
+        starts = np.maximum(starts, low)
+        rows = expand_ranges(starts, np.minimum(ends, high) - starts)
+        data = store.read_data_rows(location, path, int(rows[0]), int(rows[-1] + 1), ["put_time"])
+        stamp = pc.min(data["put_time"].take(pa.array(rows - rows[0]))).as_py()
         oldest = stamp if oldest is None or stamp < oldest else oldest
     return oldest

@@ -22,6 +22,7 @@ from mqspark.store.files import (
     read_data_file,
     read_data_rows,
     remove_data_files,
+    row_group_minima,
     write_data_file,
 )
 from mqspark.store.filesystems import filesystem_of, is_uri, options_for, remember
@@ -130,6 +131,7 @@ __all__ = [
     "read_data_rows",
     "read_messages",
     "remove_data_files",
+    "row_group_minima",
     "remove_tree",
     "set_properties",
     "state_location",

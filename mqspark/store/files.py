@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -82,6 +83,25 @@ def read_data_rows(location: str, path: str, start: int, stop: int, columns: lis
         data = parquet.read_row_groups(list(range(first, last + 1)), columns=present, use_threads=False)
     skipped = int(ends[first - 1]) if first else 0
     return _with_nulls(data.slice(start - skipped, stop - start), columns)
+
+
+def row_group_minima(location: str, path: str, column: str) -> tuple[np.ndarray, list[Any]]:
+    """Where each row group of one data file starts (its first row, plus the file's row count at the
+    end), and the smallest value of top-level ``column`` in each from the footer's statistics (None
+    where it has none): Delta's statistics leave out timestamps, Parquet's do not."""
+    filesystem, base = filesystem_of(location)
+    with filesystem.open_input_file(f"{base}/{path}") as handle:
+        metadata = pq.ParquetFile(handle).metadata
+    bounds = np.zeros(metadata.num_row_groups + 1, dtype=np.int64)
+    minima: list[Any] = []
+    paths = [metadata.schema.column(index).path for index in range(metadata.num_columns)]
+    where = paths.index(column) if column in paths else None
+    for number in range(metadata.num_row_groups):
+        group = metadata.row_group(number)
+        bounds[number + 1] = bounds[number] + group.num_rows
+        stats = None if where is None else group.column(where).statistics
+        minima.append(stats.min if stats is not None and stats.has_min_max else None)
+    return bounds, minima
 
 
 def _present(parquet: pq.ParquetFile, columns: list[str] | None) -> list[str] | None:
