@@ -33,13 +33,14 @@ def browse_messages(
     limit: int | None,
     version: int | None = None,
 ) -> tuple[pa.Table, int]:
-    """The first ``limit`` (None: all) messages of ``table`` at ``version`` (default: the handle's) in
+    """The first ``limit`` (None: all) messages of ``table`` at ``version`` (default: its newest) in
     delivery order at ``now``, in :data:`~mqspark.model.messages.MESSAGE_SCHEMA`, segments joined with
     ``complete_message``; and how many expired messages were left out."""
     pending = PendingMessages(table.table_uri, storage_options)
-    at = table.version() if version is None else version
     try:
-        pending.load(_NO_RANGES, up_to=at)
+        # Without a version the index takes the newest snapshot itself, and a newer one again when
+        # maintenance cleans up a log entry it needed meanwhile.
+        pending.load(_NO_RANGES, up_to=version)
         if options.msg_id is not None and not pending.msg_ids:
             pending.read_msg_ids()
         rows = pending.rows
@@ -50,6 +51,7 @@ def browse_messages(
         messages = pending.read_columns(chosen, MESSAGE_SCHEMA.names)
     except FileNotFoundError as error:
         # Maintenance removed and deleted a file of this snapshot meanwhile: a newer one does not name it.
+        at = version if version is not None else pending.version
         raise store.LogEntryGone(
             f"table {table.table_uri}: a data file of version {at} was deleted: {error}"
         ) from error
