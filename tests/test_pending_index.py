@@ -11,10 +11,7 @@ from hypothesis import strategies as st
 
 from mqspark import QueueManager, store
 from mqspark.engine.pending import PendingMessages
-
-NO_RANGES = pa.table(
-    {"origin": pa.array([], pa.string()), "row": pa.array([], pa.int64()), "count": pa.array([], pa.int64())}
-)
+from mqspark.model.ranges import NO_RANGES
 
 # A put: items of groups (group number, how many items, whether the last one is marked last) or
 # ungrouped messages (None).

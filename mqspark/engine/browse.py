@@ -18,10 +18,7 @@ from mqspark import store
 from mqspark.engine.ordering import HEAD, Delivery, DeliveryOptions, deliver, join_segments
 from mqspark.engine.pending import PendingMessages
 from mqspark.model.messages import MESSAGE_SCHEMA
-
-_NO_RANGES = pa.table(
-    {"origin": pa.array([], pa.string()), "row": pa.array([], pa.int64()), "count": pa.array([], pa.int64())}
-)
+from mqspark.model.ranges import NO_RANGES
 
 
 def browse_messages(
@@ -40,7 +37,7 @@ def browse_messages(
     try:
         # Without a version the index takes the newest snapshot itself, and a newer one again when
         # maintenance cleans up a log entry it needed meanwhile.
-        pending.load(_NO_RANGES, up_to=version)
+        pending.load(NO_RANGES, up_to=version)
         if options.msg_id is not None and not pending.msg_ids:
             pending.read_msg_ids()
         rows = pending.rows

@@ -123,29 +123,24 @@ def head_rows(keys: list[np.ndarray], at_least: int) -> np.ndarray:
     """Which rows sort at or before a threshold (``keys`` most significant first) chosen so that at
     least ``at_least`` rows do: every row left out sorts after every row kept. Selects key by key
     (``np.partition``), without sorting."""
-    count = len(keys[0])
-    inside = np.zeros(count, dtype=bool)
-    # None: every row is undecided (not listed, as a queue's whole index would be).
+    inside = np.zeros(len(keys[0]), dtype=bool)
+    # None: every row is undecided, without listing them (a queue's whole index would be).
     undecided: np.ndarray | None = None
     need = at_least
     for key in keys:
-        if (count if undecided is None else len(undecided)) <= need:
-            break
         values = key if undecided is None else key[undecided]
+        if len(values) <= need:
+            break
         threshold = np.partition(values, need - 1)[need - 1]
-        below = values < threshold
+        below, ties = values < threshold, values == threshold
         if undecided is None:
-            inside |= below
-            undecided = np.flatnonzero(values == threshold)
+            inside, undecided = below, np.flatnonzero(ties)
         else:
             inside[undecided[below]] = True
-            undecided = undecided[values == threshold]
+            undecided = undecided[ties]
         need -= int(below.sum())
     # Rows that tie on every key with the last one kept go with it.
-    if undecided is None:
-        inside[:] = True
-    else:
-        inside[undecided] = True
+    inside[slice(None) if undecided is None else undecided] = True
     return inside
 
 

@@ -157,10 +157,7 @@ class PendingMessages:
         # Files in physical order where their first rows say so (the log lists them in any order), so
         # the ordering engine mostly finds the index sorted already.
         pieces = sorted(pieces, key=_first_position)
-        self.rows = pa.concat_tables([self.rows, *pieces])
-        if self.rows.column(0).num_chunks > _CHUNKS:
-            # Compute kernels pay per chunk, and a queue of single puts adds one per message.
-            self.rows = _lean(self.rows.combine_chunks())
+        self.rows = _compacted(pa.concat_tables([self.rows, *pieces]))
         if not self.msg_ids and self.rows["before_msg_id"].null_count < self.rows.num_rows:
             self.read_msg_ids()
         return True
@@ -300,10 +297,13 @@ class PendingMessages:
         first, last = int(dropped[0]), int(dropped[-1]) + 1
         middle = self.rows.slice(first, last - first)
         pieces = [self.rows.slice(0, first), middle.filter(pa.array(~drop[first:last])), self.rows.slice(last)]
-        self.rows = pa.concat_tables([piece for piece in pieces if piece.num_rows] or [pieces[0]])
-        if self.rows.column(0).num_chunks > _CHUNKS:
-            self.rows = self.rows.combine_chunks()
-        self.rows = _lean(self.rows)
+        self.rows = _compacted(pa.concat_tables([piece for piece in pieces if piece.num_rows] or [pieces[0]]))
+
+
+def _compacted(rows: pa.Table) -> pa.Table:
+    """``rows`` made one chunk again when they have many (compute kernels pay per chunk, and a queue
+    of single puts adds one per message), their columns of nulls only kept lean."""
+    return _lean(rows.combine_chunks() if rows.column(0).num_chunks > _CHUNKS else rows)
 
 
 def _lean(rows: pa.Table) -> pa.Table:

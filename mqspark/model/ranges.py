@@ -10,6 +10,10 @@ import pyarrow.compute as pc
 
 RANGE_COLUMNS = ["origin", "row", "count"]
 KEY_COLUMNS = ["origin", "row"]
+# No identities at all, as a range table.
+NO_RANGES = pa.table(
+    {"origin": pa.array([], pa.string()), "row": pa.array([], pa.int64()), "count": pa.array([], pa.int64())}
+)
 
 
 def merge_ranges(ranges: pa.Table) -> pa.Table:

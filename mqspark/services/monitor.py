@@ -50,7 +50,7 @@ from mqspark.engine.state_rows import STATE_SCHEMA
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP
-from mqspark.model.ranges import merge_ranges, overlap_counts, single_ranges
+from mqspark.model.ranges import NO_RANGES, merge_ranges, overlap_counts, single_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -218,7 +218,7 @@ def parked_messages(definition: QueueDefinition, state: ConsumerState, consumer:
     retry_delay = timedelta(seconds=definition.retry_delay)
     failed = failures(state, consumer) if retry_delay > timedelta(0) else None
     if failed is None or not failed.num_rows:
-        return single_ranges(pa.table({"origin": pa.array([], pa.string()), "row": pa.array([], pa.int64())}))
+        return NO_RANGES
     held = failed.filter(pc.greater(failed["failed_at"], pa.scalar(now - retry_delay, TIMESTAMP)))
     return merge_ranges(single_ranges(held))
 
