@@ -89,8 +89,8 @@ def test_a_first_get_that_found_no_state_table_does_not_deliver_what_another_get
     taken = []
     real_load = PendingMessages.load
 
-    def load_then_another_get(self, consumed, up_to=None):
-        real_load(self, consumed, up_to)
+    def load_then_another_get(self, consumed, up_to=None, lanes=None):
+        real_load(self, consumed, up_to, lanes)
         if not taken:  # right after this get's first look: another get takes m0
             taken.append(None)
             worker = threading.Thread(target=lambda: taken.append(other.get("Q", "workers")))

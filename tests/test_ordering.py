@@ -187,6 +187,7 @@ def test_browse_matches_reference_model_through_delta(tmp_path_factory, transact
                     "Q", order, all_messages_available=all_available, complete_message=complete, limit=limit, now=NOW
                 )
             assert _fields(first.to_pylist()) == _fields(expected[:limit]), (order, all_available, complete, limit)
+            assert first.schema.metadata[b"mqspark.expired"] == browsed.schema.metadata[b"mqspark.expired"]
 
 
 def test_spec_example_logical_order(qm):

@@ -504,7 +504,9 @@ class Mover:
         retried = [i for i, d in enumerate(destinations) if d is not None and d.reason == Reason.MQFB_RETRIES_EXHAUSTED]
         if not retried:
             return
-        found, at = lookup(pending.keys(), pending.range_keys(single_ranges(failed.take(pa.array(retried)))))
+        # The keys first: finding them may read files into the index.
+        wanted = pending.range_keys(single_ranges(failed.take(pa.array(retried))))
+        found, at = lookup(pending.keys(), wanted)
         rows = pending.rows.take(pa.array(at[found]))
         named = pending.read_columns(rows, ["failure_queue"])["failure_queue"].to_pylist()
         for index, queue in zip(np.array(retried)[found], named, strict=True):

@@ -8,6 +8,7 @@ when the head held too few: a browse of ten costs what its head costs, plus one 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import numpy as np
@@ -37,13 +38,17 @@ def browse_messages(
     try:
         # Without a version the index takes the newest snapshot itself, and a newer one again when
         # maintenance cleans up a log entry it needed meanwhile.
-        pending.load(NO_RANGES, up_to=version)
+        # A selector by msg_id or correl_id looks at every message: then every file is read at once.
+        everything = limit is None or options.msg_id is not None or options.correl_id is not None
+        pending.load(NO_RANGES, up_to=version, lanes=None if everything else delivery_sequence)
         if options.msg_id is not None and not pending.msg_ids:
             pending.read_msg_ids()
-        rows = pending.rows
         if options.correl_id is not None:
+            rows = pending.rows
             rows = rows.append_column("correl_id", pending.read_columns(rows, ["correl_id"])["correl_id"])
-        delivery, end = _ordered(rows, delivery_sequence, options, now, limit)
+            delivery, end = _ordered(rows, delivery_sequence, options, now, limit)
+        else:
+            delivery, end = _ordered_lazily(pending, delivery_sequence, options, now, limit)
         chosen = delivery.messages.slice(0, end)
         messages = pending.read_columns(chosen, MESSAGE_SCHEMA.names)
     except FileNotFoundError as error:
@@ -72,6 +77,23 @@ def _ordered(
         if end is not None:
             return delivery, end
         assert head is not None, "the whole queue's order holds every message"
+        head *= 4
+
+
+def _ordered_lazily(
+    pending: PendingMessages, delivery_sequence: str, options: DeliveryOptions, now: datetime, limit: int | None
+) -> tuple[Delivery, int]:
+    """:func:`_ordered` on an index that reads files only while a head needs them."""
+    head = None if limit is None else max(4 * limit, HEAD)
+    while True:
+        if head is None or not pending.ensure(head, now):
+            pending.read_all()
+            return _ordered(pending.rows, delivery_sequence, options, now, limit)
+        delivery = deliver(pending.rows, delivery_sequence, options, now, join=False, head=head)
+        exact = delivery.messages.slice(0, delivery.exact)
+        end = _rows_of_messages(exact, options.complete_message, limit, whole=False)
+        if end is not None:
+            return replace(delivery, expired=delivery.expired + pending.unread.expired(now)), end
         head *= 4
 
 

@@ -13,17 +13,27 @@ position in logical order and the next item it expects are decided by its first 
 
 ``msg_id`` is read only once a message of the index names another with ``before_msg_id`` (the only
 use the planner has for it): it is most of the cost of reading the index columns.
+
+A reader with a limit loads the index lazily (``lanes``): it reads at first only the files whose
+statistics cannot bound their messages' positions, and the others (:mod:`mqspark.engine.unread`)
+best first, while the messages it holds that sort before every unread one are fewer than the reader
+needs (:meth:`PendingMessages.ensure`). Files whose every message the group consumed, and that hold
+no group, are not read at all.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.model.messages import MESSAGE_SCHEMA, origins
-from mqspark.model.ranges import expand_ranges
+from mqspark.engine.depth import file_ranges, put_files
+from mqspark.engine.unread import UnreadFiles
+from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
+from mqspark.model.ranges import NO_RANGES, expand_ranges, overlap_counts
 
 INDEX_COLUMNS = [
     "msg_id",
@@ -90,10 +100,17 @@ class PendingMessages:
         self.msg_ids = False
         # How many maintenance or purge commits have moved messages of the index to other files.
         self.moves = 0
+        self.unread = UnreadFiles(location)
+        # The group's consumed ranges, applied to the files read later.
+        self._consumed = NO_RANGES
+        # Whether maintenance rewrote unread files: the index must be built again.
+        self.stale = False
 
-    def load(self, consumed: pa.Table, up_to: int | None = None) -> None:
+    def load(self, consumed: pa.Table, up_to: int | None = None, lanes: str | None = None) -> None:
         """Read the live messages of the table at version ``up_to`` (default: its latest) and leave out
-        ``consumed`` (``origin``/``row``/``count`` ranges of the group's consumed messages)."""
+        ``consumed`` (``origin``/``row``/``count`` ranges of the group's consumed messages). With
+        ``lanes`` (the queue's delivery sequence), read only what statistics cannot bound (see
+        :meth:`ensure`)."""
         for attempt in range(_ATTEMPTS):
             table = store.open_table(self.location, self.storage_options)
             if table is None:
@@ -109,20 +126,117 @@ class PendingMessages:
                     raise
         else:
             raise AssertionError("unreachable: the last attempt returns, breaks or raises")
+        live = live.filter(pa.array(~_consumed_files(live, consumed)))
+        self._consumed = consumed
+        if lanes is not None:
+            self.unread, read_now = UnreadFiles.split(self.location, live, lanes)
+            live = live.filter(pa.array(read_now))
         files = zip(live["path"].to_pylist(), live["size"].to_pylist(), live["version"].to_pylist(), strict=True)
         # Read in the order puts committed them (files maintenance wrote, with older messages, first),
         # so that origins are numbered in physical order and the index's keys come out sorted.
         ordered = sorted(files, key=lambda file: (file[2] is not None, file[2] or 0))
-        pieces = [self._read(path, size, version) for path, size, version in ordered]
         self.version = table.version()
-        self._append(pieces)
-        self.mark_consumed(self.range_keys(consumed))
+        self._read_files(ordered)
+
+    def consume_ranges(self, consumed: pa.Table) -> None:
+        """Mark consumed the messages in ``consumed``, the group's whole consumed ranges, also in the
+        files read later."""
+        self._consumed = consumed
+        self.mark_consumed(self._known_keys(consumed))
+
+    def ensure(self, count: int, now: datetime) -> bool:
+        """Read unread files, best first, until at least ``count`` messages present at ``now`` sort
+        before every unread message, and every group begun among them is whole in the index. False
+        when every file is read."""
+        while len(self.unread):
+            before = self._before(self.unread.bound(), now)
+            missing = count - int(before.sum())
+            if missing > 0:
+                self._read_files(self.unread.take(self.unread.first(missing)))
+                continue
+            holding = self.unread.holding_groups(self._open_groups(before))
+            if not len(holding):
+                return True
+            self._read_files(self.unread.take(holding))
+        return False
+
+    def read_all(self) -> None:
+        """Read every unread file."""
+        if len(self.unread):
+            self._read_files(self.unread.take(np.arange(len(self.unread))))
+
+    def _before(self, bound: tuple[int, int, int], now: datetime) -> np.ndarray:
+        """Which messages of the index are present at ``now`` and sort before position ``bound``."""
+        rows = self.rows
+        lane, version, put_seq = bound
+        own_lane = -rows["priority"].to_numpy().astype(np.int64) if self.unread.lanes == "priority" else 0
+        commit_version = rows["commit_version"].to_numpy()
+        seq = rows["put_seq"].to_numpy()
+        top = rows["top_of_queue"].to_numpy(zero_copy_only=False)
+        earlier = (commit_version < version) | ((commit_version == version) & (seq < put_seq))
+        before = (own_lane < lane) | ((own_lane == lane) & (top | earlier))
+        moment = pa.scalar(now, TIMESTAMP)
+        absent = pc.or_(
+            pc.fill_null(pc.less_equal(rows["expiry"], moment), False),
+            pc.fill_null(pc.greater(rows["available_at"], moment), False),
+        )
+        return before & ~absent.to_numpy(zero_copy_only=False)
+
+    def _open_groups(self, before: np.ndarray) -> pa.Array:
+        """The groups with an item among the ``before`` messages that the index may not hold whole:
+        it lacks the group's last item, an item between, or the group has segments."""
+        rows = self.rows
+        grouped = pc.is_valid(rows["group_id"]).to_numpy(zero_copy_only=False)
+        chosen = before & grouped
+        if not chosen.any():
+            return pa.array([], pa.string())
+        begun = pc.unique(rows["group_id"].filter(pa.array(chosen)))
+        items = rows.filter(pc.fill_null(pc.is_in(rows["group_id"], value_set=begun), False))
+        last = pc.and_(items["last_in_group"], pc.invert(items["segmented"]))
+        summary = (
+            pa.table(
+                {
+                    "group_id": items["group_id"],
+                    "seq": items["msg_seq_number"],
+                    "last": last,
+                    "segmented": items["segmented"],
+                }
+            )
+            .group_by("group_id")
+            .aggregate([("seq", "max"), ("seq", "count_distinct"), ("last", "any"), ("segmented", "any")])
+        )
+        whole = pc.and_(
+            pc.and_(summary["last_any"], pc.invert(summary["segmented_any"])),
+            pc.equal(summary["seq_max"], summary["seq_count_distinct"]),
+        )
+        return summary["group_id"].filter(pc.invert(whole)).combine_chunks()
+
+    def _read_files(self, files: list[tuple[str, int, int | None]]) -> None:
+        """Read ``files`` (path, size, version) into the index, without the group's consumed messages."""
+        known = len(self.origins)
+        self._append([self._read(path, size, version) for path, size, version in files])
+        if len(self.origins) > known and self._consumed.num_rows:
+            fresh = pa.array(self.origins[known:], pa.string())
+            self.mark_consumed(
+                self._known_keys(self._consumed.filter(pc.is_in(self._consumed["origin"], value_set=fresh)))
+            )
 
     def range_keys(self, ranges: pa.Table) -> np.ndarray:
-        """The keys of every message in ``origin``/``row``/``count`` ranges (-1 as origin number for
-        origins the index has not seen)."""
+        """The keys of every message in ``origin``/``row``/``count`` ranges, the unread files that may
+        hold them read first (-1 as origin number for origins the index has not seen)."""
+        if len(self.unread) and ranges.num_rows:
+            unknown = pc.unique(ranges["origin"].filter(pc.invert(pc.is_in(ranges["origin"], value_set=self._names()))))
+            holding = self.unread.holding(unknown.to_pylist())
+            if len(holding):
+                self._read_files(self.unread.take(holding))
+        return self._known_keys(ranges)
+
+    def _names(self) -> pa.Array:
+        return pa.array(self.origins, pa.string())
+
+    def _known_keys(self, ranges: pa.Table) -> np.ndarray:
         count = ranges["count"].to_numpy()
-        origin = pc.fill_null(pc.index_in(ranges["origin"], value_set=pa.array(self.origins, pa.string())), -1)
+        origin = pc.fill_null(pc.index_in(ranges["origin"], value_set=self._names()), -1)
         return message_keys(np.repeat(origin.to_numpy(), count), expand_ranges(ranges["row"].to_numpy(), count))
 
     def behind_clean_up(self) -> bool:
@@ -144,6 +258,9 @@ class PendingMessages:
             if entry.rewrites:
                 added |= self._append(pieces)
                 pieces = []
+                if self.unread.touched(entry.removed):
+                    self.stale = True
+                    return added
                 self._move(entry)
             else:
                 pieces.extend(
@@ -158,8 +275,11 @@ class PendingMessages:
         # the ordering engine mostly finds the index sorted already.
         pieces = sorted(pieces, key=_first_position)
         self.rows = _compacted(pa.concat_tables([self.rows, *pieces]))
-        if not self.msg_ids and self.rows["before_msg_id"].null_count < self.rows.num_rows:
-            self.read_msg_ids()
+        if self.rows["before_msg_id"].null_count < self.rows.num_rows:
+            # A message put before another takes that one's place, wherever it lies.
+            self.read_all()
+            if not self.msg_ids:
+                self.read_msg_ids()
         return True
 
     def read_msg_ids(self) -> None:
@@ -247,6 +367,8 @@ class PendingMessages:
     def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where the messages with ``keys`` lie now: file numbers (into :attr:`files`) and rows, -1 for
         messages the index does not hold."""
+        if self.rows.num_rows == 0:
+            return np.full(len(keys), -1, dtype=np.int32), np.full(len(keys), -1, dtype=np.int64)
         found, source = lookup(self.keys(), keys)
         file = np.where(found, self.rows["file"].to_numpy()[source], -1).astype(np.int32)
         file_row = np.where(found, self.rows["file_row"].to_numpy()[source], -1)
@@ -298,6 +420,18 @@ class PendingMessages:
         middle = self.rows.slice(first, last - first)
         pieces = [self.rows.slice(0, first), middle.filter(pa.array(~drop[first:last])), self.rows.slice(last)]
         self.rows = _compacted(pa.concat_tables([piece for piece in pieces if piece.num_rows] or [pieces[0]]))
+
+
+def _consumed_files(live: pa.Table, consumed: pa.Table) -> np.ndarray:
+    """Which ``live`` files a put wrote hold no group and only messages in ``consumed``: they need no
+    reading."""
+    result = np.zeros(live.num_rows, dtype=bool)
+    if not consumed.num_rows or not live.num_rows:
+        return result
+    chosen = np.flatnonzero(put_files(live) & pc.fill_null(live["never_grouped"], False).to_numpy(zero_copy_only=False))
+    if len(chosen):
+        result[chosen] = overlap_counts(file_ranges(live, chosen), consumed) == live["rows"].to_numpy()[chosen]
+    return result
 
 
 def _compacted(rows: pa.Table) -> pa.Table:

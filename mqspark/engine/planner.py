@@ -270,26 +270,29 @@ class Planner:
         built: brought up to date with the queue's new commits and with what the group consumed since."""
         self._pending = pending
         self.catch_up()
-        self.pending.mark_consumed(self.pending.range_keys(self.state.consumed_ranges(self.consumer)))
+        self.pending.consume_ranges(self.state.consumed_ranges(self.consumer))
 
     def load(self) -> None:
         """Build the pending index from the table's snapshot, without what the group consumed."""
         self.flush()
         self._pending = PendingMessages(self.location, self.qm.storage_options, exact_lengths=self.exact_lengths)
-        self._pending.load(self.state.consumed_ranges(self.consumer), self.up_to)
+        self._pending.load(self.state.consumed_ranges(self.consumer), self.up_to, lanes=self.delivery_sequence)
 
     def catch_up(self) -> bool:
         """Bring the pending index up to date (to ``up_to``); True when it gained messages. When
-        maintenance has cleaned up the log entries after the index's version, it is built again."""
-        if self.pending.behind_clean_up():
-            self.load()
-            # The new index numbers origins afresh: the keys of plans not yet consumed follow.
-            self.plan_keys = {plan_id: self.pending.range_keys(plan) for plan_id, plan in self.plans.items()}
-            self.exhausted = False
-            return True
-        news = self.pending.refresh(self.up_to) if self.pending.has_news() else False
-        self.exhausted &= not news
-        return news
+        maintenance has cleaned up the log entries after the index's version, or rewrote files it has
+        not read yet, it is built again."""
+        if not self.pending.behind_clean_up():
+            news = self.pending.refresh(self.up_to) if self.pending.has_news() else False
+            if not self.pending.stale:
+                self.exhausted &= not news
+                return news
+        # Maintenance cleaned up the log after the index's version, or rewrote files it has not read.
+        self.load()
+        # The new index numbers origins afresh: the keys of plans not yet consumed follow.
+        self.plan_keys = {plan_id: self.pending.range_keys(plan) for plan_id, plan in self.plans.items()}
+        self.exhausted = False
+        return True
 
     def flush(self, plan_rows: pa.Table | None = None, check: Callable[[], None] | None = None) -> None:
         """Commit the consumption records not yet recorded, with ``plan_rows`` when given; with
@@ -321,21 +324,14 @@ class Planner:
         or group_id (and msg_seq_number). ``claimed``: the keys of messages other gets hold, left
         out with every group they are in."""
         self.qm.resolve_for_get(self.queue)
-        rows = self._failed_messages(now)
-        moment = pa.scalar(now, TIMESTAMP)
-        waiting = pc.invert(rows["consumed"])
-        expired = rows.filter(pc.and_(waiting, pc.fill_null(pc.less_equal(rows["expiry"], moment), False)))
-        later = pc.filter(
-            rows["available_at"], pc.and_(waiting, pc.fill_null(pc.greater(rows["available_at"], moment), False))
-        )
-        self.next_due = pc.min(later).as_py() if len(later) else None
-        if claimed is not None and len(claimed):
-            expired = expired.filter(pa.array(~np.isin(self.pending.keys(expired), claimed)))
         # Order a head of the queue that the limits leave room to fill, and a longer one when what it
         # held was all taken: a batch costs what its head costs, not what the queue holds.
         head = None if max_messages is None and max_bytes is None else max(4 * (max_messages or 0), HEAD)
+        if head is None or not self.pending.ensure(head, now):
+            self.pending.read_all()
+        rows = self._failed_messages(now)
         while True:
-            if head is not None and head >= rows.num_rows:
+            if head is not None and len(self.pending.unread) == 0 and head >= rows.num_rows:
                 head = None
             delivery = deliver(rows, self.delivery_sequence, self.delivery, now, join=False, head=head)
             candidates = self._candidates(delivery.messages.slice(0, delivery.exact), match, claimed)
@@ -345,6 +341,20 @@ class Planner:
             if head is None or taken.num_rows < candidates.num_rows:
                 break
             head *= 4
+            unread = len(self.pending.unread)
+            if unread and not self.pending.ensure(head, now):
+                self.pending.read_all()
+            if len(self.pending.unread) != unread:
+                rows = self._failed_messages(now)
+        moment = pa.scalar(now, TIMESTAMP)
+        waiting = pc.invert(rows["consumed"])
+        expired = rows.filter(pc.and_(waiting, pc.fill_null(pc.less_equal(rows["expiry"], moment), False)))
+        later = pc.filter(
+            rows["available_at"], pc.and_(waiting, pc.fill_null(pc.greater(rows["available_at"], moment), False))
+        )
+        self.next_due = pc.min(later).as_py() if len(later) else None
+        if claimed is not None and len(claimed):
+            expired = expired.filter(pa.array(~np.isin(self.pending.keys(expired), claimed)))
         self.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
             return None

@@ -133,7 +133,8 @@ class DataFile:
 
 
 class _Stats:
-    """Delta file statistics: row count, null counts, and exact min/max of integer and string columns.
+    """Delta file statistics: row count, null counts, and exact min/max of integer, string and boolean
+    columns (a reader learns from ``top_of_queue``'s max that a file holds no such message).
 
     Timestamps get no min/max: Delta keeps them at millisecond precision, and a truncated max could
     make a reader skip a file that holds a matching row.
@@ -142,7 +143,11 @@ class _Stats:
     def __init__(self, schema: pa.Schema) -> None:
         self.rows = 0
         self.nulls = {f.name: 0 for f in schema if not pa.types.is_map(f.type)}
-        self.bounded = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_string(f.type)]
+        self.bounded = [
+            f.name
+            for f in schema
+            if pa.types.is_integer(f.type) or pa.types.is_string(f.type) or pa.types.is_boolean(f.type)
+        ]
         self.minimum: dict[str, object] = {}
         self.maximum: dict[str, object] = {}
 

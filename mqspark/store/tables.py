@@ -97,8 +97,10 @@ def live_files(table: DeltaTable) -> pa.Table:
     """The data files of ``table``'s version: ``path``, ``size``, ``rows``, and ``version``, the version
     of the commit that added the file, which applies to its rows that carry no ``commit_version``
     (null for files whose every row carries one: maintenance wrote them). From the statistics of a
-    queue table's files also ``min_put_seq``, ``max_put_seq``, ``never_expire`` (no row has an
-    expiry) and ``never_delayed`` (no row has an ``available_at``); null where a file has no
+    queue table's files also ``min_put_seq``, ``max_put_seq``, ``min_commit_version``,
+    ``max_commit_version``, ``max_priority``, ``any_top`` (a row is ``top_of_queue``), ``never_expire``
+    (no row has an expiry), ``never_delayed`` (no row has an ``available_at``), ``never_grouped`` and
+    ``never_before`` (no row has a ``group_id``, a ``before_msg_id``); null where a file has no such
     statistics."""
     actions = pa.table(table.get_add_actions(flatten=True))
     paths = actions["path"]
@@ -119,8 +121,14 @@ def live_files(table: DeltaTable) -> pa.Table:
             "version": versions,
             "min_put_seq": stat("min.put_seq", pa.int64()),
             "max_put_seq": stat("max.put_seq", pa.int64()),
+            "min_commit_version": stat("min.commit_version", pa.int64()),
+            "max_commit_version": stat("max.commit_version", pa.int64()),
+            "max_priority": stat("max.priority", pa.int64()).cast(pa.int64()),
+            "any_top": stat("max.top_of_queue", pa.bool_()),
             "never_expire": pc.equal(stat("null_count.expiry", pa.int64()), rows),
             "never_delayed": pc.equal(stat("null_count.available_at", pa.int64()), rows),
+            "never_grouped": pc.equal(stat("null_count.group_id", pa.int64()), rows),
+            "never_before": pc.equal(stat("null_count.before_msg_id", pa.int64()), rows),
         }
     )
 
