@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from mqspark import store
 from mqspark.engine.depth import file_ranges, put_files
-from mqspark.engine.unread import UnreadFiles
+from mqspark.engine.unread import Part, UnreadParts
 from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
 from mqspark.model.ranges import NO_RANGES, expand_ranges, overlap_counts
 
@@ -100,7 +100,7 @@ class PendingMessages:
         self.msg_ids = False
         # How many maintenance or purge commits have moved messages of the index to other files.
         self.moves = 0
-        self.unread = UnreadFiles(location)
+        self.unread = UnreadParts(location)
         # The group's consumed ranges, applied to the files read later.
         self._consumed = NO_RANGES
         # Whether maintenance rewrote unread files: the index must be built again.
@@ -129,14 +129,14 @@ class PendingMessages:
         live = live.filter(pa.array(~_consumed_files(live, consumed)))
         self._consumed = consumed
         if lanes is not None:
-            self.unread, read_now = UnreadFiles.split(self.location, live, lanes)
+            self.unread, read_now = UnreadParts.split(self.location, live, lanes)
             live = live.filter(pa.array(read_now))
-        files = zip(live["path"].to_pylist(), live["size"].to_pylist(), live["version"].to_pylist(), strict=True)
+        columns = (live[name].to_pylist() for name in ("path", "size", "version", "rows"))
+        files = [Part(*file) for file in zip(*columns, strict=True)]
         # Read in the order puts committed them (files maintenance wrote, with older messages, first),
         # so that origins are numbered in physical order and the index's keys come out sorted.
-        ordered = sorted(files, key=lambda file: (file[2] is not None, file[2] or 0))
         self.version = table.version()
-        self._read_files(ordered)
+        self._read_files(sorted(files, key=lambda file: (file.version is not None, file.version or 0)))
 
     def consume_ranges(self, consumed: pa.Table) -> None:
         """Mark consumed the messages in ``consumed``, the group's whole consumed ranges, also in the
@@ -161,7 +161,7 @@ class PendingMessages:
         return False
 
     def read_all(self) -> None:
-        """Read every unread file."""
+        """Read every unread part."""
         if len(self.unread):
             self._read_files(self.unread.take(np.arange(len(self.unread))))
 
@@ -211,14 +211,16 @@ class PendingMessages:
         )
         return summary["group_id"].filter(pc.invert(whole)).combine_chunks()
 
-    def _read_files(self, files: list[tuple[str, int, int | None]]) -> None:
-        """Read ``files`` (path, size, version) into the index, without the group's consumed messages."""
-        known = len(self.origins)
-        self._append([self._read(path, size, version) for path, size, version in files])
-        if len(self.origins) > known and self._consumed.num_rows:
-            fresh = pa.array(self.origins[known:], pa.string())
+    def _read_files(self, parts: list[Part]) -> None:
+        """Read ``parts`` of data files into the index, without the group's consumed messages."""
+        pieces = [self._read(part) for part in parts]
+        self._append(pieces)
+        if self._consumed.num_rows and pieces:
+            # Parts of one file share origins: the ranges of every origin read now apply.
+            read = np.unique(np.concatenate([piece["origin"].to_numpy() for piece in pieces]))
+            names = pa.array(self.origins, pa.string()).take(pa.array(read))
             self.mark_consumed(
-                self._known_keys(self._consumed.filter(pc.is_in(self._consumed["origin"], value_set=fresh)))
+                self._known_keys(self._consumed.filter(pc.is_in(self._consumed["origin"], value_set=names)))
             )
 
     def range_keys(self, ranges: pa.Table) -> np.ndarray:
@@ -264,7 +266,8 @@ class PendingMessages:
                 self._move(entry)
             else:
                 pieces.extend(
-                    self._read(path, size, entry.version) for path, size in zip(entry.added, entry.sizes, strict=True)
+                    self._read(Part(path, size, entry.version, 0))
+                    for path, size in zip(entry.added, entry.sizes, strict=True)
                 )
         return self._append(pieces) or added
 
@@ -315,7 +318,7 @@ class PendingMessages:
         if not removed.any():
             return
         self.moves += 1
-        moved = [self._read(path, size, None) for path, size in zip(entry.added, entry.sizes, strict=True)]
+        moved = [self._read(Part(path, size, None, 0)) for path, size in zip(entry.added, entry.sizes, strict=True)]
         moved_rows = pa.concat_tables(moved) if moved else INDEX_SCHEMA.empty_table()
         found, source = lookup(self.keys(moved_rows), self.keys())
         found &= removed
@@ -338,25 +341,31 @@ class PendingMessages:
             result[index] = number
         return result
 
-    def _read(self, path: str, size: int, version: int | None) -> pa.Table:
+    def _read(self, part: Part) -> pa.Table:
         names = INDEX_COLUMNS if self.msg_ids else [name for name in INDEX_COLUMNS if name != "msg_id"]
-        data = store.read_messages(self.location, path, version, names)
+        rows = None if part.stop is None else (part.start, part.stop)
+        data = store.read_messages(self.location, part.path, part.version, names, rows)
         count = data.num_rows
         columns = {name: data[name].cast(MESSAGE_SCHEMA.field(name).type) for name in names}
         if not self.msg_ids:
             columns["msg_id"] = pa.nulls(count, pa.string())
         if self.exact_lengths or pc.any(data["segmented"]).as_py():
-            payload = store.read_data_file(self.location, path, ["payload"])["payload"]
+            if rows is None:
+                payload = store.read_data_file(self.location, part.path, ["payload"])["payload"]
+            else:
+                payload = store.read_data_rows(self.location, part.path, *rows, ["payload"])["payload"]
             columns["payload_length"] = pc.binary_length(payload).cast(pa.int64())
         else:
-            columns["payload_length"] = pa.array(np.full(count, size // max(count, 1), np.int64))
+            # A part's messages count as its file's size divided by its rows (``rows`` 0: this read's).
+            columns["payload_length"] = pa.array(np.full(count, part.size // max(part.rows or count, 1), np.int64))
         commit_version = data["commit_version"].to_numpy()
         names, local, row = origins(commit_version, data["put_seq"].to_numpy())
         columns["commit_version"] = pa.array(commit_version)
         columns["origin"] = pa.array(self._number(names, self._origin_numbers, self.origins)[local])
         columns["row"] = pa.array(row)
-        columns["file"] = pa.array(np.full(count, self._number([path], self._file_numbers, self.files)[0], np.int32))
-        columns["file_row"] = pa.array(np.arange(count, dtype=np.int64))
+        file = self._number([part.path], self._file_numbers, self.files)[0]
+        columns["file"] = pa.array(np.full(count, file, np.int32))
+        columns["file_row"] = pa.array(np.arange(part.start, part.start + count, dtype=np.int64))
         columns["consumed"] = pa.array(np.zeros(count, dtype=bool))
         return _lean(pa.table(columns, schema=INDEX_SCHEMA))
 

@@ -1,13 +1,15 @@
-"""The live files a pending index has not read yet, and the bound their statistics put on their messages.
+"""The parts of live files a pending index has not read yet, and the bound their statistics put on
+their messages.
 
 A reader with a limit needs only the first messages of the delivery order. The pending index
 (:mod:`mqspark.engine.pending`) catalogues here the live files whose Delta statistics say enough of
-their messages: the best position any of them can take (its lane, from the file's highest
-``priority``, then the first commit version and ``put_seq``), no ``top_of_queue`` and no
-``before_msg_id`` (those move a message ahead of its own position). It reads them, best first, only
-while its messages that sort before every unread one are fewer than the reader needs.
+their messages: no ``top_of_queue`` and no ``before_msg_id`` (those move a message ahead of its own
+position), and where they start. A large file is catalogued row group by row group, from its
+Parquet footer. Each part has a best position (its lane, from its highest ``priority``, then its
+first commit version and ``put_seq``). The index reads parts, best first, only while the messages it
+holds that sort before every unread one are fewer than the reader needs.
 
-A file is also read when something names one of its messages (a plan, a failure, a claim), or when
+A part is also read when something names one of its messages (a plan, a failure, a claim), or when
 it may hold items of a group that begins among the messages read: a group is delivered whole, in
 logical order.
 """
@@ -15,6 +17,7 @@ logical order.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,109 +29,139 @@ from mqspark.model.messages import TIMESTAMP, origin_versions
 # A position: (lane, commit version, put_seq), compared as a tuple; the lane is -priority under
 # ``priority`` delivery, else 0.
 Position = tuple[int, int, int]
+# Files with more rows than this are catalogued by row group (one footer read each).
+SPLIT_ROWS = 4 * store.ROW_GROUP_ROWS
 
 
-class UnreadFiles:
-    """The catalogue: one row per unread file (``path``, ``size``, ``version``, ``rows``, the first
-    position ``lane``/``first_version``/``first_put_seq``, and the commit versions ``low``/``high``
-    its messages came from), best first position first."""
+class Part(NamedTuple):
+    """Rows ``start`` to ``stop`` of a data file (None: all of it) of ``size`` bytes and ``rows`` rows,
+    which the commit ``version`` added (None: its rows carry their own)."""
 
-    def __init__(self, location: str, files: pa.Table | None = None, lanes: str | None = None) -> None:
+    path: str
+    size: int
+    version: int | None
+    rows: int
+    start: int = 0
+    stop: int | None = None
+
+
+_CATALOGUE = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("version", pa.int64()),
+        ("rows", pa.int64()),
+        ("start", pa.int64()),
+        ("stop", pa.int64()),
+        ("grouped", pa.bool_()),
+        ("expiring", pa.bool_()),
+        ("lane", pa.int64()),
+        ("first_version", pa.int64()),
+        ("first_put_seq", pa.int64()),
+        ("low", pa.int64()),
+        ("high", pa.int64()),
+    ]
+)
+
+
+class UnreadParts:
+    """The catalogue: one row per unread part (its file's ``path``, ``size``, ``version`` and ``rows``,
+    its rows ``start``/``stop``, the first position ``lane``/``first_version``/``first_put_seq``, the
+    commit versions ``low``/``high`` its messages came from), best first position first."""
+
+    def __init__(self, location: str, parts: pa.Table | None = None, lanes: str | None = None) -> None:
         self.location = location
         self.lanes = lanes
-        self.files = files if files is not None else _catalogue(pa.table({}), np.zeros(0, dtype=np.int64))
-        # group_id values of unread files, read when first needed.
-        self._groups: dict[str, pa.Array] = {}
+        self.parts = parts if parts is not None else _CATALOGUE.empty_table()
+        # group_id values of unread parts, read when first needed.
+        self._groups: dict[tuple[str, int], pa.Array] = {}
 
     @staticmethod
-    def split(location: str, live: pa.Table, lanes: str) -> tuple[UnreadFiles, np.ndarray]:
+    def split(location: str, live: pa.Table, lanes: str) -> tuple[UnreadParts, np.ndarray]:
         """Catalogue the ``live`` files (see :func:`mqspark.store.live_files`) whose statistics bound
         their messages' positions under delivery sequence ``lanes``; returns the catalogue and which
         files it left out (to read now)."""
-        if live.num_rows == 0:
-            return UnreadFiles(location, None, lanes), np.zeros(0, dtype=bool)
+        if live.num_rows == 0 or not pc.all(pc.fill_null(live["never_before"], False)).as_py():
+            # A message put before another takes that one's place, wherever it lies: read every file.
+            return UnreadParts(location, None, lanes), np.ones(live.num_rows, dtype=bool)
         deferrable = (
             _flags(pc.is_valid(live["max_priority"]))
             & _flags(pc.equal(pc.fill_null(live["any_top"], True), False))
-            & _flags(pc.fill_null(live["never_before"], False))
             & (
                 _flags(pc.and_(pc.is_valid(live["version"]), pc.is_valid(live["min_put_seq"])))
                 | _flags(pc.is_valid(live["min_commit_version"]))
             )
         )
-        if not pc.all(pc.fill_null(live["never_before"], False)).as_py():
-            # A message put before another takes that one's place, wherever it lies: read every file.
-            deferrable[:] = False
-        chosen = np.flatnonzero(deferrable)
-        lane = -live["max_priority"].to_numpy(zero_copy_only=False)[chosen] if lanes == "priority" else None
-        return UnreadFiles(location, _catalogue(live.take(pa.array(chosen)), lane), lanes), ~deferrable
+        chosen = live.take(pa.array(np.flatnonzero(deferrable)))
+        pieces = [_file_parts(location, file, lanes) for file in chosen.to_pylist()]
+        parts = pa.Table.from_pylist([part for piece in pieces for part in piece], schema=_CATALOGUE)
+        order = [("lane", "ascending"), ("first_version", "ascending"), ("first_put_seq", "ascending")]
+        return UnreadParts(location, parts.sort_by(order), lanes), ~deferrable
 
     def __len__(self) -> int:
-        return self.files.num_rows
+        return self.parts.num_rows
 
     def bound(self) -> Position:
-        """The best position a message of an unread file can take."""
-        first = self.files.slice(0, 1).to_pylist()[0]
+        """The best position a message of an unread part can take."""
+        first = self.parts.slice(0, 1).to_pylist()[0]
         return first["lane"], first["first_version"], first["first_put_seq"]
 
-    def take(self, chosen: np.ndarray) -> list[tuple[str, int, int | None]]:
-        """Remove the files ``chosen`` (row numbers) from the catalogue: their path, size and version."""
-        taken = self.files.take(pa.array(chosen, pa.int64()))
+    def take(self, chosen: np.ndarray) -> list[Part]:
+        """Remove the parts ``chosen`` (row numbers) from the catalogue, and return them."""
+        taken = self.parts.take(pa.array(chosen, pa.int64())).to_pylist()
         keep = np.ones(len(self), dtype=bool)
         keep[chosen] = False
-        self.files = self.files.filter(pa.array(keep))
-        for path in taken["path"].to_pylist():
-            self._groups.pop(path, None)
-        return list(
-            zip(taken["path"].to_pylist(), taken["size"].to_pylist(), taken["version"].to_pylist(), strict=True)
-        )
+        self.parts = self.parts.filter(pa.array(keep))
+        result = []
+        for row in taken:
+            self._groups.pop((row["path"], row["start"]), None)
+            whole = row["start"] == 0 and row["stop"] == row["rows"]
+            stop = None if whole else row["stop"]
+            result.append(Part(row["path"], row["size"], row["version"], row["rows"], row["start"], stop))
+        return result
 
     def touched(self, paths: list[str]) -> bool:
-        """Whether any of ``paths`` is an unread file."""
+        """Whether any of ``paths`` holds an unread part."""
         return len(self) > 0 and bool(
-            pc.any(pc.is_in(self.files["path"], value_set=pa.array(paths, pa.string()))).as_py()
+            pc.any(pc.is_in(self.parts["path"], value_set=pa.array(paths, pa.string()))).as_py()
         )
 
     def first(self, rows: int) -> np.ndarray:
-        """The first files (at least one) that hold ``rows`` messages between them."""
-        held = np.cumsum(self.files["rows"].to_numpy())
+        """The first parts (at least one) that hold ``rows`` messages between them."""
+        held = np.cumsum(self.parts["stop"].to_numpy() - self.parts["start"].to_numpy())
         return np.arange(min(int(np.searchsorted(held, rows)) + 1, len(self)))
 
     def holding(self, origin_names: list[str]) -> np.ndarray:
-        """The files that may hold messages of these origins (by the commit version they name)."""
+        """The parts that may hold messages of these origins (by the commit version they name)."""
         if not len(self) or not origin_names:
             return np.zeros(0, dtype=np.int64)
         versions = np.unique(origin_versions(pa.array(origin_names, pa.string())).to_numpy())
-        low, high = self.files["low"].to_numpy(), self.files["high"].to_numpy()
+        low, high = self.parts["low"].to_numpy(), self.parts["high"].to_numpy()
         at = np.searchsorted(versions, low)
         return np.flatnonzero((at < len(versions)) & (versions[np.minimum(at, len(versions) - 1)] <= high))
 
     def expired(self, now: datetime) -> int:
-        """How many messages of the unread files have expired at ``now`` (only ``expiry`` is read, of
-        the files with an expiry)."""
-        paths = self.files["path"].filter(self.files["expiring"]).to_pylist()
+        """How many messages of the unread parts have expired at ``now`` (only ``expiry`` is read, of
+        the parts with an expiry)."""
         moment = pa.scalar(now, TIMESTAMP)
-        return sum(
-            int(
-                pc.sum(pc.less_equal(store.read_data_file(self.location, path, ["expiry"])["expiry"], moment)).as_py()
-                or 0
-            )
-            for path in paths
-        )
+        total = 0
+        for row in self.parts.filter(self.parts["expiring"]).to_pylist():
+            expiry = store.read_data_rows(self.location, row["path"], row["start"], row["stop"], ["expiry"])["expiry"]
+            total += int(pc.sum(pc.less_equal(expiry, moment)).as_py() or 0)
+        return total
 
     def holding_groups(self, group_ids: pa.Array) -> np.ndarray:
-        """The files that hold an item of one of these groups (their ``group_id`` read once each)."""
+        """The parts that hold an item of one of these groups (their ``group_id`` read once each)."""
         if not len(self) or not len(group_ids):
             return np.zeros(0, dtype=np.int64)
         found = []
-        paths = self.files["path"].to_pylist()
-        grouped = self.files["grouped"].to_numpy(zero_copy_only=False)
-        for number in np.flatnonzero(grouped):
-            path = paths[number]
-            if path not in self._groups:
-                column = store.read_data_file(self.location, path, ["group_id"])["group_id"]
-                self._groups[path] = pc.unique(column.drop_null())
-            if pc.any(pc.is_in(self._groups[path], value_set=group_ids)).as_py():
+        for number in np.flatnonzero(self.parts["grouped"].to_numpy(zero_copy_only=False)):
+            row = self.parts.slice(int(number), 1).to_pylist()[0]
+            key = (row["path"], row["start"])
+            if key not in self._groups:
+                column = store.read_data_rows(self.location, row["path"], row["start"], row["stop"], ["group_id"])
+                self._groups[key] = pc.unique(column["group_id"].drop_null())
+            if pc.any(pc.is_in(self._groups[key], value_set=group_ids)).as_py():
                 found.append(number)
         return np.array(found, dtype=np.int64)
 
@@ -137,45 +170,52 @@ def _flags(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _catalogue(files: pa.Table, lane: np.ndarray | None) -> pa.Table:
-    if files.num_rows == 0:
-        return pa.table(
+def _file_parts(location: str, file: dict, lanes: str) -> list[dict]:
+    """The catalogue rows of one live file: itself, or its row groups when it is large."""
+    # A put's file carries no commit_version: its rows came from the commit that added it.
+    written = file["version"] is not None
+    common = {
+        "path": file["path"],
+        "size": file["size"],
+        "version": file["version"],
+        "rows": file["rows"],
+        "low": file["version"] if written else file["min_commit_version"],
+        "high": file["version"] if written else file["max_commit_version"],
+    }
+    whole = {
+        **common,
+        "start": 0,
+        "stop": file["rows"],
+        "grouped": not file["never_grouped"],
+        "expiring": not file["never_expire"],
+        "lane": -file["max_priority"] if lanes == "priority" else 0,
+        "first_version": common["low"],
+        # A file maintenance wrote may start anywhere in its first commit version.
+        "first_put_seq": file["min_put_seq"] if written else 0,
+    }
+    if file["rows"] <= SPLIT_ROWS:
+        return [whole]
+    groups = store.row_group_statistics(
+        location, file["path"], ["priority", "put_seq", "commit_version", "group_id", "expiry"]
+    )
+    parts = []
+    for index, (start, stop) in enumerate(zip(groups["start"].tolist(), groups["stop"].tolist(), strict=True)):
+        rows = stop - start
+        priority = groups["max.priority"][index]
+        put_seq = groups["min.put_seq"][index]
+        version = common["low"] if written else groups["min.commit_version"][index]
+        if priority is None or put_seq is None or version is None:
+            return [whole]
+        parts.append(
             {
-                name: pa.array([], kind)
-                for name, kind in [
-                    ("path", pa.string()),
-                    ("size", pa.int64()),
-                    ("version", pa.int64()),
-                    ("rows", pa.int64()),
-                    ("grouped", pa.bool_()),
-                    ("expiring", pa.bool_()),
-                    ("lane", pa.int64()),
-                    ("first_version", pa.int64()),
-                    ("first_put_seq", pa.int64()),
-                    ("low", pa.int64()),
-                    ("high", pa.int64()),
-                ]
+                **common,
+                "start": start,
+                "stop": stop,
+                "grouped": groups["null_count.group_id"][index] != rows,
+                "expiring": groups["null_count.expiry"][index] != rows,
+                "lane": -priority if lanes == "priority" else 0,
+                "first_version": version,
+                "first_put_seq": put_seq if written else 0,
             }
         )
-    # A put's file carries no commit_version: its rows came from the commit that added it.
-    written = pc.is_valid(files["version"])
-    low = pc.if_else(written, files["version"], files["min_commit_version"])
-    high = pc.if_else(written, files["version"], files["max_commit_version"])
-    # A file maintenance wrote may start anywhere in its first commit version.
-    first_put_seq = pc.if_else(written, files["min_put_seq"], 0)
-    catalogue = pa.table(
-        {
-            "path": files["path"],
-            "size": files["size"],
-            "version": files["version"],
-            "rows": files["rows"],
-            "grouped": pc.invert(pc.fill_null(files["never_grouped"], False)),
-            "expiring": pc.invert(pc.fill_null(files["never_expire"], False)),
-            "lane": pa.array(lane if lane is not None else np.zeros(files.num_rows, dtype=np.int64), pa.int64()),
-            "first_version": low.cast(pa.int64()),
-            "first_put_seq": first_put_seq.cast(pa.int64()),
-            "low": low.cast(pa.int64()),
-            "high": high.cast(pa.int64()),
-        }
-    )
-    return catalogue.sort_by([("lane", "ascending"), ("first_version", "ascending"), ("first_put_seq", "ascending")])
+    return parts

@@ -18,11 +18,13 @@ from mqspark.store.faults import (
     unanswered,
 )
 from mqspark.store.files import (
+    ROW_GROUP_ROWS,
     DataFile,
     read_data_file,
     read_data_rows,
     remove_data_files,
     row_group_minima,
+    row_group_statistics,
     write_data_file,
 )
 from mqspark.store.filesystems import filesystem_of, is_uri, options_for, remember
@@ -79,6 +81,7 @@ from mqspark.store.tables import (
 )
 
 __all__ = [
+    "ROW_GROUP_ROWS",
     "filesystem_of",
     "is_uri",
     "options_for",
@@ -132,6 +135,7 @@ __all__ = [
     "read_messages",
     "remove_data_files",
     "row_group_minima",
+    "row_group_statistics",
     "remove_tree",
     "set_properties",
     "state_location",

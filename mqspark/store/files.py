@@ -89,19 +89,33 @@ def row_group_minima(location: str, path: str, column: str) -> tuple[np.ndarray,
     """Where each row group of one data file starts (its first row, plus the file's row count at the
     end), and the smallest value of top-level ``column`` in each from the footer's statistics (None
     where it has none): Delta's statistics leave out timestamps, Parquet's do not."""
+    groups = row_group_statistics(location, path, [column])
+    stops = groups["stop"]
+    bounds = np.append(groups["start"], stops[-1] if len(stops) else 0).astype(np.int64)
+    return bounds, groups[f"min.{column}"]
+
+
+def row_group_statistics(location: str, path: str, columns: list[str]) -> dict[str, Any]:
+    """The row groups of one data file from its footer: ``start`` and ``stop`` (row numbers, arrays),
+    and for each of the top-level ``columns`` lists of ``min.<column>``, ``max.<column>`` and
+    ``null_count.<column>`` (None where the footer has no such statistic)."""
     filesystem, base = filesystem_of(location)
     with filesystem.open_input_file(f"{base}/{path}") as handle:
         metadata = pq.ParquetFile(handle).metadata
-    bounds = np.zeros(metadata.num_row_groups + 1, dtype=np.int64)
-    minima: list[Any] = []
     paths = [metadata.schema.column(index).path for index in range(metadata.num_columns)]
-    where = paths.index(column) if column in paths else None
-    for number in range(metadata.num_row_groups):
-        group = metadata.row_group(number)
-        bounds[number + 1] = bounds[number] + group.num_rows
-        stats = None if where is None else group.column(where).statistics
-        minima.append(stats.min if stats is not None and stats.has_min_max else None)
-    return bounds, minima
+    rows = np.array([metadata.row_group(number).num_rows for number in range(metadata.num_row_groups)], np.int64)
+    stops = np.cumsum(rows)
+    result: dict[str, Any] = {"start": stops - rows, "stop": stops}
+    for column in columns:
+        where = paths.index(column) if column in paths else None
+        found = [None if where is None else metadata.row_group(n).column(where).statistics for n in range(len(rows))]
+        bounded = [stats if stats is not None and stats.has_min_max else None for stats in found]
+        result[f"min.{column}"] = [None if stats is None else stats.min for stats in bounded]
+        result[f"max.{column}"] = [None if stats is None else stats.max for stats in bounded]
+        result[f"null_count.{column}"] = [
+            stats.null_count if stats is not None and stats.has_null_count else None for stats in found
+        ]
+    return result
 
 
 def _present(parquet: pq.ParquetFile, columns: list[str] | None) -> list[str] | None:
