@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from mqspark import QueueManager, store
 from mqspark.engine import browse, planner, unread
 from mqspark.engine import get as get_module
+from mqspark.engine.pending import PendingMessages
+from mqspark.model.ranges import NO_RANGES
 from mqspark.store import files
 
 COLUMNS = ["msg_id", "payload", "priority", "group_id", "msg_seq_number", "offset"]
@@ -159,3 +162,24 @@ def test_a_later_put_read_at_once_waits_behind_unread_files(
     qm.put("Q", [{"msg_id": f"N.{row}", "payload": b"x"} for row in range(4)])
     delivered = [qm.get("Q", "c", max_messages=1)["msg_id"][0].as_py() for _ in range(15)]
     assert delivered == [f"M{put}.{row}" for put in range(3) for row in range(4)][1:] + [f"N.{row}" for row in range(4)]
+
+
+def test_a_message_named_in_an_unread_row_group_of_a_file_partly_read_is_read(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan or a failure names a message by identity: the part holding it is read, even when the
+    index already read other row groups of its file (they share its origin)."""
+    monkeypatch.setattr(files, "ROW_GROUP_ROWS", 3)
+    monkeypatch.setattr(unread, "SPLIT_ROWS", 3)
+    qm = QueueManager.create(tmp_path, "QM1")
+    qm.define_queue("Q")
+    qm.put("Q", [{"msg_id": f"M{row}", "payload": b"x"} for row in range(9)])
+    location = store.queue_location(qm.root, "Q")
+    pending = PendingMessages(location)
+    pending.load(NO_RANGES, lanes="priority")
+    assert pending.ensure(1, datetime.now(UTC))
+    assert pending.rows["put_seq"].to_pylist() == [0, 1, 2]
+    named = pa.table({"origin": [pending.origins[0]], "row": [7], "count": [1]}, schema=NO_RANGES.schema)
+    file, row = pending.locate(pending.range_keys(named))
+    assert (file.tolist(), row.tolist()) == ([0], [7])
+    assert sorted(pending.rows["put_seq"].to_pylist()) == [0, 1, 2, 6, 7, 8]

@@ -224,13 +224,11 @@ class PendingMessages:
             )
 
     def range_keys(self, ranges: pa.Table) -> np.ndarray:
-        """The keys of every message in ``origin``/``row``/``count`` ranges, the unread files that may
+        """The keys of every message in ``origin``/``row``/``count`` ranges, the unread parts that may
         hold them read first (-1 as origin number for origins the index has not seen)."""
-        if len(self.unread) and ranges.num_rows:
-            unknown = pc.unique(ranges["origin"].filter(pc.invert(pc.is_in(ranges["origin"], value_set=self._names()))))
-            holding = self.unread.holding(unknown.to_pylist())
-            if len(holding):
-                self._read_files(self.unread.take(holding))
+        holding = self.unread.holding(ranges)
+        if len(holding):
+            self._read_files(self.unread.take(holding))
         return self._known_keys(ranges)
 
     def _names(self) -> pa.Array:

@@ -24,13 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.model.messages import TIMESTAMP, origin_versions
+from mqspark.model.messages import TIMESTAMP
 
 # A position: (lane, commit version, put_seq), compared as a tuple; the lane is -priority under
 # ``priority`` delivery, else 0.
 Position = tuple[int, int, int]
 # Files with more rows than this are catalogued by row group (one footer read each).
 SPLIT_ROWS = 4 * store.ROW_GROUP_ROWS
+# The row within its origin, in a ``put_seq`` (see :func:`mqspark.model.messages.origins`).
+_ROWS = 0xFFFFFFFF
 
 
 class Part(NamedTuple):
@@ -58,6 +60,8 @@ _CATALOGUE = pa.schema(
         ("lane", pa.int64()),
         ("first_version", pa.int64()),
         ("first_put_seq", pa.int64()),
+        ("min_put_seq", pa.int64()),
+        ("max_put_seq", pa.int64()),
         ("low", pa.int64()),
         ("high", pa.int64()),
     ]
@@ -131,14 +135,23 @@ class UnreadParts:
         held = np.cumsum(self.parts["stop"].to_numpy() - self.parts["start"].to_numpy())
         return np.arange(min(int(np.searchsorted(held, rows)) + 1, len(self)))
 
-    def holding(self, origin_names: list[str]) -> np.ndarray:
-        """The parts that may hold messages of these origins (by the commit version they name)."""
-        if not len(self) or not origin_names:
+    def holding(self, ranges: pa.Table) -> np.ndarray:
+        """The parts that may hold messages in ``origin``/``row``/``count`` ranges: a part of a put's
+        file by its identity range (statistics of ``put_seq``), any other by its commit versions."""
+        if not len(self) or not ranges.num_rows:
             return np.zeros(0, dtype=np.int64)
-        versions = np.unique(origin_versions(pa.array(origin_names, pa.string())).to_numpy())
-        low, high = self.parts["low"].to_numpy(), self.parts["high"].to_numpy()
-        at = np.searchsorted(versions, low)
-        return np.flatnonzero((at < len(versions)) & (versions[np.minimum(at, len(versions) - 1)] <= high))
+        names = pc.split_pattern(ranges["origin"], ":")
+        version = pc.list_element(names, 0).cast(pa.int64()).to_numpy()[None, :]
+        task = pc.list_element(names, 1).cast(pa.int64()).to_numpy()[None, :]
+        first = ranges["row"].to_numpy()[None, :]
+        last = first + ranges["count"].to_numpy()[None, :] - 1
+        low, high = self.parts["low"].to_numpy()[:, None], self.parts["high"].to_numpy()[:, None]
+        lowest = pc.fill_null(self.parts["min_put_seq"], -1).to_numpy()[:, None]
+        highest = pc.fill_null(self.parts["max_put_seq"], -1).to_numpy()[:, None]
+        precise = _flags(pc.is_valid(self.parts["version"]))[:, None] & (lowest >= 0) & (lowest >> 32 == highest >> 32)
+        inside = (task == lowest >> 32) & (first <= (highest & _ROWS)) & (last >= (lowest & _ROWS))
+        hit = (low <= version) & (version <= high) & (~precise | inside)
+        return np.flatnonzero(hit.any(axis=1))
 
     def expired(self, now: datetime) -> int:
         """How many messages of the unread parts have expired at ``now`` (only ``expiry`` is read, of
@@ -192,6 +205,8 @@ def _file_parts(location: str, file: dict, lanes: str) -> list[dict]:
         "first_version": common["low"],
         # A file maintenance wrote may start anywhere in its first commit version.
         "first_put_seq": file["min_put_seq"] if written else 0,
+        "min_put_seq": file["min_put_seq"],
+        "max_put_seq": file["max_put_seq"],
     }
     if file["rows"] <= SPLIT_ROWS:
         return [whole]
@@ -216,6 +231,8 @@ def _file_parts(location: str, file: dict, lanes: str) -> list[dict]:
                 "lane": -priority if lanes == "priority" else 0,
                 "first_version": version,
                 "first_put_seq": put_seq if written else 0,
+                "min_put_seq": put_seq,
+                "max_put_seq": groups["max.put_seq"][index],
             }
         )
     return parts
