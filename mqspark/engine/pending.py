@@ -105,6 +105,8 @@ class PendingMessages:
         self._consumed = NO_RANGES
         # Whether maintenance rewrote unread files: the index must be built again.
         self.stale = False
+        # How many times parts were read into the index: a copy of its rows is outdated when this moved.
+        self.reads = 0
 
     def load(self, consumed: pa.Table, up_to: int | None = None, lanes: str | None = None) -> None:
         """Read the live messages of the table at version ``up_to`` (default: its latest) and leave out
@@ -214,6 +216,7 @@ class PendingMessages:
     def _read_files(self, parts: list[Part]) -> None:
         """Read ``parts`` of data files into the index, without the group's consumed messages."""
         pieces = [self._read(part) for part in parts]
+        self.reads += 1
         self._append(pieces)
         if self._consumed.num_rows and pieces:
             # Parts of one file share origins: the ranges of every origin read now apply.

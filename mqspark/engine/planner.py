@@ -330,6 +330,7 @@ class Planner:
         if head is None or not self.pending.ensure(head, now):
             self.pending.read_all()
         rows = self._failed_messages(now)
+        reads = self.pending.reads
         while True:
             if head is not None and len(self.pending.unread) == 0 and head >= rows.num_rows:
                 head = None
@@ -341,11 +342,12 @@ class Planner:
             if head is None or taken.num_rows < candidates.num_rows:
                 break
             head *= 4
-            unread = len(self.pending.unread)
-            if unread and not self.pending.ensure(head, now):
+            if len(self.pending.unread) and not self.pending.ensure(head, now):
                 self.pending.read_all()
-            if len(self.pending.unread) != unread:
+            # Parts read meanwhile (also for a message the head named) belong in the rows ordered.
+            if self.pending.reads != reads:
                 rows = self._failed_messages(now)
+                reads = self.pending.reads
         moment = pa.scalar(now, TIMESTAMP)
         waiting = pc.invert(rows["consumed"])
         expired = rows.filter(pc.and_(waiting, pc.fill_null(pc.less_equal(rows["expiry"], moment), False)))
