@@ -308,6 +308,23 @@ def reply_entries(records: pa.Table) -> Iterator[tuple[str, int, str]]:
     return zip(*(records[name].to_pylist() for name in ("plan_id", "seq", "target")), strict=True)
 
 
+def live_reply_records(rows: pa.Table) -> Iterator[tuple[tuple[str, int, str], pa.Table]]:
+    """The ``reply`` records among ``rows`` (``reply`` and ``unreplied`` events with ``at``) that no
+    ``unreplied`` record cancelled, by (plan_id, seq, target). A replay of the same plan puts with
+    the same txn version again, so a record is cancelled only by an ``unreplied`` record made after
+    it: a record of a later attempt stands."""
+    cancelled: dict[tuple[str, int, str], Any] = {}
+    unreplied = rows.filter(pc.equal(rows["event"], "unreplied"))
+    for entry, at in zip(reply_entries(unreplied), unreplied["at"].to_pylist(), strict=True):
+        cancelled[entry] = max(at, cancelled.get(entry, at))
+    records = rows.filter(pc.equal(rows["event"], "reply"))
+    for entry, mine in by_value(records, "plan_id", "seq", "target"):
+        if entry in cancelled:
+            mine = mine.filter(pc.greater(mine["at"], pa.scalar(cancelled[entry], mine.schema.field("at").type)))
+        if mine.num_rows:
+            yield entry, mine
+
+
 def reply_state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, str], ranges: pa.Table) -> pa.Table:
     """``event`` rows of one reply put (plan, txn version, target) for the requests of ``ranges``."""
     plan_id, seq, target = entry

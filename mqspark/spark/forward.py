@@ -49,10 +49,10 @@ from mqspark.services.forward import (
     dead_letter_header,
     failed_outcome,
     is_payload,
+    live_reply_records,
     load_service,
     open_queues,
     outcome_of,
-    reply_entries,
     reply_landed,
     reply_state_rows,
     reply_targets,
@@ -305,14 +305,10 @@ class _Batch:
         """Check the reply records not checked yet, before anything is put: cancel those whose put did
         not land. The requests whose reply landed, as ``origin``/``row``/``count`` ranges."""
         rows = state.events(
-            self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", *RANGE_COLUMNS]
+            self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", "at", *RANGE_COLUMNS]
         )
-        records = rows.filter(pc.equal(rows["event"], "reply"))
-        cancelled = set(reply_entries(rows.filter(pc.equal(rows["event"], "unreplied"))))
-        replied, cancel = [records.slice(0, 0).select(RANGE_COLUMNS)], []
-        for entry, mine in by_value(records, "plan_id", "seq", "target"):
-            if entry in cancelled:
-                continue
+        replied, cancel = [rows.slice(0, 0).select(RANGE_COLUMNS)], []
+        for entry, mine in live_reply_records(rows):
             if entry not in self._landed:
                 qmgr, queue = json.loads(entry[2])
                 if not reply_landed(qm, qmgr, queue, producer, entry[1]):
