@@ -221,7 +221,7 @@ class PendingMessages:
         if self._consumed.num_rows and pieces:
             # Parts of one file share origins: the ranges of every origin read now apply.
             read = np.unique(np.concatenate([piece["origin"].to_numpy() for piece in pieces]))
-            names = pa.array(self.origins, pa.string()).take(pa.array(read))
+            names = self._names().take(pa.array(read))
             self.mark_consumed(
                 self._known_keys(self._consumed.filter(pc.is_in(self._consumed["origin"], value_set=names)))
             )
