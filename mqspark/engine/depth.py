@@ -14,8 +14,11 @@ messages (consumed or not) fit under ``max_depth``; otherwise it computes CURDEP
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -243,7 +246,7 @@ def group_backlog(
     claimable = subtract_ranges(mine_ranges, parked)
     oldest = [
         pc.min(listed["put_time"].filter(free)).as_py(),
-        _oldest(table.table_uri, files["path"].take(chosen).to_pylist(), ranges, claimable),
+        _oldest(table.table_uri, files.take(chosen), ranges, claimable),
     ]
     return GroupBacklog(
         waiting=merge_ranges(pa.concat_tables([mine_ranges, single_ranges(listed.select(KEY_COLUMNS))])),
@@ -254,32 +257,58 @@ def group_backlog(
     )
 
 
-def _oldest(location: str, paths: list[str], ranges: pa.Table, claimable: pa.Table) -> datetime | None:
-    """The oldest ``put_time`` of the ``claimable`` identities in the described files ``paths``, whose
-    identities are ``ranges`` (one per file, see :func:`file_ranges`; a put writes its rows in
-    ``put_seq`` order, so a row's place in its file follows from its identity). The row groups
-    holding claimable rows are read in the order of their smallest ``put_time`` (Parquet
-    statistics), until the next one's cannot be older."""
-    groups = []
-    for index in np.flatnonzero(overlap_counts(ranges, claimable)) if claimable.num_rows else []:
-        inside = intersect_ranges([ranges.slice(int(index), 1), claimable])
-        first = inside["row"].to_numpy() - ranges["row"][int(index)].as_py()
-        end = first + inside["count"].to_numpy()
-        bounds, minima = store.row_group_minima(location, paths[index], "put_time")
-        # The first claimable stretch ending after each row group's start begins before its end.
-        after = np.searchsorted(end, bounds[:-1], side="right")
-        for number in np.flatnonzero((after < len(first)) & (first[np.minimum(after, len(first) - 1)] < bounds[1:])):
-            span = slice(after[number], np.searchsorted(first, bounds[number + 1]))
-            groups.append((minima[number], paths[index], first[span], end[span], bounds[number : number + 2]))
-    # Row groups without statistics first: any of them may hold the oldest.
-    groups.sort(key=lambda group: (group[0] is not None, group[0] or 0))
+def _oldest(location: str, files: pa.Table, ranges: pa.Table, claimable: pa.Table) -> datetime | None:
+    """The oldest ``put_time`` of the ``claimable`` identities in the described ``files``, whose
+    identities are ``ranges`` (one per file, see :func:`file_ranges`).
+
+    Files and row groups are taken best first by their smallest ``put_time``: a file's from its Delta
+    statistics (rounded down), a row group's from its file's Parquet footer, read when the file is
+    taken. A taken row group's claimable rows are read. It stops when the next cannot be older; what
+    has no statistic comes first, since any of it may hold the oldest."""
+    if not claimable.num_rows:
+        return None
+    lower = files["min_put_time"].to_pylist()
+    paths = files["path"].to_pylist()
+    heap: list[tuple[tuple[bool, Any], int, Any]] = []
+    order = itertools.count()
+    for index in np.flatnonzero(overlap_counts(ranges, claimable)):
+        heapq.heappush(heap, (_smallest_first(lower[index]), next(order), int(index)))
     oldest = None
-    for smallest, path, starts, ends, (low, high) in groups:
-        if oldest is not None and smallest is not None and smallest >= oldest:
-            break
-        starts = np.maximum(starts, low)
-        rows = expand_ranges(starts, np.minimum(ends, high) - starts)
+    while heap and (oldest is None or not heap[0][0][0] or heap[0][0][1] < oldest):
+        _, _, taken = heapq.heappop(heap)
+        if isinstance(taken, int):
+            for group in _claimable_row_groups(location, paths[taken], ranges.slice(taken, 1), claimable):
+                heapq.heappush(heap, (_smallest_first(group[0]), next(order), group))
+            continue
+        _, path, starts, ends = taken
+        rows = expand_ranges(starts, ends - starts)
         data = store.read_data_rows(location, path, int(rows[0]), int(rows[-1] + 1), ["put_time"])
         stamp = pc.min(data["put_time"].take(pa.array(rows - rows[0]))).as_py()
         oldest = stamp if oldest is None or stamp < oldest else oldest
     return oldest
+
+
+def _smallest_first(smallest: Any) -> tuple[bool, Any]:
+    """A heap key: no statistic sorts before every value."""
+    return (smallest is not None, smallest if smallest is not None else 0)
+
+
+def _claimable_row_groups(
+    location: str, path: str, file_range: pa.Table, claimable: pa.Table
+) -> list[tuple[Any, str, np.ndarray, np.ndarray]]:
+    """The row groups of the file ``path`` holding ``claimable`` identities, its identities being
+    ``file_range`` (a put writes its rows in ``put_seq`` order, so a row's place in its file follows
+    from its identity): each one's smallest ``put_time`` (footer statistics, None without), ``path``,
+    and where its stretches of claimable rows start and end (row numbers)."""
+    inside = intersect_ranges([file_range, claimable])
+    first = inside["row"].to_numpy() - file_range["row"][0].as_py()
+    end = first + inside["count"].to_numpy()
+    bounds, minima = store.row_group_minima(location, path, "put_time")
+    # The first claimable stretch ending after each row group's start begins before its end.
+    after = np.searchsorted(end, bounds[:-1], side="right")
+    groups = []
+    for number in np.flatnonzero((after < len(first)) & (first[np.minimum(after, len(first) - 1)] < bounds[1:])):
+        span = slice(after[number], np.searchsorted(first, bounds[number + 1]))
+        low, high = bounds[number : number + 2]
+        groups.append((minima[number], path, np.maximum(first[span], low), np.minimum(end[span], high)))
+    return groups

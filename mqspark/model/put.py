@@ -141,7 +141,6 @@ def prepare_put(
     data: pa.Table,
     *,
     segmentation: bool = False,
-    put_time: datetime | None = None,
 ) -> PreparedPut:
     """Validate a producer's messages for ``queue`` and return rows in :data:`MESSAGE_SCHEMA`.
 
@@ -189,7 +188,7 @@ def prepare_put(
     table = segment_payloads(queue, table, segmentation)
     check_groups(name, table)
 
-    stamp = put_time or datetime.now(UTC)
+    stamp = datetime.now(UTC)
     table = table.append_column("put_time", pa.repeat(pa.scalar(stamp, TIMESTAMP), table.num_rows))
     table = table.append_column("put_seq", pa.array(np.arange(table.num_rows, dtype=np.int64)))
     for field_name in DEAD_LETTER_FIELDS:

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -150,8 +151,8 @@ class _Stats:
     """Delta file statistics: row count, null counts, and exact min/max of integer, string and boolean
     columns (a reader learns from ``top_of_queue``'s max that a file holds no such message).
 
-    Timestamps get no min/max: Delta keeps them at millisecond precision, and a truncated max could
-    make a reader skip a file that holds a matching row.
+    Delta writes timestamps at millisecond precision, so their min is rounded down and their max up:
+    bounds, never a value that would make a reader skip a file holding a matching row.
     """
 
     def __init__(self, schema: pa.Schema) -> None:
@@ -160,7 +161,10 @@ class _Stats:
         self.bounded = [
             f.name
             for f in schema
-            if pa.types.is_integer(f.type) or pa.types.is_string(f.type) or pa.types.is_boolean(f.type)
+            if pa.types.is_integer(f.type)
+            or pa.types.is_string(f.type)
+            or pa.types.is_boolean(f.type)
+            or pa.types.is_timestamp(f.type)
         ]
         self.minimum: dict[str, object] = {}
         self.maximum: dict[str, object] = {}
@@ -177,9 +181,23 @@ class _Stats:
                 self.maximum[name] = max(high, self.maximum.get(name, high))
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"numRecords": self.rows, "minValues": self.minimum, "maxValues": self.maximum, "nullCount": self.nulls}
-        )
+        bounds = {
+            "minValues": {name: _json_bound(value, down=True) for name, value in self.minimum.items()},
+            "maxValues": {name: _json_bound(value, down=False) for name, value in self.maximum.items()},
+        }
+        return json.dumps({"numRecords": self.rows, **bounds, "nullCount": self.nulls})
+
+
+def _json_bound(value: object, down: bool) -> object:
+    """A statistic as Delta's JSON holds it; a timestamp (UTC) rounded to milliseconds, ``down`` or up."""
+    if not isinstance(value, datetime):
+        return value
+    milliseconds = value.replace(microsecond=value.microsecond // 1000 * 1000)
+    if not down and milliseconds != value:
+        milliseconds += timedelta(milliseconds=1)
+    if milliseconds.tzinfo is not None:
+        milliseconds = milliseconds.astimezone(UTC)
+    return milliseconds.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def write_data_file(location: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> DataFile | None:

@@ -98,7 +98,8 @@ def live_files(table: DeltaTable) -> pa.Table:
     of the commit that added the file, which applies to its rows that carry no ``commit_version``
     (null for files whose every row carries one: maintenance wrote them). From the statistics of a
     queue table's files also ``min_put_seq``, ``max_put_seq``, ``min_commit_version``,
-    ``max_commit_version``, ``max_priority``, ``any_top`` (a row is ``top_of_queue``), ``never_expire``
+    ``max_commit_version``, ``max_priority``, ``min_put_time`` (rounded down to a millisecond),
+    ``any_top`` (a row is ``top_of_queue``), ``never_expire``
     (no row has an expiry), ``never_delayed`` (no row has an ``available_at``), ``never_grouped`` and
     ``never_before`` (no row has a ``group_id``, a ``before_msg_id``); null where a file has no such
     statistics."""
@@ -124,6 +125,7 @@ def live_files(table: DeltaTable) -> pa.Table:
             "min_commit_version": stat("min.commit_version", pa.int64()),
             "max_commit_version": stat("max.commit_version", pa.int64()),
             "max_priority": stat("max.priority", pa.int64()).cast(pa.int64()),
+            "min_put_time": stat("min.put_time", pa.timestamp("us", tz="UTC")),
             "any_top": stat("max.top_of_queue", pa.bool_()),
             "never_expire": pc.equal(stat("null_count.expiry", pa.int64()), rows),
             "never_delayed": pc.equal(stat("null_count.available_at", pa.int64()), rows),
