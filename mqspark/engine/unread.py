@@ -5,9 +5,11 @@ A reader with a limit needs only the first messages of the delivery order. The p
 (:mod:`mqspark.engine.pending`) catalogues here the live files whose Delta statistics say enough of
 their messages: no ``top_of_queue`` and no ``before_msg_id`` (those move a message ahead of its own
 position), and where they start. A large file is catalogued row group by row group, from its
-Parquet footer. Each part has a best position (its lane, from its highest ``priority``, then its
-first commit version and ``put_seq``). The index reads parts, best first, only while the messages it
-holds that sort before every unread one are fewer than the reader needs.
+Parquet footer, when the index first needs to read it or to know which of its row groups may hold a
+named message; until then the file is one part. Each part has a best position (its lane, from its
+highest ``priority``, then its first commit version and ``put_seq``). The index reads parts, best
+first, only while the messages it holds that sort before every unread one are fewer than the reader
+needs.
 
 A part is also read when something names one of its messages (a plan, a failure, a claim), or when
 it may hold items of a group that begins among the messages read: a group is delivered whole, in
@@ -29,8 +31,10 @@ from mqspark.model.messages import TIMESTAMP
 # A position: (lane, commit version, put_seq), compared as a tuple; the lane is -priority under
 # ``priority`` delivery, else 0.
 Position = tuple[int, int, int]
-# Files with more rows than this are catalogued by row group (one footer read each).
+# Files with more rows than this are catalogued by row group (one footer read each) once needed.
 SPLIT_ROWS = 4 * store.ROW_GROUP_ROWS
+# The catalogue's order: best first position first.
+_ORDER = [("lane", "ascending"), ("first_version", "ascending"), ("first_put_seq", "ascending")]
 # The row within its origin, in a ``put_seq`` (see :func:`mqspark.model.messages.origins`).
 _ROWS = 0xFFFFFFFF
 
@@ -64,6 +68,7 @@ _CATALOGUE = pa.schema(
         ("max_put_seq", pa.int64()),
         ("low", pa.int64()),
         ("high", pa.int64()),
+        ("unsplit", pa.bool_()),
     ]
 )
 
@@ -71,7 +76,8 @@ _CATALOGUE = pa.schema(
 class UnreadParts:
     """The catalogue: one row per unread part (its file's ``path``, ``size``, ``version`` and ``rows``,
     its rows ``start``/``stop``, the first position ``lane``/``first_version``/``first_put_seq``, the
-    commit versions ``low``/``high`` its messages came from), best first position first."""
+    commit versions ``low``/``high`` its messages came from, and whether it is a large file still to
+    be catalogued by row group: ``unsplit``), best first position first."""
 
     def __init__(self, location: str, parts: pa.Table | None = None, lanes: str | None = None) -> None:
         self.location = location
@@ -97,10 +103,8 @@ class UnreadParts:
             )
         )
         chosen = live.take(pa.array(np.flatnonzero(deferrable)))
-        pieces = [_file_parts(location, file, lanes) for file in chosen.to_pylist()]
-        parts = pa.Table.from_pylist([part for piece in pieces for part in piece], schema=_CATALOGUE)
-        order = [("lane", "ascending"), ("first_version", "ascending"), ("first_put_seq", "ascending")]
-        return UnreadParts(location, parts.sort_by(order), lanes), ~deferrable
+        parts = pa.Table.from_pylist([_whole_file(file, lanes) for file in chosen.to_pylist()], schema=_CATALOGUE)
+        return UnreadParts(location, parts.sort_by(_ORDER), lanes), ~deferrable
 
     def __len__(self) -> int:
         return self.parts.num_rows
@@ -132,14 +136,36 @@ class UnreadParts:
 
     def first(self, rows: int) -> np.ndarray:
         """The first parts (at least one) that hold ``rows`` messages between them."""
-        held = np.cumsum(self.parts["stop"].to_numpy() - self.parts["start"].to_numpy())
-        return np.arange(min(int(np.searchsorted(held, rows)) + 1, len(self)))
+        while True:
+            held = np.cumsum(self.parts["stop"].to_numpy() - self.parts["start"].to_numpy())
+            chosen = np.arange(min(int(np.searchsorted(held, rows)) + 1, len(self)))
+            if not self._split(chosen):
+                return chosen
 
     def holding(self, ranges: pa.Table) -> np.ndarray:
         """The parts that may hold messages in ``origin``/``row``/``count`` ranges: a part of a put's
         file by its identity range (statistics of ``put_seq``), any other by its commit versions."""
         if not len(self) or not ranges.num_rows:
             return np.zeros(0, dtype=np.int64)
+        while True:
+            chosen = self._holding(ranges)
+            if not self._split(chosen):
+                return chosen
+
+    def _split(self, chosen: np.ndarray) -> bool:
+        """Catalogue the unsplit files among the parts ``chosen`` by row group; whether there were any."""
+        unsplit = chosen[_flags(self.parts["unsplit"].take(pa.array(chosen, pa.int64())))]
+        if not len(unsplit):
+            return False
+        files = self.parts.take(pa.array(unsplit, pa.int64())).to_pylist()
+        keep = np.ones(len(self), dtype=bool)
+        keep[unsplit] = False
+        pieces = [_row_group_parts(self.location, file, self.lanes) for file in files]
+        split = pa.Table.from_pylist([part for piece in pieces for part in piece], schema=_CATALOGUE)
+        self.parts = pa.concat_tables([self.parts.filter(pa.array(keep)), split]).sort_by(_ORDER)
+        return True
+
+    def _holding(self, ranges: pa.Table) -> np.ndarray:
         names = pc.split_pattern(ranges["origin"], ":")
         version = pc.list_element(names, 0).cast(pa.int64()).to_numpy()[None, :]
         task = pc.list_element(names, 1).cast(pa.int64()).to_numpy()[None, :]
@@ -167,6 +193,7 @@ class UnreadParts:
         """The parts that hold an item of one of these groups (their ``group_id`` read once each)."""
         if not len(self) or not len(group_ids):
             return np.zeros(0, dtype=np.int64)
+        self._split(np.flatnonzero(self.parts["grouped"].to_numpy(zero_copy_only=False)))
         found = []
         for number in np.flatnonzero(self.parts["grouped"].to_numpy(zero_copy_only=False)):
             row = self.parts.slice(int(number), 1).to_pylist()[0]
@@ -183,47 +210,50 @@ def _flags(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _file_parts(location: str, file: dict, lanes: str) -> list[dict]:
-    """The catalogue rows of one live file: itself, or its row groups when it is large."""
+def _whole_file(file: dict, lanes: str) -> dict:
+    """The catalogue row of one live file (see :func:`mqspark.store.live_files`), as one part."""
     # A put's file carries no commit_version: its rows came from the commit that added it.
     written = file["version"] is not None
-    common = {
+    low = file["version"] if written else file["min_commit_version"]
+    return {
         "path": file["path"],
         "size": file["size"],
         "version": file["version"],
         "rows": file["rows"],
-        "low": file["version"] if written else file["min_commit_version"],
-        "high": file["version"] if written else file["max_commit_version"],
-    }
-    whole = {
-        **common,
         "start": 0,
         "stop": file["rows"],
         "grouped": not file["never_grouped"],
         "expiring": not file["never_expire"],
         "lane": -file["max_priority"] if lanes == "priority" else 0,
-        "first_version": common["low"],
+        "first_version": low,
         # A file maintenance wrote may start anywhere in its first commit version.
         "first_put_seq": file["min_put_seq"] if written else 0,
         "min_put_seq": file["min_put_seq"],
         "max_put_seq": file["max_put_seq"],
+        "low": low,
+        "high": file["version"] if written else file["max_commit_version"],
+        "unsplit": file["rows"] > SPLIT_ROWS,
     }
-    if file["rows"] <= SPLIT_ROWS:
-        return [whole]
+
+
+def _row_group_parts(location: str, whole: dict, lanes: str) -> list[dict]:
+    """The catalogue rows of the row groups of the file whose whole part is ``whole``, from its
+    footer; ``whole`` itself (no longer unsplit) when the footer lacks a statistic."""
+    written = whole["version"] is not None
     groups = store.row_group_statistics(
-        location, file["path"], ["priority", "put_seq", "commit_version", "group_id", "expiry"]
+        location, whole["path"], ["priority", "put_seq", "commit_version", "group_id", "expiry"]
     )
     parts = []
     for index, (start, stop) in enumerate(zip(groups["start"].tolist(), groups["stop"].tolist(), strict=True)):
         rows = stop - start
         priority = groups["max.priority"][index]
         put_seq = groups["min.put_seq"][index]
-        version = common["low"] if written else groups["min.commit_version"][index]
+        version = whole["low"] if written else groups["min.commit_version"][index]
         if priority is None or put_seq is None or version is None:
-            return [whole]
+            return [{**whole, "unsplit": False}]
         parts.append(
             {
-                **common,
+                **whole,
                 "start": start,
                 "stop": stop,
                 "grouped": groups["null_count.group_id"][index] != rows,
@@ -233,6 +263,7 @@ def _file_parts(location: str, file: dict, lanes: str) -> list[dict]:
                 "first_put_seq": put_seq if written else 0,
                 "min_put_seq": put_seq,
                 "max_put_seq": groups["max.put_seq"][index],
+                "unsplit": False,
             }
         )
     return parts
