@@ -351,10 +351,7 @@ class PendingMessages:
         if not self.msg_ids:
             columns["msg_id"] = pa.nulls(count, pa.string())
         if self.exact_lengths or pc.any(data["segmented"]).as_py():
-            if rows is None:
-                payload = store.read_data_file(self.location, part.path, ["payload"])["payload"]
-            else:
-                payload = store.read_data_rows(self.location, part.path, *rows, ["payload"])["payload"]
+            payload = store.read_data_part(self.location, part.path, rows, ["payload"])["payload"]
             columns["payload_length"] = pc.binary_length(payload).cast(pa.int64())
         else:
             # A part's messages count as its file's size divided by its rows (``rows`` 0: this read's).

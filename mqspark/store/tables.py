@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, Field
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from mqspark.errors import MQError
-from mqspark.store.files import read_data_file, read_data_rows
+from mqspark.store.files import read_data_part
 from mqspark.store.filesystems import filesystem_of
 from mqspark.store.layout import StorageOptions
 from mqspark.store.log import add_versions, clean_up_log, log_stamp, refreshed
@@ -166,10 +166,7 @@ def read_messages(
     """``columns`` of one data file (its ``rows`` start to stop, when given) with ``commit_version``,
     filled in from the file's add ``version`` where the rows carry none (rows a put wrote)."""
     names = [name for name in columns if name != "commit_version"]
-    if rows is None:
-        data = read_data_file(location, path, [*names, "commit_version"])
-    else:
-        data = read_data_rows(location, path, rows[0], rows[1], [*names, "commit_version"])
+    data = read_data_part(location, path, rows, [*names, "commit_version"])
     stamps = data["commit_version"].cast(pa.int64())
     data = data.drop_columns(["commit_version"])
     if version is not None:
