@@ -19,7 +19,7 @@ from mqspark import MQError, QueueManager, Reason
 
 from .support.samples import dead_letters
 
-REPO_CONF = Path(__file__).parents[1] / "conf" / "queue-manager.toml"
+REPO_CONF = Path(__file__).parents[1] / "examples" / "queue-manager.toml"
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 MSG_ID = re.compile(r"[0-9a-f]{32}")
 PUT_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?\+00:00")

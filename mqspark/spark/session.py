@@ -30,7 +30,8 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from mqspark.errors import MQValidationError
 
-CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parents[2] / "conf"))
+# The shipped defaults live in the package, so a pip install has them too.
+CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -130,7 +131,8 @@ def session(app_name: str = "mqspark", master: str | None = None, **conf: Any) -
 
     ``master`` defaults to ``local[*]``, except under ``spark-submit``, whose ``--master`` stands
     (there, also give ``--jars "$(mqspark jars)"``: the driver's JVM is already running). ``conf``
-    entries (``**{"spark.sql.shuffle.partitions": "4"}``) override ``conf/spark-defaults.conf``.
+    entries (``**{"spark.sql.shuffle.partitions": "4"}``) override the shipped ``spark-defaults.conf``
+    (see ``CONF_DIR``).
     """
     remote = os.environ.get("SPARK_REMOTE")
     if remote:
