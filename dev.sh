@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
-# Sets up everything mqspark needs (virtualenv, pinned packages, Delta jars, and the Azure Storage
-# emulator the object-store tests run against), then runs one of:
+# Sets up what each command needs (virtualenv, pinned packages and Delta jars; for the tests also
+# the Azure Storage emulator the object-store tests run against), then runs one of:
 #   ./dev.sh demo [--root DIR]   the demo pipeline on a local queue manager (./mq-data)
 #   ./dev.sh test [PYTEST ARGS]  the full test suite
 #   ./dev.sh bench [ARGS]        the benchmarks (JSON on stdout)
 #   ./dev.sh lint                ruff check, ruff format --check and mypy (fails on any finding)
-#   ./dev.sh setup               only the set-up
+#   ./dev.sh setup               only the set-up (everything the tests need)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${MQSPARK_VENV:-.venv}"
 
 die() { echo "dev.sh: $*" >&2; exit 1; }
 
+# Python 3.11 to 3.13 (pyproject.toml's requires-python): $PYTHON, else the first found of these.
 find_python() {
-    for candidate in ${PYTHON:-} python3.11 python3; do
+    for candidate in ${PYTHON:-} python3.11 python3.12 python3.13 python3; do
         if command -v "$candidate" >/dev/null 2>&1 &&
-           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+           "$candidate" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
             echo "$candidate"; return
         fi
     done
-    die "needs Python 3.11 (set PYTHON=/path/to/python3.11)"
+    die "needs Python 3.11, 3.12 or 3.13 (set PYTHON=/path/to/python3)"
 }
 
 setup() {
@@ -39,6 +40,11 @@ setup() {
     fi
     # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.
     "$VENV/bin/python" -m mqspark.spark.session > /dev/null
+}
+
+# What only the tests use, on top of setup.
+setup_tests() {
+    setup
     # Azurite and the Node.js it needs, pinned in tools/azurite/package-lock.json, from the npm registry.
     command -v npm >/dev/null 2>&1 || die "needs npm (Node.js) to install the Azure Storage emulator the tests use"
     azurite_stamp=tools/azurite/node_modules/.mqspark-setup
@@ -62,9 +68,9 @@ lint() {
 command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
-    setup) setup ;;
+    setup) setup_tests ;;
     demo) setup; exec "$VENV/bin/python" -m mqspark.demo "$@" ;;
-    test) setup; exec "$VENV/bin/python" -m pytest "$@" ;;
+    test) setup_tests; exec "$VENV/bin/python" -m pytest "$@" ;;
     bench) setup; exec "$VENV/bin/python" -m benchmarks "$@" ;;
     lint) setup; lint ;;
     *) die "usage: ./dev.sh demo|test|bench|lint|setup [ARGS]" ;;

@@ -3,13 +3,17 @@ an error names), and the demo shows mqspark's lines and its results, with Spark'
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from mqspark.spark.session import _resolve
+
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.spark  # the resolution builds a SparkSession in a process of its own
@@ -32,10 +36,37 @@ def test_a_failed_jar_resolution_names_its_log_and_keeps_ivy_off_the_screen(tmp_
 
 @pytest.mark.slow
 @pytest.mark.spark
+def _path_without(programs: set[str], farm: Path) -> str:
+    """``$PATH`` with each folder that holds one of ``programs`` replaced by a folder of links to
+    everything else in it."""
+    folders = []
+    for number, folder in enumerate(os.environ["PATH"].split(os.pathsep)):
+        if not any((Path(folder) / name).exists() for name in programs):
+            folders.append(folder)
+            continue
+        copy = farm / str(number)
+        copy.mkdir(parents=True)
+        for entry in os.scandir(folder):
+            if entry.name not in programs:
+                (copy / entry.name).symlink_to(entry.path)
+        folders.append(str(copy))
+    return os.pathsep.join(folders)
+
+
 def test_the_demo_shows_mqspark_lines_and_results_and_logs_the_rest(tmp_path):
+    """``./dev.sh demo`` as the README gives it, on a machine without npm (only the tests need it)."""
     root = tmp_path / "mq-data"
+    environment = {
+        **os.environ,
+        "PATH": _path_without({"npm", "node"}, tmp_path / "bin"),
+        "MQSPARK_VENV": str(Path(sys.executable).parents[1]),
+    }
     run = subprocess.run(
-        [sys.executable, "-m", "mqspark.demo", "--root", str(root)], capture_output=True, text=True, timeout=600
+        [str(PROJECT / "dev.sh"), "demo", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
     )
     assert run.returncode == 0, run.stderr
     assert run.stderr.splitlines(), "the producer's commits are shown"
