@@ -1,10 +1,7 @@
 """Drain a queue into a Delta table, in logical order, then stop (trigger availableNow).
 
-    spark-submit --jars "$(mqspark jars)" \
-        --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
-        --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
-        examples/drain_to_delta.py --root /data/qm --queue ORDERS --consumer archive \
-        --output /data/orders --checkpoint /data/checkpoints/archive
+    .venv/bin/mqspark submit examples/drain_to_delta.py --root /data/qm --queue ORDERS \
+        --consumer archive --output /data/orders --checkpoint /data/checkpoints/archive
 
 Each run takes what waits for the consumer group now; the checkpoint makes it exactly once.
 """

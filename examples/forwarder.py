@@ -1,7 +1,7 @@
 """A forwarding service (Tuxedo TMQFORWARD) with its service in the same file: it answers each
 request on QUOTES with a price, and stops once the queue is drained.
 
-    spark-submit examples/forwarder.py --root /data/qm --queue QUOTES
+    .venv/bin/mqspark submit examples/forwarder.py --root /data/qm --queue QUOTES
 
 Requests carry their reply queue (``reply_to_queue``); a request for an unknown item fails, is
 retried as the queue's retry_count says, then goes to its failure queue.

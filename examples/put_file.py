@@ -1,6 +1,6 @@
 """Put every line of a text file on a queue, in one transaction (a batch put).
 
-spark-submit examples/put_file.py --root /data/qm --queue ORDERS --file orders.txt [--priority 5]
+.venv/bin/mqspark submit examples/put_file.py --root /data/qm --queue ORDERS --file orders.txt [--priority 5]
 """
 
 import argparse

@@ -367,8 +367,9 @@ def error_qm(tmp_path_factory) -> QueueManager:
             ("queue", "define", "NEWQ", "--default-priority", "10"),
             "queue NEWQ: attribute default_priority must be between 0 and 9, got 10",
         ),
+        (("submit",), "submit: give the job file to run (mqspark submit [OPTIONS] JOB [ARGS])"),
     ],
-    ids=["unknown-queue", "put-priority-10", "define-default-priority-10"],
+    ids=["unknown-queue", "put-priority-10", "define-default-priority-10", "submit-without-job"],
 )
 def test_errors_name_the_bad_value_and_change_nothing(error_qm, args, message):
     assert fails(error_qm.root, *args) == f"mqspark: error: {message}"

@@ -1,8 +1,7 @@
-"""The examples run as they are documented, with pyspark's own spark-submit."""
+"""The examples run as they are documented, with ``mqspark submit`` (pyspark's own spark-submit)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -17,29 +16,26 @@ from .support.processes import finish_driver, start_process
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers-a")]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
-DELTA = [
-    "--conf",
-    "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
-    "--conf",
-    "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
-]
 
 
-def _submit(tmp_path: Path, name: str, job_args: list[str], spark_args: list[str] = ()) -> str:
-    """Run ``spark-submit SPARK_ARGS examples/<name> JOB_ARGS``; its output."""
+def _submit(tmp_path: Path, name: str, job_args: list[str]) -> str:
+    """Run ``mqspark submit examples/<name> JOB_ARGS`` as the README gives it, as from a virtualenv
+    that is not activated (no PYSPARK_PYTHON; ``python3`` on PATH need not have pyspark); its output."""
     log = tmp_path / f"{name}.log"
     token = uuid.uuid4().hex
-    command = [SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false", *spark_args]
-    process = start_process([*command, str(EXAMPLES / name), *job_args], log, token)
+    command = [
+        sys.executable,
+        "-m",
+        "mqspark.cli",
+        "submit",
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+    ]
+    process = start_process([*command, str(EXAMPLES / name), *job_args], log, token, pyspark_python=False)
     assert finish_driver(process, token) == 0, log.read_text()[-3000:]
     return log.read_text()
-
-
-def _jars() -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "mqspark.cli", "jars"], capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 def test_put_file_then_drain_to_delta(qm, tmp_path, spark):
@@ -57,9 +53,7 @@ def test_put_file_then_drain_to_delta(qm, tmp_path, spark):
 
     output = tmp_path / "archive"
     args = ["--root", qm.root, "--queue", "ORDERS", "--consumer", "archive", "--output", str(output)]
-    out = _submit(
-        tmp_path, "drain_to_delta.py", [*args, "--checkpoint", str(tmp_path / "ckpt")], ["--jars", _jars(), *DELTA]
-    )
+    out = _submit(tmp_path, "drain_to_delta.py", [*args, "--checkpoint", str(tmp_path / "ckpt")])
     assert f"drained ORDERS for archive into {output}" in out.splitlines()
     drained = spark.read.format("delta").load(str(output)).orderBy("delivery_seq")
     assert [(r.delivery_seq, bytes(r.payload)) for r in drained.collect()] == [

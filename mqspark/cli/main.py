@@ -4,6 +4,7 @@ command's parser names (its ``handler``), prints the result and turns errors int
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tomllib
@@ -21,6 +22,7 @@ COMMANDS: tuple[AddCommand, ...] = (
     messages.add_put,
     services.add_jars,
     services.add_job,
+    services.add_submit,
     messages.add_browse,
     messages.add_get,
     queues.add_depth,
@@ -39,12 +41,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``mqspark`` command; the exit code: 0, 1 on an error, 2 on the monitor's abort verdict
     (usage errors exit with 2 from argparse)."""
     parser = build_parser(COMMANDS)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after submit is spark-submit's, options included.
+    if "submit" in argv:
+        at = argv.index("submit") + 1
+        args = parser.parse_args(argv[:at])
+        if args.command == "submit":
+            args.arguments = argv[at:]
+            return _run(args)
     # Payloads may follow put's options (put Q --priority 9 "rush"); argparse leaves those over.
     args, extras = parser.parse_known_args(argv)
     if extras:
         if args.command != "put" or any(extra.startswith("-") for extra in extras):
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         args.payloads = [*args.payloads, *extras]
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit code (see :func:`main`)."""
     try:
         result = args.handler(args)
     except monitor.Aborted as aborted:

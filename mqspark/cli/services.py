@@ -1,15 +1,18 @@
 """The ``mqspark`` commands for running services: ``instance`` (a consumer group's active and standby
-instances, and switchover), and ``jars`` and ``job`` for ``spark-submit``."""
+instances, and switchover), and ``jars``, ``job`` and ``submit`` for ``spark-submit``."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from mqspark import jobs
 from mqspark.cli.parser import Commands
+from mqspark.errors import MQValidationError
 from mqspark.qmgr import QueueManager
 from mqspark.services.instances import instances, switchover
 
@@ -29,6 +32,30 @@ def _jars(args: argparse.Namespace) -> str:
     from mqspark.spark.session import delta_jars
 
     return ",".join(delta_jars())
+
+
+def add_submit(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``submit``: ``spark-submit`` with Delta and this interpreter."""
+    submit = commands.add_parser(
+        "submit",
+        help="run spark-submit with Delta's jars and extension, and this Python for the driver and workers",
+        description="Runs pyspark's spark-submit with the given arguments, after --jars (Delta's jars) and "
+        "the Delta extension and catalog; PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON default to this Python. "
+        "A later --jars replaces Delta's.",
+    )
+    # Filled by main: everything after ``submit``, options included (argparse would take them).
+    submit.set_defaults(arguments=[])
+    submit.set_defaults(handler=_submit)
+
+
+def _submit(args: argparse.Namespace) -> None:
+    from mqspark.spark.session import submit_command
+
+    if not args.arguments:
+        raise MQValidationError("submit: give the job file to run (mqspark submit [OPTIONS] JOB [ARGS])")
+    command, environment = submit_command(args.arguments, os.environ)
+    sys.stdout.flush()
+    os.execve(command[0], command, environment)
 
 
 def add_job(commands: Commands, output: argparse.ArgumentParser) -> None:

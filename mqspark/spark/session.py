@@ -163,6 +163,26 @@ def session(app_name: str = "mqspark", master: str | None = None, **conf: Any) -
     return spark
 
 
+def submit_command(arguments: list[str], environment: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The ``spark-submit`` command line and environment that run ``arguments`` (spark-submit's own)
+    with Delta's jars and extension, pyspark's Spark home, and this interpreter for the driver and
+    the Python workers unless ``environment`` names others. Outside an activated virtualenv,
+    pyspark's ``spark-submit`` looks for its Spark home with ``python3`` from ``PATH``, which may not
+    have pyspark."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    home = environment.get("SPARK_HOME") or _find_spark_home()
+    conf = [item for key, value in DELTA_CONF.items() for item in ("--conf", f"{key}={value}")]
+    command = [str(Path(home) / "bin" / "spark-submit"), "--jars", ",".join(delta_jars()), *conf, *arguments]
+    python = environment.get("PYSPARK_PYTHON", sys.executable)
+    settings = {"SPARK_HOME": home, "PYSPARK_PYTHON": python}
+    return command, {
+        **environment,
+        **settings,
+        "PYSPARK_DRIVER_PYTHON": environment.get("PYSPARK_DRIVER_PYTHON", python),
+    }
+
+
 def azure_settings(environment: Mapping[str, str]) -> dict[str, str]:
     """Hadoop's ABFS settings for the account the ``AZURE_STORAGE_*`` variables name, so Spark
     reads ``abfs[s]://container@account.dfs.core.windows.net/...`` with the credentials delta-rs

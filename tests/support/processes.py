@@ -93,18 +93,19 @@ def start_driver(args: list[str], log: Path, token: str) -> subprocess.Popen:
     return start_process([sys.executable, *args], log, token)
 
 
-def start_process(command: list[str], log: Path, token: str) -> subprocess.Popen:
+def start_process(command: list[str], log: Path, token: str, pyspark_python: bool = True) -> subprocess.Popen:
     """Start ``command`` (a driver, or ``spark-submit``) in a session of its own, marked with
-    ``token``, with this interpreter for PySpark and the repository on its path, its output in ``log``
-    (``spark-submit`` passes a Python driver's stderr on to its stdout)."""
+    ``token``, with this interpreter for PySpark (unless not ``pyspark_python``: then as the user's
+    environment has it) and the repository on its path, its output in ``log`` (``spark-submit``
+    passes a Python driver's stderr on to its stdout)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
         "MQSPARK_TEST_RUN": token,
         "JDK_JAVA_OPTIONS": SHORT_LIVED_JVM,
     }
+    if pyspark_python:
+        env.update({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
     with log.open("w") as output:
         return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
