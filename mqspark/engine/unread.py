@@ -236,7 +236,7 @@ def _whole_file(file: dict, lanes: str) -> dict:
     }
 
 
-def _row_group_parts(location: str, whole: dict, lanes: str) -> list[dict]:
+def _row_group_parts(location: str, whole: dict, lanes: str | None) -> list[dict]:
     """The catalogue rows of the row groups of the file whose whole part is ``whole``, from its
     footer; ``whole`` itself (no longer unsplit) when the footer lacks a statistic."""
     written = whole["version"] is not None
