@@ -385,6 +385,24 @@ def test_error_when_no_queue_manager_at_root(tmp_path):
     assert not root.exists()
 
 
+def test_a_root_that_is_a_file_is_refused_in_one_line(tmp_path):
+    root = tmp_path / "notes.txt"
+    root.write_text("not a queue manager")
+    assert fails(root, "qmgr", "create", "QM1") == f"mqspark: error: queue manager root {root} is a file, not a folder"
+    assert root.read_text() == "not a queue manager"
+
+
+def test_a_reader_that_stops_reading_ends_the_output_without_a_traceback(qm):
+    """``mqspark browse Q | head -1``: more output than a pipe holds, and the reader goes away."""
+    qm.define_queue("ORDERS")
+    qm.put("ORDERS", [{"payload": "x" * 100} for _ in range(3000)])
+    command = [sys.executable, "-m", "mqspark.cli", "--root", qm.root, "browse", "ORDERS"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL) as run:
+        assert run.stdout.readline().split()[:2] == [b"msg_id", b"priority"]
+        run.stdout.close()
+        assert (run.wait(timeout=120), run.stderr.read()) == (1, b"")
+
+
 def test_retry_delay_must_be_a_finite_number(qm):
     # float("nan") passes a ">= 0" check by comparing false; stored, it prints as NaN, which is not JSON.
     error = fails(qm.root, "queue", "define", "NEWQ", "--retry-delay", "nan")

@@ -80,7 +80,12 @@ def entry() -> None:
     delta-io/delta-rs#2184) while its threads are torn down, turning a clean exit into SIGABRT.
     Everything is flushed and written by then, so the exit code is made final here.
     """
-    code = main()
-    sys.stdout.flush()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (``| head``): nothing more can be written, and nothing needs to be.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
     sys.stderr.flush()
     os._exit(code)

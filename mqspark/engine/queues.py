@@ -94,6 +94,8 @@ class Queues:
         """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue."""
         validate_name(name, "queue manager")
         location = store.normalize_root(root)
+        if store.is_local_file(location):
+            raise MQValidationError(f"queue manager root {location} is a file, not a folder")
         catalog = Catalog(location, storage_options)
         if _catalog_exists(catalog):
             existing = catalog.read().qmgr.name

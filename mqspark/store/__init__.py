@@ -28,7 +28,7 @@ from mqspark.store.files import (
     row_group_statistics,
     write_data_file,
 )
-from mqspark.store.filesystems import filesystem_of, is_uri, options_for, remember
+from mqspark.store.filesystems import filesystem_of, is_local_file, is_uri, options_for, remember
 from mqspark.store.layout import (
     CATALOG_DIR,
     FORWARD_DIR,
@@ -84,6 +84,7 @@ from mqspark.store.tables import (
 __all__ = [
     "ROW_GROUP_ROWS",
     "filesystem_of",
+    "is_local_file",
     "is_uri",
     "options_for",
     "remember",

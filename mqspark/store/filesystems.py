@@ -80,6 +80,11 @@ def is_uri(location: str) -> bool:
     return len(urlparse(location).scheme) > 1
 
 
+def is_local_file(location: str) -> bool:
+    """True when ``location`` is a local path that holds a file (not a folder)."""
+    return not is_uri(location) and os.path.exists(location) and not os.path.isdir(location)
+
+
 def remember(root: str, storage_options: dict[str, str] | None) -> None:
     """Reach every file under ``root`` with ``storage_options`` from now on (in this process)."""
     if storage_options and is_uri(root):
