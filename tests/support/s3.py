@@ -1,6 +1,7 @@
 """moto's S3 server as the S3 store of the object-store tests: a PyPI package in the dev extras,
-started on 127.0.0.1 on a free port (its data in memory), answering conditional puts
-(``If-None-Match: *``) as S3 does, with 412 for a key that exists."""
+started on 127.0.0.1 on a free port (its data in memory), one request at a time (see
+``moto_serial.py``), answering conditional puts (``If-None-Match: *``) as S3 does, with 412 for a key
+that exists."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class MotoS3:
     def start(self) -> None:
         assert MOTO_SERVER.exists(), "moto is not installed: run ./dev.sh setup"
         self.folder.mkdir(parents=True, exist_ok=True)
-        command = [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)]
+        command = [sys.executable, str(Path(__file__).with_name("moto_serial.py")), "127.0.0.1", str(self.port)]
         self.process = start_server(command, self.log, self.port, "moto")
 
     def stop(self) -> None:
