@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import venv
 from pathlib import Path
 
 import pytest
@@ -81,4 +82,35 @@ def test_the_demo_shows_mqspark_lines_and_results_and_logs_the_rest(tmp_path):
     assert sorted(row[5].strip() for row in rows) == sorted(
         ["order 1", "order 2", "order 3", "order 4", "rush order", "bulk order"]
         + [f"basket item {n}" for n in (1, 2, 3)]
+    )
+
+
+REGISTER = """
+from pyspark.sql import SparkSession
+import mqspark
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+try:
+    mqspark.register(spark)
+except mqspark.MQError as error:
+    print(error)
+spark.stop()
+"""
+
+
+@pytest.mark.spark  # starts a plain Spark session in a process of its own
+def test_register_refuses_a_session_whose_python_cannot_import_mqspark(tmp_path):
+    """A plain session's Python processes run ``PYSPARK_PYTHON`` (else ``python3``): one without
+    mqspark would fail the first read with ``No module named 'mqspark'``."""
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)
+    python = bare / "bin" / "python"
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    environment["PYSPARK_PYTHON"] = str(python)
+    run = subprocess.run(
+        [sys.executable, "-c", REGISTER], env=environment, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1] == (
+        f"Spark runs the mq data source with Python {str(python)!r} ({python}), which cannot import mqspark: "
+        f"start the session with PYSPARK_PYTHON={sys.executable} in the environment, or use mqspark.session()"
     )

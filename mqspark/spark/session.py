@@ -224,6 +224,8 @@ def register(spark: SparkSession) -> SparkSession:
     that records the last micro-batch of a streaming get as consumed when its query ends."""
     from mqspark.spark.datasource import MQDataSource
 
+    if not _is_connect(spark):
+        _check_worker_python(spark.sparkContext.pythonExec)
     spark.dataSource.register(MQDataSource)
     if spark not in _LISTENERS:
         # The listener may run during interpreter exit, when modules that start threads (as
@@ -242,6 +244,24 @@ def register(spark: SparkSession) -> SparkSession:
         else:
             atexit.register(_drain_listener_events, spark)
     return spark
+
+
+def _check_worker_python(python: str) -> None:
+    """Refuse a session whose Python processes (the mq data source's planner and readers, started
+    with ``python``: ``PYSPARK_PYTHON`` when the session started, else ``python3`` from ``PATH``)
+    cannot import mqspark: the first read would fail with ``No module named 'mqspark'``."""
+    found = shutil.which(python)
+    # Not resolved: a virtualenv's python links to a base interpreter that lacks its packages.
+    if found is not None and os.path.abspath(found) == os.path.abspath(sys.executable):
+        return
+    check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('mqspark') is None)"
+    # From the root folder: the current one (on ``-c``'s path) may hold a checkout of mqspark.
+    if found is None or subprocess.run([found, "-c", check], capture_output=True, cwd="/", timeout=60).returncode:
+        raise MQValidationError(
+            f"Spark runs the mq data source with Python {python!r} ({found or 'not found'}), which cannot "
+            f"import mqspark: start the session with PYSPARK_PYTHON={sys.executable} in the environment, "
+            "or use mqspark.session()"
+        )
 
 
 def _is_connect(spark: SparkSession) -> bool:
