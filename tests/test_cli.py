@@ -7,6 +7,7 @@ in-process with :class:`mqspark.QueueManager`.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -270,6 +271,29 @@ def test_put_browse_and_depth(qm, tmp_path):
         None,
         None,
     ]
+
+
+UNTRUSTED = [b"line 1\nline 2", b"\x00\x1b[31mred", b"\xff\xfe", "h\u00e9llo".encode()]
+
+
+def test_payloads_print_as_escaped_text_hex_or_base64_and_json_keeps_their_bytes(qm):
+    """Untrusted payloads: a newline, NUL and a terminal escape sequence, bytes that are not UTF-8."""
+    qm.define_queue("ORDERS")
+    qm.put("ORDERS", [{"payload": payload} for payload in UNTRUSTED])
+    columns, rows = parse_table(ok(qm.root, "browse", "ORDERS"))
+    assert [row["payload"] for row in rows] == ["line 1\\nline 2", "\\x00\\x1b[31mred", "\\xff\\xfe", "h\u00e9llo"]
+    _, rows = parse_table(ok(qm.root, "browse", "ORDERS", "--payload", "hex"))
+    assert [row["payload"] for row in rows] == [payload.hex() for payload in UNTRUSTED]
+    browsed = ok_json(qm.root, "browse", "ORDERS")
+    assert [(m["payload"], m["payload_encoding"]) for m in browsed] == [
+        ("line 1\nline 2", "text"),
+        ("\x00\x1b[31mred", "text"),
+        ("//4=", "base64"),
+        ("h\u00e9llo", "text"),
+    ]
+    encoded = ok_json(qm.root, "browse", "ORDERS", "--payload", "base64")
+    assert [base64.b64decode(m["payload"]) for m in encoded] == UNTRUSTED
+    assert {m["payload_encoding"] for m in encoded} == {"base64"}
 
 
 def test_put_options_may_come_between_queue_and_payloads(qm):

@@ -5,6 +5,7 @@ applies)."""
 from __future__ import annotations
 
 import argparse
+import base64
 import sys
 from typing import Any
 
@@ -20,6 +21,8 @@ from mqspark.qmgr import QueueManager
 # The block consumer's prefetch for ``get --count``: Kafka's default max.poll.records.
 _COUNT_PREFETCH = 500
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
+# How browse and get print payloads (--payload).
+PAYLOAD_VIEWS = ("text", "hex", "base64")
 # Shown by browse for the queues failed messages go to, before the payload: MQ's dead-letter header.
 _HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
 
@@ -87,6 +90,7 @@ def add_browse(commands: Commands, output: argparse.ArgumentParser) -> None:
     browse.add_argument("--group-id")
     browse.add_argument("--msg-seq-number", type=int)
     browse.add_argument("--limit", type=int)
+    _add_payload_option(browse)
     browse.set_defaults(handler=_browse)
 
 
@@ -124,6 +128,7 @@ def add_get(commands: Commands, output: argparse.ArgumentParser) -> None:
     )
     get.add_argument("--correl-id")
     get.add_argument("--msg-id")
+    _add_payload_option(get)
     get.set_defaults(handler=_get)
 
 
@@ -164,15 +169,53 @@ def _get_count(qm: QueueManager, args: argparse.Namespace) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=BROWSE_SCHEMA)
 
 
+def _add_payload_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--payload",
+        choices=PAYLOAD_VIEWS,
+        default="text",
+        help="text (default): UTF-8 text, escaped in tables; with --json, base64 for a payload that is not "
+        "UTF-8, as payload_encoding says. hex or base64: every payload so",
+    )
+
+
 def _messages(qm: QueueManager, args: argparse.Namespace, table: pa.Table) -> pa.Table:
     """Messages as ``browse`` and ``get`` print them: every column with ``--json``, else the usual
-    ones, with the dead-letter header where it applies."""
+    ones, with the dead-letter header where it applies; the payload as ``--payload`` says."""
+    payload, encoding = payload_view(table["payload"].to_pylist(), args.payload, args.json)
+    table = table.set_column(table.schema.get_field_index("payload"), "payload", payload)
     if args.json:
-        return table
+        return table.append_column("payload_encoding", encoding)
     columns = list(_BROWSE_COLUMNS)
     if _holds_failed_messages(qm, args.queue, table):
         columns[-1:-1] = _HEADER_COLUMNS
     return table.select(columns)
+
+
+def payload_view(payloads: list[bytes | None], view: str, lossless: bool) -> tuple[pa.Array, pa.Array]:
+    """``payloads`` as text for printing, and each one's encoding: ``hex``, ``base64``, or ``text``
+    (UTF-8; one that is not UTF-8 is base64 when ``lossless``, else text with its bytes escaped)."""
+    texts: list[str | None] = []
+    encodings: list[str | None] = []
+    for payload in payloads:
+        text: str | None
+        encoding: str | None = view
+        if payload is None:
+            text, encoding = None, None
+        elif view == "hex":
+            text = payload.hex()
+        elif view == "base64":
+            text = base64.b64encode(payload).decode("ascii")
+        else:
+            try:
+                text = payload.decode("utf-8")
+            except UnicodeDecodeError:
+                encoding = "base64" if lossless else "text"
+                escaped = payload.decode("utf-8", "backslashreplace")
+                text = base64.b64encode(payload).decode("ascii") if lossless else escaped
+        texts.append(text)
+        encodings.append(encoding)
+    return pa.array(texts, pa.string()), pa.array(encodings, pa.string())
 
 
 def _holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> bool:

@@ -60,5 +60,13 @@ def _render_table(rows: list[dict[str, Any]]) -> str:
 
 def _cell(value: Any) -> str:
     value = _jsonable(value)
-    text = "" if value is None else str(value)
+    text = _printable("" if value is None else str(value))
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped (newlines, NUL, escape sequences): values
+    are untrusted, and a cell is one line."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
