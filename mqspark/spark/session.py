@@ -175,12 +175,8 @@ def submit_command(arguments: list[str], environment: Mapping[str, str]) -> tupl
     conf = [item for key, value in DELTA_CONF.items() for item in ("--conf", f"{key}={value}")]
     command = [str(Path(home) / "bin" / "spark-submit"), "--jars", ",".join(delta_jars()), *conf, *arguments]
     python = environment.get("PYSPARK_PYTHON", sys.executable)
-    settings = {"SPARK_HOME": home, "PYSPARK_PYTHON": python}
-    return command, {
-        **environment,
-        **settings,
-        "PYSPARK_DRIVER_PYTHON": environment.get("PYSPARK_DRIVER_PYTHON", python),
-    }
+    driver = environment.get("PYSPARK_DRIVER_PYTHON", python)
+    return command, {**environment, "SPARK_HOME": home, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": driver}
 
 
 def azure_settings(environment: Mapping[str, str]) -> dict[str, str]:
@@ -224,7 +220,8 @@ def register(spark: SparkSession) -> SparkSession:
     that records the last micro-batch of a streaming get as consumed when its query ends."""
     from mqspark.spark.datasource import MQDataSource
 
-    if not _is_connect(spark):
+    if spark not in _LISTENERS and not _is_connect(spark):
+        # Once per session: the check starts a process.
         _check_worker_python(spark.sparkContext.pythonExec)
     spark.dataSource.register(MQDataSource)
     if spark not in _LISTENERS:
