@@ -1,17 +1,38 @@
-"""The code blocks of the README run as they are written, against a real queue manager and Spark
-session, and do what the text around them says."""
+"""The user's documents (the README and docs/) hold together and their code blocks run as they are
+written, against a real queue manager and Spark session, and do what the text around them says."""
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
+import pytest
+
 import mqspark
+from mqspark import Reason
 
-from .support.docs import block_under, run_block
+from .support.docs import DOCUMENTS, PROJECT, anchor, block_under, headings, relative_links, run_block
 
-README = "README.md"
+FAILED_MESSAGES = "docs/failed-messages.md"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_relative_link_leads_to_a_file_and_heading_that_exist(document):
+    for target in relative_links(document):
+        path, _, fragment = target.partition("#")
+        linked = str(PurePosixPath(document).parent / path) if path else document
+        assert (PROJECT / linked).exists(), f"{document}: link {target}: no {linked}"
+        if fragment and linked.endswith(".md"):
+            assert fragment in {anchor(heading) for heading in headings(linked)}, f"{document}: link {target}"
+
+
+def test_the_reason_code_reference_lists_every_reason():
+    text = (PROJECT / "docs/reference/reason-codes.md").read_text()
+    missing = [reason.name for reason in Reason if f"| {reason.value} | `{reason.name}` |" not in text]
+    assert not missing
 
 
 def test_the_failed_messages_example_backs_out_what_it_rejects_and_writes_the_rest(spark, qm, tmp_path):
-    """The README's first failed-messages example: a foreachBatch that backs out the messages it
+    """The failed-messages guide's first example: a foreachBatch that backs out the messages it
     rejects and writes the others to Delta (it once failed on every batch: ``subtract`` cannot
     compare the ``properties`` map)."""
     qm.define_queue("ORDERS.BACKOUT")
@@ -19,8 +40,8 @@ def test_the_failed_messages_example_backs_out_what_it_rejects_and_writes_the_re
     rejected = b"x" * 1001
     qm.put("ORDERS", [{"payload": "order 1"}, {"payload": rejected}, {"payload": "order 2"}])
     out, ck = str(tmp_path / "billed"), str(tmp_path / "checkpoint")
-    block = block_under(README, "Failed messages: backout, retry, error and dead-letter queues")
-    run_block(block, README, {"spark": spark, "mqspark": mqspark, "root": qm.root, "out": out, "ck": ck})
+    block = block_under(FAILED_MESSAGES, "Failed messages: backout, retry, error and dead-letter queues")
+    run_block(block, FAILED_MESSAGES, {"spark": spark, "mqspark": mqspark, "root": qm.root, "out": out, "ck": ck})
     (query,) = spark.streams.active
     try:
         query.processAllAvailable()

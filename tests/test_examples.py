@@ -19,7 +19,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _submit(tmp_path: Path, name: str, job_args: list[str]) -> str:
-    """Run ``mqspark submit examples/<name> JOB_ARGS`` as the README gives it, as from a virtualenv
+    """Run ``mqspark submit examples/<name> JOB_ARGS`` as docs/request-reply.md gives it, as from a virtualenv
     that is not activated (no PYSPARK_PYTHON; ``python3`` on PATH need not have pyspark); its output."""
     log = tmp_path / f"{name}.log"
     token = uuid.uuid4().hex

@@ -66,7 +66,7 @@ from mqspark.services.backlog_judge import (
     validate_watch_interval,
 )
 
-# The logger users configure for monitor warnings (README); it keeps its name wherever the module lives.
+# The logger users configure for monitor warnings (docs/monitoring.md); it keeps its name wherever the module lives.
 _log = logging.getLogger("mqspark.monitor")
 
 

@@ -1,5 +1,5 @@
-"""The fenced code blocks of the project's Markdown documents, found by the heading they sit under,
-so that tests run the code users copy exactly as it is written."""
+"""The project's Markdown documents: their fenced code blocks, found by the heading they sit under,
+so that tests run the code users copy exactly as it is written, and their relative links."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from typing import NamedTuple
 PROJECT = Path(__file__).resolve().parents[2]
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _HEADING = re.compile(r"^#+\s+(.*?)\s*$")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+# The user's documents: the README and every page under docs/.
+DOCUMENTS = ("README.md", *sorted(str(path.relative_to(PROJECT)) for path in (PROJECT / "docs").rglob("*.md")))
 
 
 class CodeBlock(NamedTuple):
@@ -53,3 +56,24 @@ def run_block(block: CodeBlock, document: str, namespace: dict) -> dict:
     code = compile("\n" * (block.line - 1) + block.code, str(PROJECT / document), "exec")
     exec(code, namespace)
     return namespace
+
+
+def anchor(heading: str) -> str:
+    """The fragment GitHub gives ``heading``: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def headings(document: str) -> list[str]:
+    """The headings of ``document`` outside its code blocks, in order."""
+    found, fenced = [], False
+    for text in (PROJECT / document).read_text().splitlines():
+        if _FENCE.match(text) or (fenced and text.rstrip() == "```"):
+            fenced = not fenced
+        elif not fenced and (match := _HEADING.match(text)):
+            found.append(match.group(1))
+    return found
+
+
+def relative_links(document: str) -> list[str]:
+    """The targets of ``document``'s Markdown links that are not web addresses."""
+    return [target for target in _LINK.findall((PROJECT / document).read_text()) if "://" not in target]
