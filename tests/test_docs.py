@@ -10,9 +10,45 @@ import pytest
 import mqspark
 from mqspark import Reason
 
-from .support.docs import DOCUMENTS, PROJECT, anchor, block_under, headings, relative_links, run_block
+from .support.docs import (
+    DOCUMENTS,
+    PROJECT,
+    PYTHON,
+    Plan,
+    anchor,
+    block_under,
+    code_blocks,
+    headings,
+    plan,
+    relative_links,
+    run_block,
+    run_in_document,
+    runnable_blocks,
+)
 
 FAILED_MESSAGES = "docs/failed-messages.md"
+# The design document shows layouts and sketches, not code to run.
+USER_DOCUMENTS = tuple(document for document in DOCUMENTS if document != "docs/architecture.md")
+
+
+BLOCKS = [
+    pytest.param(document, block, id=f"{document}:{block.line}", marks=[pytest.mark.spark] * (block.language in PYTHON))
+    for document, block in runnable_blocks(USER_DOCUMENTS)
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("document", "block"), BLOCKS)
+def test_every_python_and_shell_block_runs(document, block, request, tmp_path):
+    """Every Python and shell block of the README and docs/ runs as written, as its marker says
+    (tests/support/docs.py), or is skipped for the reason its marker gives."""
+    reason = plan(block)
+    if isinstance(reason, str):
+        if block.language in PYTHON:
+            compile(block.code, f"{document}:{block.line}", "exec")
+        pytest.skip(f"{document}:{block.line}: {reason}")
+    spark = request.getfixturevalue("spark") if block.language in PYTHON else None
+    run_in_document(document, block, tmp_path, spark)
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
@@ -23,6 +59,23 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(document):
         assert (PROJECT / linked).exists(), f"{document}: link {target}: no {linked}"
         if fragment and linked.endswith(".md"):
             assert fragment in {anchor(heading) for heading in headings(linked)}, f"{document}: link {target}"
+
+
+def test_markers_say_how_a_block_runs_and_why_it_does_not(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- run: id=a; after=b,c; setup=qm,orders; exit=2 -->\n```bash\ntrue\n```\n"
+        "<!-- not run: needs a cluster -->\n```python\npass\n```\n"
+        "<!-- not run:  -->\n```python\npass\n```\n"
+        "<!-- run: setup=nothing-like-it -->\n```python\npass\n```\n"
+        "<!-- run: wait=5 -->\n```python\npass\n```\n"
+    )
+    runs, skipped, unexplained, unknown, bad = code_blocks(str(page))
+    assert plan(runs) == Plan(id="a", after=("b", "c"), setup=("qm", "orders"), exit=2)
+    assert plan(skipped) == "needs a cluster"
+    for block, error in ((unexplained, "must say why"), (unknown, "unknown setup"), (bad, "bad marker item")):
+        with pytest.raises(ValueError, match=error):
+            plan(block)
 
 
 def test_the_reason_code_reference_lists_every_reason():
