@@ -289,8 +289,30 @@ def test_queue_full_fails_the_batch(spark, qm):
             "MQRC_UNKNOWN_OBJECT_NAME (2085): queue manager QM1 is not a member of cluster C1",
         ),
         ("payload string", [("x",)], {"producerId": " "}, "option producerId must not be blank"),
+        (
+            "payload string",
+            [("x",)],
+            {"segmentaton": "allowed"},
+            'option segmentaton is unknown to df.write or df.writeStream .format("mq"): did you mean segmentation? '
+            "its options are queue, segmentation, producerId, cluster, bind, qmgr, reconnect, reconnectTimeout",
+        ),
+        (
+            "payload string",
+            [("x",)],
+            {"consumer": "billing"},
+            "option consumer is unknown to df.write or df.writeStream",
+        ),
     ],
-    ids=["payload-int", "unknown-column", "no-payload", "bad-segmentation", "cluster", "blank-producer"],
+    ids=[
+        "payload-int",
+        "unknown-column",
+        "no-payload",
+        "bad-segmentation",
+        "cluster",
+        "blank-producer",
+        "misspelled",
+        "get-option",
+    ],
 )
 def test_bad_input_or_options_fail_before_any_task(spark, qm, schema, rows, options, message):
     qm.define_queue("Q")

@@ -62,8 +62,17 @@ def test_spark_read_mq_limit(spark, qm):
         ({}, 'option queue is missing: give the queue to read, as in .option("queue", "ORDERS")'),
         ({"queue": "ORDERS", "order": "sideways"}, "option order must be one of logical, physical; got 'sideways'"),
         ({"queue": "ORDERS", "limit": "-1"}, "option limit must be a whole number >= 0, got '-1'"),
+        (
+            {"queue": "ORDERS", "maxMessagePerTrigger": "5"},
+            'option maxmessagepertrigger is unknown to spark.read or spark.readStream .format("mq"): '
+            "did you mean maxMessagesPerTrigger? its options are queue, order,",
+        ),
+        (
+            {"queue": "ORDERS", "consumer": "billing"},
+            "option consumer is for the streaming get (spark.readStream); browse does not take it",
+        ),
     ],
-    ids=["no-queue", "bad-order", "bad-limit"],
+    ids=["no-queue", "bad-order", "bad-limit", "misspelled", "get-only"],
 )
 def test_spark_read_mq_bad_options(spark, qm, options, message):
     qm.define_queue("ORDERS")

@@ -331,8 +331,13 @@ def test_get_inhibited_queue_stops_the_query(spark, qm, tmp_path):
         ({"consumer": "a b"}, "consumer group name 'a b' may only use the characters A-Z a-z 0-9 . _ / %"),
         ({"queue": "NOPE"}, "MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1"),
         ({"instance": " "}, "option instance must be an instance id of 1-200 characters, got ' '"),
+        (
+            {"segmentaton": "allowed"},
+            'option segmentaton is unknown to spark.read or spark.readStream .format("mq"): its options are queue,',
+        ),
+        ({"leaseTimeOut": "5", "consumr": "x"}, "option consumr is unknown to spark.read or spark.readStream"),
     ],
-    ids=["max-messages", "max-bytes", "lease", "consumer", "unknown-queue", "instance"],
+    ids=["max-messages", "max-bytes", "lease", "consumer", "unknown-queue", "instance", "unknown", "misspelled"],
 )
 def test_bad_stream_options_fail_at_load(spark, qm, options, message):
     qm.define_queue("Q")

@@ -13,6 +13,7 @@ calls the driver first (``load()``, ``save()``, ``start()``), naming the option 
 
 from __future__ import annotations
 
+import difflib
 from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
@@ -41,6 +42,22 @@ from mqspark.spark.stream import DEFAULT_MAINTENANCE_INTERVAL, GetOptions, Queue
 SEGMENTATION = {"allowed": True, "not_allowed": False}
 # Browse options that select or cap messages; the streaming get has its own limits instead.
 BROWSE_ONLY = ("msgId", "correlId", "groupId", "msgSeqNumber", "limit")
+# Options both reads take.
+_READS = ("queue", "order", "allMessagesAvailable", "completeMessage")
+# The streaming get's own options: its consumer group, limits, lease, services and reconnection.
+GET_ONLY = (
+    "consumer",
+    "maxMessagesPerTrigger",
+    "maxBytesPerTrigger",
+    "leaseTimeout",
+    "instance",
+    "maintenanceInterval",
+    "reconnect",
+    "reconnectTimeout",
+)
+PUT_OPTIONS = ("queue", "segmentation", "producerId", "cluster", "bind", "qmgr", "reconnect", "reconnectTimeout")
+# Keys Spark itself hands the source: the root given to load()/save(), a streaming write's checkpoint.
+_SPARK_KEYS = ("path", "checkpointLocation")
 
 
 class MQDataSource(DataSource):
@@ -54,6 +71,9 @@ class MQDataSource(DataSource):
         # schema() is what load() calls, for read and readStream alike: checking the options here
         # reports mistakes at load time.
         options = dict(self.options)
+        # Spark does not tell schema() whether a read or a stream asks: each refuses the other's
+        # options later (reader(), streamReader()).
+        _known_options(options, (*_READS, *BROWSE_ONLY, *GET_ONLY), 'spark.read or spark.readStream .format("mq")')
         _stream_limits(options)
         _instance(options)
         _reconnect(options)
@@ -61,7 +81,13 @@ class MQDataSource(DataSource):
         return from_arrow_schema(BROWSE_SCHEMA)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BrowseReader(_browse_options(dict(self.options)))
+        options = dict(self.options)
+        for name in GET_ONLY:
+            if name.lower() in options:
+                raise MQValidationError(
+                    f"option {name} is for the streaming get (spark.readStream); browse does not take it"
+                )
+        return BrowseReader(_browse_options(options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return QueueStreamReader(_get_options(dict(self.options)))
@@ -71,6 +97,18 @@ class MQDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return QueueStreamWriter(_sink_plan(dict(self.options), schema, overwrite))
+
+
+def _known_options(options: dict[str, str], known: tuple[str, ...], where: str) -> None:
+    """Refuse an option ``where`` does not take, naming the closest known one (Spark lower-cases keys)."""
+    spelled = {name.lower(): name for name in (*known, *_SPARK_KEYS)}
+    for key in options:
+        if key not in spelled:
+            close = difflib.get_close_matches(key, spelled, n=1)
+            hint = f"did you mean {spelled[close[0]]}? " if close else ""
+            raise MQValidationError(
+                f"option {key} is unknown to {where}: {hint}its options are {', '.join(dict.fromkeys(known))}"
+            )
 
 
 def _required(options: dict[str, str], name: str, example: str) -> str:
@@ -194,6 +232,7 @@ class _Routing(TypedDict, total=False):
 def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkPlan:
     if overwrite:
         raise MQValidationError('the mq sink only appends: use mode("append"), not overwrite')
+    _known_options(options, PUT_OPTIONS, 'df.write or df.writeStream .format("mq")')
     root = _root(options)
     queue = _required(options, "queue", 'give the queue to put to, as in .option("queue", "ORDERS")')
     segmentation = options.get("segmentation", "not_allowed")
