@@ -94,7 +94,9 @@ def run(root: str) -> None:
 
     qm = QueueManager.create(location, DEMO_QMGR)
     qm.define_queue("ORDERS", default_priority=4, max_depth=10_000, description="incoming orders")
+    qm.declare_consumer("ORDERS", CONSUMER)
     print(f"queue manager {qm.name} at {qm.root}; queue ORDERS delivers by priority, then in logical order")
+    print(f"consumer group {CONSUMER} is declared on ORDERS: every message waits for it")
     work = Path(location) / "demo"
     _write_input(work / "input")
 

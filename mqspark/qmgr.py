@@ -218,17 +218,18 @@ class QueueManager(Queues):
         """The live messages that wait, as :meth:`depth` counts them: their identity (``origin``,
         ``row``), ``expiry`` and ``columns``."""
         local = self._resolve(queue).name
+        groups = self._state(local).all_groups()
         if consumer is not None:
-            validate_name(consumer, "consumer group")
+            groups.require(local, validate_name(consumer, "consumer group"))
         _, live = self.live_messages(local, columns)
-        return live.filter(pa.array(waiting(live, self._state(local).all_groups(), datetime.now(UTC), consumer)))
+        return live.filter(pa.array(waiting(live, groups, datetime.now(UTC), consumer)))
 
     def maintain(self, queue: str, retention: timedelta = DEFAULT_RETENTION) -> MaintenanceSummary:
         """Run maintenance on ``queue`` (its target, for an alias): remove what every counted group has
         consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping
         time travel for ``retention``. See :mod:`mqspark.engine.maintenance`."""
         check_retention(retention)
-        return maintain(self, self._resolve(queue).name, retention)
+        return maintain(self, self._resolve(queue), retention)
 
     def purge(self, queue: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> int:
         """MQ's CLEAR QLOCAL: remove every message of local queue ``queue`` for every consumer group at

@@ -392,8 +392,25 @@ def error_qm(tmp_path_factory) -> QueueManager:
             "queue NEWQ: attribute default_priority must be between 0 and 9, got 10",
         ),
         (("submit",), "submit: give the job file to run (mqspark submit [OPTIONS] JOB [ARGS])"),
+        (
+            ("monitor", "--queue", "ORDERS", "--consumer", "nobody", "--watch-interval", "1", "--watch-count", "1")
+            + ("--expected-count", "1", "--points", "1"),
+            "MQRC_UNKNOWN_OBJECT_NAME (2085): queue ORDERS has no consumer group 'nobody'; its groups: none "
+            "(a group exists once declared, or once it first reads)",
+        ),
+        (
+            ("consumer", "delete", "ORDERS", "nobody"),
+            "MQRC_UNKNOWN_OBJECT_NAME (2085): queue ORDERS: consumer group 'nobody' does not exist",
+        ),
     ],
-    ids=["unknown-queue", "put-priority-10", "define-default-priority-10", "submit-without-job"],
+    ids=[
+        "unknown-queue",
+        "put-priority-10",
+        "define-default-priority-10",
+        "submit-without-job",
+        "monitor-unknown-group",
+        "delete-unknown-group",
+    ],
 )
 def test_errors_name_the_bad_value_and_change_nothing(error_qm, args, message):
     assert fails(error_qm.root, *args) == f"mqspark: error: {message}"

@@ -78,8 +78,8 @@ def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_onl
         # one of them already past (files that must be read).
         expiry = [None, now + timedelta(hours=1), now - timedelta(seconds=1), None][put % 4]
         qm.put("Q", [{"payload": f"{put}-{n}".encode(), "expiry": expiry} for n in range(rng.randint(2, 6))])
-    qm.declare_consumer("Q", "a")
-    qm.declare_consumer("Q", "b")
+    for consumer in ("a", "b", "c"):
+        qm.declare_consumer("Q", consumer)
     reads = []
     read_messages = store.read_messages
 
@@ -107,7 +107,7 @@ def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_onl
         described = put_files(store.live_files(store.open_table(store.queue_location(qm.root, "Q"), None)))
         assert described.any() and not described.all()
         assert read == 4 * int((~described).sum()), (step, read, described)
-    # Group a took more than b; c never read, so everything unexpired waits for it.
+    # Group a took more than b; c was declared and never read, so everything unexpired waits for it.
     assert 0 < steps[-1][0][1] < steps[-1][0][2] < steps[-1][0][3]
 
 
@@ -159,7 +159,7 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
             for n in range(rng.randint(2, 5))
         ]
         qm.put("Q", rows)
-    for consumer in ("a", "b"):
+    for consumer in ("a", "b", "c"):
         qm.declare_consumer("Q", consumer)
     state = ConsumerState(qm.root, "Q", None)
     for step in range(5):

@@ -250,7 +250,7 @@ def test_compaction_keeps_a_reply_record_until_every_request_of_its_range_is_con
         {"event": "reply", "plan_id": "p0", "seq": 1, "target": "T", "origin": "v0", "row": 0, "count": 2},
         {"event": "reply", "plan_id": "p0", "seq": 2, "target": "T", "origin": "v0", "row": 1, "count": 2},
     )
-    kept = compact_rows(state, now)
+    kept = compact_rows(state)
     replies = kept.filter(pc.equal(kept["event"], "reply")).select(["seq", "row", "count"]).to_pylist()
     assert replies == [{"seq": 0, "row": 0, "count": 4}, {"seq": 2, "row": 1, "count": 2}]
 

@@ -88,6 +88,8 @@ def test_gets_on_a_lazily_read_index_deliver_what_gets_on_the_whole_index_do(
     monkeypatch.setattr(unread, "SPLIT_ROWS", 3)
     qm = QueueManager.create(tmp_path_factory.mktemp("qm"), "QM1")
     qm.define_queue("Q")
+    for group in ("short", "whole"):
+        qm.declare_consumer("Q", group)
     for rows in first:
         qm.put("Q", rows)
     waiting = list(later)

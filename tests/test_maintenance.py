@@ -106,8 +106,9 @@ def test_depth_drops_as_the_only_group_consumes_each_batch(qm, new_reader):
     assert depths == [5, 3, 1, 0]
     assert qm.depth("Q", consumer="default") == 0
     assert qm.consumers("Q") == ["default"]
-    # A group that never read is not counted: everything waits for it.
-    assert qm.depth("Q", consumer="other") == 5
+    # A group that never read is not counted, and its depth is refused rather than guessed.
+    with pytest.raises(MQError, match=re.escape("queue Q has no consumer group 'other'; its groups: default (")):
+        qm.depth("Q", consumer="other")
 
 
 def test_a_batch_planned_before_maintenance_moved_its_messages_reads_them_where_they_lie_now(qm, new_reader):
@@ -119,9 +120,9 @@ def test_a_batch_planned_before_maintenance_moved_its_messages_reads_them_where_
     assert read_batch(reader, start, first) == [(0, "m0")]
     end = reader.latestOffset(first, ReadMaxRows(2))
     before = store.live_paths(store.open_table(store.queue_location(qm.root, "Q"), None))
-    maintain(qm, "Q", timedelta(0))
+    maintain(qm, qm.inquire_queue("Q"), timedelta(0))
     time.sleep(0.01)
-    maintain(qm, "Q", timedelta(0))  # deletes the files the first run removed
+    maintain(qm, qm.inquire_queue("Q"), timedelta(0))  # deletes the files the first run removed
     location = store.queue_location(qm.root, "Q")
     after = store.live_paths(store.open_table(location, None))
     assert len(before) == 4 and len(after) == 1 and after[0] not in before
@@ -460,10 +461,10 @@ def test_expired_messages_are_removed_only_after_the_grace_period(qm):
     qm.put("Q", [{"payload": "gone", "expiry": expiry}])
     qm.put("Q", [{"payload": "kept"}])
     assert qm.depth("Q") == 1
-    summary = maintain(qm, "Q", ZERO, now=expiry + EXPIRY_GRACE - timedelta(microseconds=1))
+    summary = maintain(qm, qm.inquire_queue("Q"), ZERO, now=expiry + EXPIRY_GRACE - timedelta(microseconds=1))
     assert _summary(summary) == (0, 0, 2, 2, 1)
     assert DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 2
-    summary = maintain(qm, "Q", ZERO, now=expiry + EXPIRY_GRACE)
+    summary = maintain(qm, qm.inquire_queue("Q"), ZERO, now=expiry + EXPIRY_GRACE)
     assert _summary(summary) == (0, 1, 1, 1, 1)
     assert _payloads(DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table()) == ["kept"]
     assert _browse(qm) == ["kept"]
@@ -488,7 +489,7 @@ def test_expired_messages_in_a_plan_not_yet_consumed_are_kept(qm, new_reader):
     # An hour later every message but "kept" has been expired for long, yet the plan still holds them.
     # (A retention longer than that hour, so that this run deletes no file.)
     later, retention = now + timedelta(hours=1), timedelta(hours=2)
-    assert _summary(maintain(qm, "Q", retention, now=later)) == (0, 0, 3, 1, 1)
+    assert _summary(maintain(qm, qm.inquire_queue("Q"), retention, now=later)) == (0, 0, 3, 1, 1)
     assert read_batch(reader, start, end) == [(0, "soon"), (1, "kept")]
     reader.stop()
     restarted = new_reader()
@@ -496,7 +497,7 @@ def test_expired_messages_in_a_plan_not_yet_consumed_are_kept(qm, new_reader):
     assert read_batch(restarted, start, end) == [(0, "soon"), (1, "kept")]
     assert restarted.latestOffset(end, ReadAllAvailable()) == end
     # Consumed (the expired one discarded by the batch): all three go.
-    assert _summary(maintain(qm, "Q", retention, now=later)) == (3, 0, 0, 1, 0)
+    assert _summary(maintain(qm, qm.inquire_queue("Q"), retention, now=later)) == (3, 0, 0, 1, 0)
     assert _browse(qm) == []
 
 
@@ -794,6 +795,7 @@ def test_cli_maintain_purge_consumer_and_depth(qm, capsys, new_reader):
     assert {key: summary[key] for key in summary if key != "seconds"} == {
         "queue": "Q",
         "version": 5,
+        "expired_groups": [],
         "removed_consumed": 0,
         "removed_expired": 0,
         "rewritten": 3,

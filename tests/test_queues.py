@@ -93,6 +93,7 @@ LOCAL_ALL_SET = QueueDefinition(
     retry_delay=2.5,
     error_queue="ORDERS.ERRORS",
     lock_duration=45.0,
+    consumer_group_expiry=86400.0,
     cluster=("C1", "C2"),
     description="incoming orders",
 )
@@ -365,8 +366,8 @@ BAD_ATTRIBUTES = [
         {"colour": "red"},
         "unknown attribute 'colour'; known attributes are type, target_queue, default_priority, "
         "delivery_sequence, put_inhibited, get_inhibited, max_depth, max_message_length, default_bind, "
-        "backout_threshold, backout_queue, retry_count, retry_delay, error_queue, lock_duration, cluster, "
-        "description",
+        "backout_threshold, backout_queue, retry_count, retry_delay, error_queue, lock_duration, "
+        "consumer_group_expiry, cluster, description",
         id="unknown-attribute",
     ),
     pytest.param({"target_queue": "T"}, "target_queue 'T' is only for alias queues", id="target-on-local"),

@@ -115,6 +115,16 @@ class GroupsSnapshot:
     consumed: dict[str, pa.Table]
     in_flight: pa.Table
 
+    def require(self, queue: str, consumer: str) -> None:
+        """Refuse (2085) a question about a group the queue does not have: a misspelt group must not
+        be answered with a number."""
+        if consumer not in self.groups:
+            raise MQError(
+                f"queue {queue} has no consumer group {consumer!r}; its groups: {', '.join(self.groups) or 'none'} "
+                "(a group exists once declared, or once it first reads)",
+                Reason.MQRC_UNKNOWN_OBJECT_NAME,
+            )
+
 
 def _lease_row(consumer: str, owner: str, timeout: timedelta) -> pa.Table:
     """A lease record; its ``count`` is the holder's lease timeout in milliseconds, so a reader that
@@ -294,6 +304,16 @@ class ConsumerState:
         """The consumer groups that count for the queue's depth, by name: those with records in the
         table (they have read the queue, or were declared on it)."""
         return sorted(pc.unique(self.rows()["consumer"]).to_pylist())
+
+    def idle_groups(self, expiry: timedelta, now: datetime) -> dict[str, datetime]:
+        """The groups with nothing recorded for longer than ``expiry``, with their newest record's time.
+        Every read, lease renewal and declaration is a record, and compaction keeps the newest time."""
+        newest = self.rows().group_by("consumer", use_threads=False).aggregate([("at", "max")])
+        return {
+            consumer: at
+            for consumer, at in zip(newest["consumer"].to_pylist(), newest["at_max"].to_pylist(), strict=True)
+            if at < now - expiry
+        }
 
     def consumed_plans(self, consumer: str) -> pa.Array:
         ids = self.events(consumer, ("consumed",), ["plan_id"])["plan_id"]
@@ -520,7 +540,7 @@ class ConsumerState:
                 gone = pc.invert(pc.is_in(ranges["origin"], value_set=live))
                 return pc.and_(gone, pc.less_equal(origin_versions(ranges["origin"]), seen_version))
 
-        compacted = compact_rows(self.rows(), datetime.now(UTC), forget)
+        compacted = compact_rows(self.rows(), forget)
         if not self._overwrite(table, compacted, "compact"):
             return False
         table = self.table()

@@ -6,19 +6,22 @@ of any consumer group holds its lease. Messages put after its commit stay.
 One maintenance run of a queue, under the queue's maintenance lease (at most one at a time: two
 overlapping compactions would duplicate every row):
 
-1. **Removes messages** that every counted consumer group has consumed, and messages expired for
+1. **Expires idle consumer groups**: a group with nothing recorded (no read, no lease renewal) for
+   the queue's ``consumer_group_expiry`` is deleted, which releases the messages that waited only
+   for it. A group whose query starts meanwhile holds its lease, and is kept.
+2. **Removes messages** that every counted consumer group has consumed, and messages expired for
    longer than :data:`EXPIRY_GRACE`. Messages of a plan not yet consumed (a batch that a replay may
    still deliver) are never removed.
-2. **Rewrites files**: a file whose messages are all removed is dropped; a file with some removed
+3. **Rewrites files**: a file whose messages are all removed is dropped; a file with some removed
    messages, a file a put wrote, and small files are rewritten into files of up to
    :data:`TARGET_FILE_BYTES`. Rewritten rows carry their ``commit_version``, so physical order and
    each message's identity (its origin and row) stay what they were. All of it is one commit at
    exactly the version after the one read, so a concurrent put or another maintenance makes it
    re-read, and a rewrite of files that are gone is given up.
-3. **Keeps the log and storage bounded**: a checkpoint at that commit, log entries older than the
+4. **Keeps the log and storage bounded**: a checkpoint at that commit, log entries older than the
    retention cleaned up, and removed files vacuumed once older than the retention (time travel
    reaches back that far).
-4. **Compacts the state table**, dropping the consumed ranges of messages no longer in the queue.
+5. **Compacts the state table**, dropping the consumed ranges of messages no longer in the queue.
 
 Every file a put wrote is rewritten by the next run, so once a run is done the files whose rows carry
 no ``commit_version`` were all added after it, and their log entries are kept: the version that
@@ -47,6 +50,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.model.definitions import QueueDefinition
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 
 # Removed files and log entries stay this long by default, for time travel and for readers still
@@ -69,6 +73,8 @@ class MaintenanceSummary:
     queue: str
     version: int | None
     """The version of the maintenance commit; None when no file needed a change."""
+    expired_groups: tuple[str, ...]
+    """The consumer groups deleted for having nothing recorded for ``consumer_group_expiry``."""
     removed_consumed: int
     removed_expired: int
     rewritten: int
@@ -92,15 +98,17 @@ def check_retention(retention: object) -> timedelta:
 
 
 def maintain(
-    qm: store.QueueManagerRoot, queue: str, retention: timedelta, now: datetime | None = None
+    qm: store.QueueManagerRoot, definition: QueueDefinition, retention: timedelta, now: datetime | None = None
 ) -> MaintenanceSummary:
-    """Run maintenance on local queue ``queue`` (see the module docstring)."""
+    """Run maintenance on local queue ``definition`` (see the module docstring)."""
     started = time.monotonic()
     now = now or datetime.now(UTC)
+    queue = definition.name
     with _Lease(qm, queue):
         location = store.queue_location(qm.root, queue)
         table = _prepared_table(location, qm.storage_options, retention)
         state = ConsumerState(qm.root, queue, qm.storage_options)
+        expired_groups = _expire_idle_groups(state, timedelta(seconds=definition.consumer_group_expiry), now)
         read_version = table.version()
         files, messages = depth.live_messages(table, list(GROUP_FIELDS))
         groups = state.all_groups()
@@ -133,6 +141,7 @@ def maintain(
         return MaintenanceSummary(
             queue=queue,
             version=version,
+            expired_groups=expired_groups,
             removed_consumed=int((removed & consumed_by_all).sum()),
             removed_expired=int((removed & ~consumed_by_all).sum()),
             rewritten=int(moved.sum()),
@@ -142,6 +151,28 @@ def maintain(
             files_vacuumed=vacuumed,
             seconds=round(time.monotonic() - started, 3),
         )
+
+
+def _expire_idle_groups(state: ConsumerState, expiry: timedelta, now: datetime) -> tuple[str, ...]:
+    """Delete the groups idle for longer than ``expiry``; those found active when deleted are kept."""
+    expired = []
+    for consumer, newest in state.idle_groups(expiry, now).items():
+        try:
+            state.delete(consumer, LEASE_TIMEOUT)
+        except MQError as error:
+            if error.reason not in (Reason.MQRC_OBJECT_IN_USE, Reason.MQRC_UNKNOWN_OBJECT_NAME):
+                raise
+            continue  # a query of the group took its lease meanwhile, or the group was deleted
+        _log.warning(
+            "queue %s: consumer group %r expired: nothing recorded for it since %s (consumer_group_expiry %g s); "
+            "the messages that waited only for it are released",
+            state.queue,
+            consumer,
+            newest.isoformat(timespec="seconds"),
+            expiry.total_seconds(),
+        )
+        expired.append(consumer)
+    return tuple(expired)
 
 
 def purge(qm: store.QueueManagerRoot, queue: str, lease_timeout: timedelta) -> int:
@@ -201,9 +232,10 @@ class Maintenance:
     """Maintenance runs a long-lived service (a streaming get's planner) starts now and then, each in a
     background thread, with the default retention. A run that finds another one going is skipped."""
 
-    def __init__(self, qm: store.QueueManagerRoot, queue: str) -> None:
+    def __init__(self, qm: store.QueueManagerRoot, definition: QueueDefinition) -> None:
         self.qm = qm
-        self.queue = queue
+        self.definition = definition
+        self.queue = definition.name
         self.started = time.monotonic()
         self.last: MaintenanceSummary | Exception | None = None
         self._thread: threading.Thread | None = None
@@ -222,7 +254,7 @@ class Maintenance:
 
     def _run(self) -> None:
         try:
-            self.last = maintain(self.qm, self.queue, DEFAULT_RETENTION)
+            self.last = maintain(self.qm, self.definition, DEFAULT_RETENTION)
         except MQError as error:
             self.last = error
             if error.reason != Reason.MQRC_OBJECT_IN_USE:

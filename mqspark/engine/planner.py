@@ -21,6 +21,7 @@ The planned messages are then read from their data files (:class:`PlannedRows`).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ from mqspark.engine.queues import Queues
 from mqspark.engine.state_rows import STATE_SCHEMA, consumed_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
+
+_log = logging.getLogger("mqspark.engine.planner")
 
 
 @dataclass
@@ -125,6 +128,7 @@ class Planner:
         :mod:`mqspark.engine.get`)."""
         definition = qm.resolve_for_get(queue)
         self.qm = qm
+        self.definition = definition
         self.queue = definition.name
         self.consumer = consumer
         self.delivery = delivery
@@ -134,6 +138,7 @@ class Planner:
         if state is None or state.queue != self.queue or state.root != qm.root:
             state = ConsumerState(qm.root, self.queue, qm.storage_options)
         self.state = state
+        _warn_of_a_new_group(state, consumer)
         self.owner = owner
         self.started = datetime.now(UTC)
         self.lock = timedelta(seconds=definition.lock_duration)
@@ -547,3 +552,17 @@ class Planner:
             check,
         )
         self.plans[plan_id] = plan
+
+
+def _warn_of_a_new_group(state: ConsumerState, consumer: str) -> None:
+    """A reader of a group the queue does not have, beside groups it has, may be a misspelling: say so
+    once, as it starts the group (declaring the group first creates it on purpose, without this)."""
+    groups = state.groups()
+    if groups and consumer not in groups:
+        _log.warning(
+            "queue %s: consumer group %r is new: it reads every message still on the queue, and messages wait "
+            "for it from now on; the queue's groups were %s (declare a group first to create it on purpose)",
+            state.queue,
+            consumer,
+            ", ".join(groups),
+        )

@@ -260,7 +260,7 @@ class Queues:
             f"queue {queue}: put gave up after {PUT_ATTEMPTS} conflicting commits",
         )
         if version is not None and live_files[0] + len(files) >= MAINTAIN_AT_FILES:
-            self._maintain_quietly(local)
+            self._maintain_quietly(definition)
         return version
 
     def pinned_catalog(self) -> AbstractContextManager[None]:
@@ -312,13 +312,13 @@ class Queues:
     def _state(self, queue: str) -> ConsumerState:
         return ConsumerState(self.root, queue, self.storage_options)
 
-    def _maintain_quietly(self, queue: str) -> None:
+    def _maintain_quietly(self, definition: QueueDefinition) -> None:
         """A maintenance run on behalf of a put whose queue holds many files; the put has landed, so a
         run that fails (or finds another one going) only leaves the files for the next one."""
         try:
-            maintain(self, queue, DEFAULT_RETENTION)
+            maintain(self, definition, DEFAULT_RETENTION)
         except Exception as error:  # noqa: BLE001 - see the docstring
-            _log.info("maintenance of queue %s after a put did not run: %s", queue, error)
+            _log.info("maintenance of queue %s after a put did not run: %s", definition.name, error)
 
     def _with_snapshot(self, queue: str, read: Callable[[DeltaTable], _Read], retry: bool = True) -> _Read:
         """``read(table)`` on the message table of ``queue``; when maintenance cleaned up a log entry
@@ -341,10 +341,14 @@ class Queues:
     ) -> GroupBacklog:
         """Group ``consumer``'s backlog on local queue ``queue`` now, counted from ranges; see
         :func:`mqspark.engine.depth.group_backlog`."""
+        groups.require(queue, consumer)
         return self._with_snapshot(queue, lambda table: group_backlog(table, groups, now, consumer, parked))
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
-        return count_waiting(table, self._state(queue).all_groups(), datetime.now(UTC), consumer)
+        groups = self._state(queue).all_groups()
+        if consumer is not None:
+            groups.require(queue, consumer)
+        return count_waiting(table, groups, datetime.now(UTC), consumer)
 
     def _definition_in(self, state: CatalogState, name: str) -> QueueDefinition:
         try:

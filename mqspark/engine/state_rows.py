@@ -84,7 +84,7 @@ def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table
     return event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq)
 
 
-def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
+def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
     """The compact form of a state table's rows, per consumer group: one checkpoint of merged
     ranges for everything consumed (and the group's position), the plans that may still run (those
     after the last consumed one, and Python gets' claims with their renewals), and the newest lease,
@@ -129,7 +129,8 @@ def compact_rows(rows: pa.Table, now: datetime, forget: Callable[[pa.Table], pa.
                 "event": pa.repeat("checkpoint", count),
                 "seq": pa.repeat(pa.scalar(position, pa.int64()), count),
                 "delivery_seq": pa.repeat(pa.scalar(pc.max(following).as_py(), pa.int64()), count),
-                "at": pa.repeat(pa.scalar(now, TIMESTAMP), count),
+                # The group's newest record time, so that compaction does not make an idle group look active.
+                "at": pa.repeat(pc.max(mine["at"]).cast(TIMESTAMP), count),
                 **{name: ranges[name] for name in RANGE_COLUMNS},
             }
             pieces.append(pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}))

@@ -115,6 +115,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "retry_delay": seconds(zero=True),
     "error_queue": _optional_queue_name,
     "lock_duration": seconds(zero=False),
+    "consumer_group_expiry": seconds(zero=False),
     "cluster": _cluster_names,
     "description": _description,
 }
@@ -141,6 +142,9 @@ class QueueDefinition:
     error_queue: str | None = None
     # How long a Python get's claim holds its messages without renewal (SQS's visibility timeout).
     lock_duration: float = 30.0
+    # Seconds after which a consumer group with nothing recorded is deleted by maintenance, so a
+    # forgotten or misspelt group never holds messages for good (Kafka's offsets.retention.minutes).
+    consumer_group_expiry: float = 7 * 24 * 3600.0
     cluster: tuple[str, ...] = field(default_factory=tuple)
     description: str = ""
 

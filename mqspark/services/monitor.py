@@ -342,6 +342,7 @@ class Monitor:
         self.id = f"monitor:{uuid.uuid4().hex[:12]}"
         self.history = store.monitor_location(qm.root, self.queue) if history else None
         self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self.state.all_groups().require(self.queue, self.consumer)
         self._waiting: pa.Table | None = None
         self._last_progress: datetime | None = None
         self._depth_high_raised = False

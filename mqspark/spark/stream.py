@@ -167,7 +167,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group.consume(start["plan"], start["seq"])
         if self.options.maintenance_interval is not None:
             if self._maintenance is None:
-                self._maintenance = Maintenance(group.qm, group.queue)
+                self._maintenance = Maintenance(group.qm, group.definition)
             self._maintenance.start_if_due(self.options.maintenance_interval)
         # A plan returned earlier that Spark did not start from was never run: its messages wait again.
         group.drop_unstarted_plans()
