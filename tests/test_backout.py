@@ -190,12 +190,14 @@ def test_used_up_retries_move_the_message_to_the_error_queue(spark, qm, tmp_path
     )
 
 
-def test_nothing_configured_moves_the_message_to_the_dead_letter_queue(spark, qm, tmp_path):
+def test_nothing_configured_moves_the_message_at_its_fifth_failure(spark, qm, tmp_path):
+    """One passing error does not cost a message its place: with no limit set, a message that fails is
+    delivered again, and moves to the dead-letter queue at the default delivery limit (5)."""
     qm.define_queue("Q")
     qm.put("Q", [{"payload": "bad"}, {"payload": "good"}])
 
     def handle(rows: list[dict], df) -> None:
-        mqspark.backout([row for row in rows if row["payload"] == "bad"], "no retry", root=qm.root)
+        mqspark.backout([row for row in rows if row["payload"] == "bad"], "still failing", root=qm.root)
 
     # The move lands before the planner's next state commit records the batch consumed: wait for both.
     batches = _run(
@@ -205,11 +207,15 @@ def test_nothing_configured_moves_the_message_to_the_dead_letter_queue(spark, qm
         handle,
         lambda b: qm.depth(qm.dead_letter_queue) == 1 and qm.depth("Q", consumer="default") == 0,
     )
-    assert _payloads(batches) == [[("bad", 0), ("good", 0)]]
+    assert _payloads(batches) == [[("bad", 0), ("good", 0)], [("bad", 1)], [("bad", 2)], [("bad", 3)], [("bad", 4)]]
     moved = qm.browse(qm.dead_letter_queue).to_pylist()
     assert [(m["payload"], m["backout_count"], m["dlq_reason"], m["dlq_original_queue"]) for m in moved] == [
-        (b"bad", 1, int(Reason.MQFB_RETRIES_EXHAUSTED), "Q")
+        (b"bad", 5, int(Reason.MQRC_BACKOUT_THRESHOLD_REACHED), "Q")
     ]
+    assert moved[0]["dlq_reason_text"] == (
+        "backout count 5 reached the default delivery limit 5 of queue Q (it sets no backout_threshold or "
+        "retry_count); last error: still failing"
+    )
     assert qm.depth("Q", consumer="default") == 0
 
 
@@ -226,8 +232,12 @@ def test_nothing_configured_moves_the_message_to_the_dead_letter_queue(spark, qm
         ({"backout_threshold": 4, "backout_queue": "BOQ", "retry_count": 1, "error_queue": "EQ"}, {2: "EQ"}),
         # ... and at a tie, MQ's backout queue.
         ({"backout_threshold": 2, "backout_queue": "BOQ", "retry_count": 1, "error_queue": "EQ"}, {2: "BOQ"}),
-        # Nothing configured: no retry, the dead-letter queue at the first failure.
-        ({}, {1: "SYSTEM.DEAD.LETTER.QUEUE"}),
+        # Nothing configured: the dead-letter queue at the default delivery limit.
+        ({}, {4: None, 5: "SYSTEM.DEAD.LETTER.QUEUE"}),
+        # Tuxedo's retry count 0, set with an error queue: no retry.
+        ({"error_queue": "EQ"}, {1: "EQ"}),
+        # MQ's threshold alone: the default limit is not in force.
+        ({"backout_threshold": 8}, {7: None, 8: "SYSTEM.DEAD.LETTER.QUEUE"}),
     ],
 )
 def test_where_mq_and_tuxedo_rules_meet(qm, attributes, counts):

@@ -182,11 +182,11 @@ def test_request_gets_its_reply_raises_on_a_failure_record_and_times_out(spark, 
         assert reply["properties"].to_pylist() == [[("mqspark.return_code", "0")]]
         with pytest.raises(MQError) as failed:
             mqspark.request(qm, "REQUESTS", "bad", reply_to="REPLIES", timeout=120)
-        assert failed.value.reason == Reason.MQFB_RETRIES_EXHAUSTED
+        assert failed.value.reason == Reason.MQRC_BACKOUT_THRESHOLD_REACHED
         assert re.fullmatch(
-            r"MQFB_RETRIES_EXHAUSTED \(65536\): request [0-9a-f]{32} to queue REQUESTS failed: retry count 0 of "
-            r"queue REQUESTS used up after 1 failed deliveries; last error: ServiceError: no stock for item 7 "
-            r"\(return code 7\)",
+            r"MQRC_BACKOUT_THRESHOLD_REACHED \(2362\): request [0-9a-f]{32} to queue REQUESTS failed: backout count 5 "
+            r"reached the default delivery limit 5 of queue REQUESTS \(it sets no backout_threshold or retry_count\); "
+            r"last error: ServiceError: no stock for item 7 \(return code 7\)",
             str(failed.value),
         )
     finally:

@@ -33,8 +33,10 @@ many failures the message moves to ``backout_queue``, or to the dead-letter queu
 MQ's when ``retry_count`` > 0 or ``error_queue`` is named: after ``retry_count`` retries (failure
 ``retry_count + 1``) the message moves to ``error_queue``, or to the dead-letter queue (reason
 :attr:`Reason.MQFB_RETRIES_EXHAUSTED`). When both apply, the limit reached first wins; at a tie, MQ's.
-So a queue with nothing configured moves a message to the dead-letter queue at its first failure:
-Tuxedo's retry count 0 means no retry.
+A queue with none of these set moves a message to the dead-letter queue at its
+:data:`DEFAULT_DELIVERY_LIMIT`-th failure (reason 2362): one passing error must not cost a message
+its place, and a poison message must not come back for ever (MQ's BOTHRESH 0 never moves it,
+Tuxedo's retry count 0 moves it at once; Kafka share groups stop at 5 deliveries, Service Bus at 10).
 
 **The move** happens exactly once across crashes, through the state table:
 
@@ -92,6 +94,8 @@ RELEASED = "released: the get that claimed it gave it back unprocessed"
 GIVEN_UP = "returned in smaller batches: the micro-batch that delivered it failed again when replayed"
 # A plan given up is delivered again in batches of about 1/ISOLATE_FACTOR of its size.
 ISOLATE_FACTOR = 16
+# The failures at which a message moves to the dead-letter queue when its queue sets no limit.
+DEFAULT_DELIVERY_LIMIT = 5
 # The error text of a later item of a message group, returned with an item backed out before it.
 HELD_BEHIND = "returned behind an earlier item of its message group that was backed out"
 IDENTITY_SCHEMA = pa.schema([pa.field("origin", pa.string()), pa.field("row", pa.int64())])
@@ -143,20 +147,28 @@ class BackoutPolicy:
         )
 
     def limits(self) -> tuple[int | None, int | None]:
-        """The failure count at which MQ's rule and Tuxedo's rule move a message (None: not in force)."""
+        """The failure count at which MQ's rule and Tuxedo's rule move a message (None: not in force);
+        with neither configured, MQ's rule at :data:`DEFAULT_DELIVERY_LIMIT`."""
         mq = self.backout_threshold if self.backout_threshold > 0 else None
-        tuxedo = self.retry_count + 1 if mq is None or self.retry_count > 0 or self.error_queue else None
-        return mq, tuxedo
+        if self.retry_count > 0 or self.error_queue:
+            return mq, self.retry_count + 1
+        return (DEFAULT_DELIVERY_LIMIT, None) if mq is None else (mq, None)
 
     def destination(self, backout_count: int, error: str | None) -> Destination | None:
         """Where a message with ``backout_count`` failures goes now; None while it is retried."""
         mq, tuxedo = self.limits()
         last = f"; last error: {error}" if error else ""
         if mq is not None and backout_count >= mq and (tuxedo is None or mq <= tuxedo):
+            limit = f"the backout threshold {mq} of queue {self.queue}"
+            if not self.backout_threshold:
+                limit = (
+                    f"the default delivery limit {mq} of queue {self.queue} "
+                    "(it sets no backout_threshold or retry_count)"
+                )
             return Destination(
                 self.backout_queue or self.dead_letter_queue,
                 Reason.MQRC_BACKOUT_THRESHOLD_REACHED,
-                f"backout count {backout_count} reached the backout threshold {mq} of queue {self.queue}{last}",
+                f"backout count {backout_count} reached {limit}{last}",
             )
         if tuxedo is not None and backout_count >= tuxedo:
             return Destination(
