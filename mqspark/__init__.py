@@ -18,6 +18,7 @@ __all__ = [
     "Reason",
     "ServiceError",
     "backout",
+    "brief",
     "connect",
     "forward",
     "register",
@@ -51,6 +52,10 @@ def __getattr__(name: str) -> Any:
         from mqspark.services import forward as service
 
         return getattr(service, name)
+    if name == "brief":
+        from mqspark.spark.display import brief
+
+        return brief
     if name == "route":
         from mqspark.spark.routing import route
 

@@ -218,12 +218,14 @@ class Reconnect:
 
     @classmethod
     def open(
-        cls, root: str, asked: ReconnectMode | None, timeout: timedelta, what: str
+        cls, root: str, asked: ReconnectMode | None, timeout: timedelta, what: str, *, reopen: bool = False
     ) -> tuple[QueueManager, Reconnect]:
-        """Open the queue manager at ``root`` and fix the policy. Spark makes a streaming sink's
-        writer again for each micro-batch, so a root out of reach is waited for when the client
-        asked for ``yes`` or ``qmgr``, and fails with 2009 otherwise: the queue manager's own
-        default cannot be read then."""
+        """Open the queue manager at ``root`` and fix the policy. A root out of reach is waited for
+        when the client asked for ``yes`` or ``qmgr``, and fails with 2009 otherwise: the queue
+        manager's own default cannot be read then. A root whose store answers that it holds no queue
+        manager fails with 2085, unless this is a ``reopen``: Spark makes a streaming sink's writer
+        again for each micro-batch, and a root that vanished mid-stream (a disk unmounted) looks the
+        same as one that never held a queue manager."""
         location = store.normalize_root(root)
         deadline = time.monotonic() + timeout.total_seconds()
         while True:
@@ -234,6 +236,8 @@ class Reconnect:
                 if not store.broken(error, location, None):
                     raise
                 if asked not in (ReconnectMode.YES, ReconnectMode.QMGR):
+                    if not reopen and not store.unanswered(error):
+                        raise
                     raise MQError(
                         f"{what}: the queue manager at {location} cannot be reached ({_summary(error)}); "
                         f"reconnect is {asked or 'the default'}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -35,6 +36,8 @@ def _submit(tmp_path: Path, name: str, job_args: list[str]) -> str:
     ]
     process = start_process([*command, str(EXAMPLES / name), *job_args], log, token, pyspark_python=False)
     assert finish_driver(process, token) == 0, log.read_text()[-3000:]
+    # The shipped logging is in force: Spark's INFO lines (its default) would fill the output.
+    assert [line for line in log.read_text().splitlines() if re.search(r" INFO (?!mqspark\.)", line)] == []
     return log.read_text()
 
 

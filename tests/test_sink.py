@@ -397,3 +397,15 @@ def test_reply_and_failure_queues_are_put_from_spark(spark, qm):
         "payload binary, reply_to_queue string, reply_to_qmgr string, failure_queue string",
     )
     assert_df_equality(actual.orderBy("payload"), expected, ignore_nullable=True)
+
+
+def test_a_root_without_a_queue_manager_is_2085_for_a_write_as_for_a_read(spark, tmp_path):
+    root = str(tmp_path / "nothing-here")
+    message = re.escape(f"MQRC_UNKNOWN_OBJECT_NAME (2085): no queue manager at {root}")
+    with pytest.raises(AnalysisException, match=message):
+        spark.createDataFrame([("x",)], "payload string").write.format("mq").option("queue", "Q").mode("append").save(
+            root
+        )
+    with pytest.raises(AnalysisException, match=message):
+        spark.read.format("mq").option("queue", "Q").load(root)
+    assert not os.path.exists(root)

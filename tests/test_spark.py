@@ -12,6 +12,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
+import mqspark
 from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.spark.browse import batch_rows
@@ -179,3 +180,31 @@ def test_browse_batches_handed_to_spark_stay_small(qm):
     rows = batch_rows(table, target_bytes=10_000)
     assert 5 <= rows < 10
     assert max(batch.nbytes for batch in table.to_batches(max_chunksize=rows)) <= 2 * 10_000
+
+
+def test_brief_shows_the_columns_read_first_and_the_payload_as_one_line_of_text(spark, qm):
+    qm.define_queue("Q")
+    payloads = [b"hello", "naïve".encode(), b"two\nlines\tand a \\", b"\x00\x01", b"\xff\xfe", b"bell\x07"]
+    qm.put("Q", [{"payload": payload, "correl_id": f"c{n}"} for n, payload in enumerate(payloads)])
+    view = mqspark.brief(spark.read.format("mq").option("queue", "Q").load(qm.root))
+    assert view.columns == [
+        "delivery_seq",
+        "queue",
+        "priority",
+        "msg_id",
+        "correl_id",
+        "group_id",
+        "msg_seq_number",
+        "backout_count",
+        "put_time",
+        "payload",
+    ]
+    rows = view.orderBy("delivery_seq").select("correl_id", "payload").collect()
+    assert [tuple(row) for row in rows] == [
+        ("c0", "hello"),
+        ("c1", "naïve"),
+        ("c2", "two\\nlines\\tand a \\\\"),
+        ("c3", "0x0001"),
+        ("c4", "0xFFFE"),
+        ("c5", "0x62656C6C07"),
+    ]

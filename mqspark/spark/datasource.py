@@ -96,7 +96,8 @@ class MQDataSource(DataSource):
         return QueueWriter(_sink_plan(dict(self.options), schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return QueueStreamWriter(_sink_plan(dict(self.options), schema, overwrite))
+        # Spark makes the writer again for each micro-batch: a root gone since is out of reach (2009).
+        return QueueStreamWriter(_sink_plan(dict(self.options), schema, overwrite, reopen=True))
 
 
 def _known_options(options: dict[str, str], known: tuple[str, ...], where: str) -> None:
@@ -229,7 +230,7 @@ class _Routing(TypedDict, total=False):
     qmgr: str | None
 
 
-def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkPlan:
+def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool, reopen: bool = False) -> SinkPlan:
     if overwrite:
         raise MQValidationError('the mq sink only appends: use mode("append"), not overwrite')
     _known_options(options, PUT_OPTIONS, 'df.write or df.writeStream .format("mq")')
@@ -257,5 +258,6 @@ def _sink_plan(options: dict[str, str], schema: StructType, overwrite: bool) -> 
         segmentation=SEGMENTATION[segmentation],
         producer=producer,
         reconnect=_reconnect(options),
+        reopen=reopen,
         **routing,
     )

@@ -126,6 +126,12 @@ def _spark_defaults() -> dict[str, str]:
     return settings
 
 
+def _logging() -> dict[str, str]:
+    """The driver JVM's logging: the shipped log4j2 configuration, read when the JVM starts."""
+    log4j = CONF_DIR / "log4j2.properties"
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}"} if log4j.exists() else {}
+
+
 def session(app_name: str = "mqspark", master: str | None = None, **conf: Any) -> SparkSession:
     """A SparkSession with Delta's extension and catalog and the ``mq`` data source registered.
 
@@ -143,10 +149,7 @@ def session(app_name: str = "mqspark", master: str | None = None, **conf: Any) -
         )
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         master = "local[*]"
-    settings = {**_spark_defaults(), **DELTA_CONF}
-    log4j = CONF_DIR / "log4j2.properties"
-    if log4j.exists():
-        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{log4j}"
+    settings = {**_spark_defaults(), **DELTA_CONF, **_logging()}
     settings["spark.jars"] = ",".join(delta_jars())
     # Python workers (and the data-source planner, which reads only the environment) must run the
     # interpreter that has mqspark and its dependencies; the JVM inherits this variable.
@@ -164,15 +167,16 @@ def session(app_name: str = "mqspark", master: str | None = None, **conf: Any) -
 
 
 def submit_command(arguments: list[str], environment: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The ``spark-submit`` command line and environment that run ``arguments`` (spark-submit's own)
-    with Delta's jars and extension, pyspark's Spark home, and this interpreter for the driver and
-    the Python workers unless ``environment`` names others. Outside an activated virtualenv,
+    """The ``spark-submit`` command line and environment that run ``arguments`` (spark-submit's own,
+    which come last and so win) with Delta's jars and extension, the shipped logging, pyspark's Spark
+    home, and this interpreter for the driver and the Python workers unless ``environment`` names
+    others. Outside an activated virtualenv,
     pyspark's ``spark-submit`` looks for its Spark home with ``python3`` from ``PATH``, which may not
     have pyspark."""
     from pyspark.find_spark_home import _find_spark_home
 
     home = environment.get("SPARK_HOME") or _find_spark_home()
-    conf = [item for key, value in DELTA_CONF.items() for item in ("--conf", f"{key}={value}")]
+    conf = [item for key, value in {**DELTA_CONF, **_logging()}.items() for item in ("--conf", f"{key}={value}")]
     command = [str(Path(home) / "bin" / "spark-submit"), "--jars", ",".join(delta_jars()), *conf, *arguments]
     python = environment.get("PYSPARK_PYTHON", sys.executable)
     driver = environment.get("PYSPARK_DRIVER_PYTHON", python)

@@ -71,9 +71,11 @@ class SinkPlan:
         cluster: tuple[str, ...] = (),
         bind: str = "as_q_def",
         qmgr: str | None = None,
+        reopen: bool = False,
     ) -> SinkPlan:
-        """Check the queue (or the cluster route) and the input columns before any task runs."""
-        qm, policy = Reconnect.open(root, *reconnect, f"put to queue {queue}")
+        """Check the queue (or the cluster route) and the input columns before any task runs; a
+        ``reopen`` is a streaming put's writer made again for a later micro-batch."""
+        qm, policy = Reconnect.open(root, *reconnect, f"put to queue {queue}", reopen=reopen)
         if cluster:
             route = routing.cluster_route(qm, cluster, queue, bind, qmgr)
             definition, checked = None, route.dead_letter
