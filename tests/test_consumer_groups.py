@@ -76,14 +76,29 @@ def test_maintenance_expires_a_group_with_nothing_recorded_and_keeps_one_whose_l
     caplog.clear()
     with caplog.at_level("WARNING", logger="mqspark.engine.maintenance"):
         second = maintain(qm, qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later)
-    assert (second.expired_groups, second.removed_consumed) == (("typo",), 3)
+    assert (second.expired_groups, second.removed_consumed) == (("typo",), 0)
     assert qm.consumers("Q") == ["billing"]
-    assert (qm.depth("Q"), qm.browse("Q").num_rows) == (0, 0)
+    # The three messages waited only for typo: released, and removed by the next run.
+    assert (qm.depth("Q"), qm.browse("Q").num_rows) == (0, 3)
+    assert qm.maintain("Q").removed_consumed == 3
+    assert qm.browse("Q").num_rows == 0
     assert [record.getMessage() for record in caplog.records] == [
         f"queue Q: consumer group 'typo' expired: nothing recorded for it since "
         f"{idle['typo'].isoformat(timespec='seconds')} (consumer_group_expiry 3600 s); the messages that waited "
         "only for it are released"
     ]
+
+
+def test_what_an_expired_group_alone_consumed_is_removed_with_it_and_never_comes_back(qm):
+    """A queue whose only group expires (a redriver, say): the messages it consumed are removed in the
+    same run, so a group that comes later does not get them again."""
+    qm.define_queue("Q", consumer_group_expiry=60)
+    qm.put("Q", [{"payload": f"m{n}"} for n in range(3)])
+    assert qm.get("Q", "solo", max_messages=2).num_rows == 2
+    later = datetime.now(UTC) + timedelta(seconds=61)
+    summary = maintain(qm, qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later)
+    assert (summary.expired_groups, summary.removed_consumed, qm.consumers("Q")) == (("solo",), 2, [])
+    assert qm.get("Q", "newcomer", max_messages=5)["payload"].to_pylist() == [b"m2"]
 
 
 def test_a_group_recorded_within_its_expiry_is_kept(qm):

@@ -6,22 +6,24 @@ of any consumer group holds its lease. Messages put after its commit stay.
 One maintenance run of a queue, under the queue's maintenance lease (at most one at a time: two
 overlapping compactions would duplicate every row):
 
-1. **Expires idle consumer groups**: a group with nothing recorded (no read, no lease renewal) for
-   the queue's ``consumer_group_expiry`` is deleted, which releases the messages that waited only
-   for it. A group whose query starts meanwhile holds its lease, and is kept.
-2. **Removes messages** that every counted consumer group has consumed, and messages expired for
+1. **Removes messages** that every counted consumer group has consumed, and messages expired for
    longer than :data:`EXPIRY_GRACE`. Messages of a plan not yet consumed (a batch that a replay may
    still deliver) are never removed.
-3. **Rewrites files**: a file whose messages are all removed is dropped; a file with some removed
+2. **Rewrites files**: a file whose messages are all removed is dropped; a file with some removed
    messages, a file a put wrote, and small files are rewritten into files of up to
    :data:`TARGET_FILE_BYTES`. Rewritten rows carry their ``commit_version``, so physical order and
    each message's identity (its origin and row) stay what they were. All of it is one commit at
    exactly the version after the one read, so a concurrent put or another maintenance makes it
    re-read, and a rewrite of files that are gone is given up.
-4. **Keeps the log and storage bounded**: a checkpoint at that commit, log entries older than the
+3. **Keeps the log and storage bounded**: a checkpoint at that commit, log entries older than the
    retention cleaned up, and removed files vacuumed once older than the retention (time travel
    reaches back that far).
-5. **Compacts the state table**, dropping the consumed ranges of messages no longer in the queue.
+4. **Compacts the state table**, dropping the consumed ranges of messages no longer in the queue.
+5. **Expires idle consumer groups**: a group with nothing recorded (no read, no lease renewal) for
+   the queue's ``consumer_group_expiry`` is deleted. It counted in this run's removal, so the
+   messages only it consumed are gone and never come back; the messages that waited only for it
+   are released, and the next run removes what the other groups consumed. A group whose query
+   starts meanwhile holds its lease, and is kept.
 
 Every file a put wrote is rewritten by the next run, so once a run is done the files whose rows carry
 no ``commit_version`` were all added after it, and their log entries are kept: the version that
@@ -108,7 +110,6 @@ def maintain(
         location = store.queue_location(qm.root, queue)
         table = _prepared_table(location, qm.storage_options, retention)
         state = ConsumerState(qm.root, queue, qm.storage_options)
-        expired_groups = _expire_idle_groups(state, timedelta(seconds=definition.consumer_group_expiry), now)
         read_version = table.version()
         files, messages = depth.live_messages(table, list(GROUP_FIELDS))
         groups = state.all_groups()
@@ -138,6 +139,9 @@ def maintain(
             removed[:] = False
             moved[:] = False
         state.compact(live=pc.unique(messages["origin"].filter(pa.array(~removed))), seen_version=read_version)
+        # After the removal, which still counts the idle groups: what only they consumed goes now and
+        # never comes back (a redriver's moved messages); what they alone wait for is released next run.
+        expired_groups = _expire_idle_groups(state, timedelta(seconds=definition.consumer_group_expiry), now)
         return MaintenanceSummary(
             queue=queue,
             version=version,
