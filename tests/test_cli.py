@@ -398,6 +398,7 @@ def error_qm(tmp_path_factory) -> QueueManager:
             "MQRC_UNKNOWN_OBJECT_NAME (2085): queue ORDERS has no consumer group 'nobody'; its groups: none "
             "(a group exists once declared, or once it first reads)",
         ),
+        (("maintain", "ORDERS", "--retention", "-1h"), "retention must be 0 or more, got -3600 seconds"),
         (
             ("consumer", "delete", "ORDERS", "nobody"),
             "MQRC_UNKNOWN_OBJECT_NAME (2085): queue ORDERS: consumer group 'nobody' does not exist",
@@ -409,6 +410,7 @@ def error_qm(tmp_path_factory) -> QueueManager:
         "define-default-priority-10",
         "submit-without-job",
         "monitor-unknown-group",
+        "negative-retention",
         "delete-unknown-group",
     ],
 )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from mqspark.model.definitions import ATTRIBUTE_NAMES, QueueDefinition
 
@@ -20,9 +21,18 @@ Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 AddCommand: TypeAlias = Callable[[Commands, argparse.ArgumentParser], None]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, which also takes a negative duration (``--retention -1h``) as a value, not
+    as an option, so that its own check names it; its commands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d*\.?\d+[smhd]?$")
+
+
 def build_parser(commands: Iterable[AddCommand]) -> argparse.ArgumentParser:
     """The ``mqspark`` parser, with the commands added in the order given (the order ``--help`` lists)."""
-    parser = argparse.ArgumentParser(prog="mqspark", description="Message queues on Delta tables.")
+    parser = _Parser(prog="mqspark", description="Message queues on Delta tables.")
     parser.add_argument(
         "--root",
         default=os.environ.get("MQSPARK_ROOT", DEFAULT_ROOT),
@@ -32,7 +42,8 @@ def build_parser(commands: Iterable[AddCommand]) -> argparse.ArgumentParser:
     # --json is accepted after the command too (mqspark browse Q --json).
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    # The commands' parsers are _Parsers; the commands need only argparse's interface.
+    subparsers = cast(Commands, parser.add_subparsers(dest="command", required=True))
     for add in commands:
         add(subparsers, output)
     return parser
