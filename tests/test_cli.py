@@ -119,6 +119,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
         "retry_delay": 1.5,
         "error_queue": None,
         "lock_duration": 30.0,
+        "consumer_group_expiry": 604800.0,
         "cluster": ["A", "B"],
         "description": "incoming orders",
     }
@@ -149,6 +150,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
         "retry_delay: 1.5",
         "error_queue:",
         "lock_duration: 30.0",
+        "consumer_group_expiry: 604800.0",
         "cluster:",
         "  A",
         "  B",
@@ -542,9 +544,15 @@ def test_get_takes_messages_for_a_consumer_group_and_reports_2033_when_none_is_l
     assert [row["payload"] for row in rows] == ["one"]
     got = ok_json(root, "get", "ORDERS", "--correl-id", "C1", "--max", "5")
     assert [(m["payload"], m["delivery_seq"], m["queue"]) for m in got] == [("three", 1, "ORDERS")]
-    # Another consumer group gets every message.
-    audit = ok_json(root, "get", "ORDERS", "--consumer", "audit", "--max", "5")
-    assert [m["payload"] for m in audit] == ["one", "two", "three"]
+    # Another consumer group gets every message; it is new beside the queue's group, which is said.
+    audit = mqspark(root, "--json", "get", "ORDERS", "--consumer", "audit", "--max", "5")
+    assert [m["payload"] for m in json.loads(audit.stdout)] == ["one", "two", "three"]
+    assert (audit.returncode, audit.stderr) == (
+        0,
+        "mqspark: warning: queue ORDERS: consumer group 'audit' is new: it reads every message still on the "
+        "queue, and messages wait for it from now on; the queue's groups were default (declare a group first "
+        "to create it on purpose)\n",
+    )
     assert qm.depth("ORDERS", consumer="default") == 1
     assert [m["payload"] for m in ok_json(root, "get", "ORDERS", "--wait", "0.2")] == ["two"]
     assert fails(root, "get", "ORDERS", "--wait", "0.2") == (

@@ -5,6 +5,7 @@ command's parser names (its ``handler``), prints the result and turns errors int
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tomllib
@@ -59,7 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Run the parsed command; its exit code (see :func:`main`)."""
+    """Run the parsed command; its exit code (see :func:`main`). mqspark's warnings (a new consumer
+    group, the monitor's verdicts) go to stderr as ``mqspark: warning: ...`` lines while it runs."""
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setLevel(logging.WARNING)
+    warnings.setFormatter(logging.Formatter("mqspark: warning: %(message)s"))
+    logging.getLogger("mqspark").addHandler(warnings)
     try:
         result = args.handler(args)
     except monitor.Aborted as aborted:
@@ -68,6 +74,8 @@ def _run(args: argparse.Namespace) -> int:
     except (MQError, OSError, tomllib.TOMLDecodeError) as error:
         print(f"mqspark: error: {error}", file=sys.stderr)
         return 1
+    finally:
+        logging.getLogger("mqspark").removeHandler(warnings)
     if result is not None:
         print(render(result, args.json))
     return 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
 from typing import Any
 
 from mqspark.cli.parser import Commands, boolean
@@ -62,10 +60,6 @@ def _monitor(args: argparse.Namespace) -> None:
 
     def show(point: Any) -> None:
         print(json.dumps(point.as_dict()) if args.json else point.line(), flush=True)
-
-    warnings = logging.StreamHandler(sys.stderr)
-    warnings.setFormatter(logging.Formatter("mqspark: warning: %(message)s"))
-    logging.getLogger("mqspark.monitor").addHandler(warnings)
 
     try:
         last = monitor.run(args.points, show)
