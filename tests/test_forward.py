@@ -173,7 +173,7 @@ def test_bad_forward_arguments_are_refused_at_start(spark, qm, service, options,
 
 
 def test_request_gets_its_reply_raises_on_a_failure_record_and_times_out(spark, qm):
-    qm.define_queue("REQUESTS")
+    qm.define_queue("REQUESTS", backout_threshold=1)  # a failed request is answered at once
     qm.define_queue("REPLIES")
     query = mqspark.forward(spark, qm.root, "REQUESTS", fails_on_bad, idle_interval=0.2)
     try:
@@ -184,9 +184,9 @@ def test_request_gets_its_reply_raises_on_a_failure_record_and_times_out(spark, 
             mqspark.request(qm, "REQUESTS", "bad", reply_to="REPLIES", timeout=120)
         assert failed.value.reason == Reason.MQRC_BACKOUT_THRESHOLD_REACHED
         assert re.fullmatch(
-            r"MQRC_BACKOUT_THRESHOLD_REACHED \(2362\): request [0-9a-f]{32} to queue REQUESTS failed: backout count 5 "
-            r"reached the default delivery limit 5 of queue REQUESTS \(it sets no backout_threshold or retry_count\); "
-            r"last error: ServiceError: no stock for item 7 \(return code 7\)",
+            r"MQRC_BACKOUT_THRESHOLD_REACHED \(2362\): request [0-9a-f]{32} to queue REQUESTS failed: backout count 1 "
+            r"reached the backout threshold 1 of queue REQUESTS; last error: ServiceError: no stock for item 7 "
+            r"\(return code 7\)",
             str(failed.value),
         )
     finally:

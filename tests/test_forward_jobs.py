@@ -67,6 +67,8 @@ def _requests(qm, count: int) -> list[str]:
     """Define the request and reply queues, and put ``count`` requests: their correlation ids."""
     qm.define_queue("REQUESTS")
     qm.define_queue("REPLIES")
+    # Declared, as its depth is asked before the forwarder first reads.
+    qm.declare_consumer("REQUESTS", "forward")
     return _put_requests(qm, range(count)) if count else []
 
 

@@ -82,11 +82,15 @@ def test_spark_read_mq_bad_options(spark, qm, options, message):
 
 
 def test_spark_read_mq_unknown_queue(spark, qm):
-    with pytest.raises(
-        AnalysisException,
-        match=re.escape("MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1"),
-    ):
+    with pytest.raises(AnalysisException) as refused:
         spark.read.format("mq").option("queue", "NOPE").load(qm.root)
+    # The MQ line follows Spark's and one frame, not the frames that led to it.
+    spark_line, *frame, mq_line, _ = str(refused.value).splitlines()
+    assert spark_line.startswith("[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source instance:")
+    assert len(frame) == 2 and frame[0].lstrip().startswith('File "')
+    assert mq_line == (
+        "mqspark.errors.MQError: MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1"
+    )
 
 
 def test_queue_table_written_by_put_reads_with_delta_spark(spark, qm):

@@ -128,6 +128,7 @@ def test_the_forwarder_on_the_cluster_replies_once_to_every_request(standalone, 
 def test_a_worker_killed_mid_stream_loses_and_duplicates_nothing(spark, standalone, azurite, az_root, tmp_path):
     qm = QueueManager.create(az_root, "QM1")
     qm.define_queue("ORDERS", delivery_sequence="fifo")
+    qm.declare_consumer("ORDERS", "g")  # its depth is asked before the job first reads
     for f in range(10):
         qm.put("ORDERS", [{"payload": f"u{f}-{n}"} for n in range(3)])
         qm.put(

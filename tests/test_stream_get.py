@@ -210,6 +210,7 @@ def test_group_spanning_batches_resumes_at_the_next_item_after_a_failed_batch(sp
 
 def test_second_query_in_the_same_group_is_refused_while_the_first_runs(spark, qm, tmp_path):
     qm.define_queue("Q")
+    qm.declare_consumer("Q", "default")  # its depth is asked before its query first reads
     qm.put("Q", [{"payload": "one"}])
 
     def start(name: str):
@@ -317,9 +318,14 @@ def test_get_from_an_alias_reads_its_target(spark, qm, tmp_path):
 def test_get_inhibited_queue_stops_the_query(spark, qm, tmp_path):
     qm.define_queue("Q", get_inhibited=True)
     qm.put("Q", [{"payload": "one"}])
-    with pytest.raises(StreamingQueryException, match=re.escape("MQRC_GET_INHIBITED (2016): queue Q is get-inhibited")):
+    with pytest.raises(
+        StreamingQueryException, match=re.escape("MQRC_GET_INHIBITED (2016): queue Q is get-inhibited")
+    ) as stopped:
         _drain(spark, qm, tmp_path / "ck")
-    assert qm.depth("Q", consumer="default") == 1
+    # One Python frame before the MQ line, not the frames that led to it.
+    assert str(stopped.value).count('File "') == 1, str(stopped.value)
+    # Refused before it read: no group came to exist, and the message waits.
+    assert (qm.consumers("Q"), qm.depth("Q")) == ([], 1)
 
 
 @pytest.mark.parametrize(
@@ -364,9 +370,10 @@ def test_depth_and_oldest_age_per_consumer_group(spark, qm, tmp_path):
     fast = qm.backlog("Q", consumer="fast")
     assert (fast.queue, fast.consumer, fast.depth) == ("Q", "fast", 1)
     assert put_at <= fast.oldest_put_time <= datetime.now(UTC)
-    # CURDEPTH: only "two" waits for a counted group; a group that never read counts the whole queue.
+    # CURDEPTH: only "two" waits for a counted group; a group declared that never read counts the whole queue.
     everything = qm.backlog("Q")
     assert everything.depth == 1 and everything.oldest_put_time == fast.oldest_put_time
+    qm.declare_consumer("Q", "never")
     never = qm.backlog("Q", consumer="never")
     assert never.depth == 2 and never.oldest_put_time < fast.oldest_put_time
     QueueManager.open(qm.root).delete_queue("Q", purge=True)

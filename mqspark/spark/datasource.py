@@ -35,6 +35,7 @@ from mqspark.model.messages import BROWSE_SCHEMA
 from mqspark.qmgr import QueueManager
 from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode, reconnect_mode
 from mqspark.spark.browse import BrowsePlan, BrowseReader
+from mqspark.spark.plain import without_frames
 from mqspark.spark.routing import cluster_names
 from mqspark.spark.sink import QueueStreamWriter, QueueWriter, SinkPlan
 from mqspark.spark.stream import DEFAULT_MAINTENANCE_INTERVAL, GetOptions, QueueStreamReader
@@ -67,6 +68,7 @@ class MQDataSource(DataSource):
     def name(cls) -> str:
         return "mq"
 
+    @without_frames
     def schema(self) -> StructType:
         # schema() is what load() calls, for read and readStream alike: checking the options here
         # reports mistakes at load time.
@@ -80,6 +82,7 @@ class MQDataSource(DataSource):
         _browse_options(options)
         return from_arrow_schema(BROWSE_SCHEMA)
 
+    @without_frames
     def reader(self, schema: StructType) -> DataSourceReader:
         options = dict(self.options)
         for name in GET_ONLY:
@@ -89,12 +92,15 @@ class MQDataSource(DataSource):
                 )
         return BrowseReader(_browse_options(options))
 
+    @without_frames
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return QueueStreamReader(_get_options(dict(self.options)))
 
+    @without_frames
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return QueueWriter(_sink_plan(dict(self.options), schema, overwrite))
 
+    @without_frames
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         # Spark makes the writer again for each micro-batch: a root gone since is out of reach (2009).
         return QueueStreamWriter(_sink_plan(dict(self.options), schema, overwrite, reopen=True))

@@ -55,6 +55,7 @@ from mqspark.errors import MQError, Reason
 from mqspark.qmgr import QueueManager
 from mqspark.reconnect import Reconnect
 from mqspark.spark.browse import batch_rows
+from mqspark.spark.plain import without_frames
 
 OFFSET_KEYS = ("root", "queue", "consumer", "owner", "seq", "plan", "delivered", "version", "now")
 _Result = TypeVar("_Result")
@@ -270,6 +271,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # Helpers
 
+    @without_frames
     def _reconnecting(self, what: str, operation: Callable[[], _Result], planner: bool = True) -> _Result:
         """``operation()`` under the query's reconnect policy. After a reconnect the planner is made
         again from the state table, as after a restart: its memory may hold half of a failed step."""
