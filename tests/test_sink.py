@@ -114,6 +114,27 @@ def test_streaming_put_lands_exactly_the_input_rows(spark, qm, tmp_path):
     assert table.transaction_version(str(query.id)) == 1
 
 
+def test_a_named_streaming_put_lands_its_rows(spark, qm, tmp_path):
+    """Spark hands a streaming write its query's name as an option (Declarative Pipelines name every
+    flow's query): the sink takes it as Spark's own, not as an unknown option."""
+    qm.define_queue("Q")
+    source = tmp_path / "in"
+    _write_json_batch(source, "0", [{"payload": f"a{n}"} for n in range(3)])
+    query = (
+        spark.readStream.schema(STREAM_SCHEMA)
+        .json(str(source))
+        .writeStream.format("mq")
+        .queryName("named_put")
+        .option("queue", "Q")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start(qm.root)
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    assert qm.browse("Q")["payload"].to_pylist() == [b"a0", b"a1", b"a2"]
+
+
 def test_group_spans_micro_batches_and_restarts(spark, qm, tmp_path):
     qm.define_queue("Q")
     source, checkpoint = tmp_path / "in", tmp_path / "ckpt"

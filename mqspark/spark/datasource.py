@@ -57,8 +57,9 @@ GET_ONLY = (
     "reconnectTimeout",
 )
 PUT_OPTIONS = ("queue", "segmentation", "producerId", "cluster", "bind", "qmgr", "reconnect", "reconnectTimeout")
-# Keys Spark itself hands the source: the root given to load()/save(), a streaming write's checkpoint.
-_SPARK_KEYS = ("path", "checkpointLocation")
+# Keys Spark itself hands the source: the root given to load()/save(), a streaming write's checkpoint
+# and its query's name (writeStream.queryName(), which Declarative Pipelines set on every flow's query).
+_SPARK_KEYS = ("path", "checkpointLocation", "queryName")
 
 
 class MQDataSource(DataSource):

@@ -32,6 +32,9 @@ from mqspark.errors import MQValidationError
 
 # The shipped defaults live in the package, so a pip install has them too.
 CONF_DIR = Path(os.environ.get("MQSPARK_CONF_DIR", Path(__file__).resolve().parent / "conf"))
+# A folder to put on a Spark Connect server's Python path so that all its sessions know format "mq"
+# without mqspark.register (Spark's static lookup of Python data sources; see pyspark_mqspark.py).
+STATIC_SOURCES = Path(__file__).resolve().parent / "static"
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -321,6 +324,10 @@ def _release_connect_listener(spark: SparkSession) -> None:
     before (their events arrive asynchronously from the server), then remove it so that the event
     thread ends and the interpreter can exit. Queries still running on the server keep running."""
     listener = _LISTENERS[spark]
+    if getattr(spark, "is_stopped", False):
+        # Stopped before exit (spark-pipelines stops its session): the server dropped the session's
+        # queries and listeners with it, and a stopped client can no longer ask for either.
+        return
     try:
         active = {str(query.id) for query in spark.streams.active}
         listener.wait_for_ends(active, 30)
