@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from mqspark import store
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP
 
@@ -194,7 +195,7 @@ class RepositoryState:
 
 
 def repository_of(table: DeltaTable) -> RepositoryState:
-    rows = table.to_pyarrow_table().to_pylist()
+    rows = store.table_dataset(table).to_table().to_pylist()
     names = [row["cluster"] for row in rows if row["kind"] == "cluster"]
     if len(names) != 1:
         raise MQError(f"cluster repository {table.table_uri} has {len(names)} cluster rows, not one")

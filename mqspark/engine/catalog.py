@@ -152,7 +152,7 @@ class Catalog:
         # Every put and get reads the catalog: the rows are read and parsed again only once it changed.
         key = (qmid, table.version())
         if self._read is None or self._read[0] != key:
-            self._read = key, _from_rows(table.version(), pa.table(table.to_pyarrow_table()), qmid)
+            self._read = key, _from_rows(table.version(), store.table_dataset(table).to_table(), qmid)
         return table, self._read[1]
 
     def change(self, apply: Callable[[CatalogState], dict[str, QueueDefinition]]) -> CatalogState:

@@ -402,7 +402,7 @@ def _check_before_targets(queue: str, table: DeltaTable, targets: Sequence[str])
     """A ``before_msg_id`` must name a committed message outside any group, not itself placed before another."""
     if not targets:
         return
-    found = table.to_pyarrow_dataset().to_table(
+    found = store.table_dataset(table).to_table(
         columns=["msg_id", "group_id", "before_msg_id"], filter=pc.field("msg_id").isin(targets)
     )
     for target in targets:
@@ -424,6 +424,6 @@ def _check_against_committed(queue: str, table: DeltaTable, groups: pa.Table) ->
     if groups.num_rows == 0:
         return
     group_ids = pc.unique(groups["group_id"])
-    committed = table.to_pyarrow_dataset().to_table(columns=GROUP_COLUMNS, filter=pc.field("group_id").isin(group_ids))
+    committed = store.table_dataset(table).to_table(columns=GROUP_COLUMNS, filter=pc.field("group_id").isin(group_ids))
     if committed.num_rows:
         check_group_items(queue, pa.concat_tables([committed.cast(groups.schema), groups]))

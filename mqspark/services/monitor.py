@@ -245,7 +245,7 @@ def latest_point(qm: Queues, queue: str, consumer: str) -> dict[str, Any] | None
     if table is None:
         return None
     match = (pc.field("queue") == queue) & (pc.field("consumer") == consumer)
-    points = table.to_pyarrow_dataset().to_table(filter=match, columns=["at", "status", "rate_per_s"])
+    points = store.table_dataset(table).to_table(filter=match, columns=["at", "status", "rate_per_s"])
     if not points.num_rows:
         return None
     return points.slice(pc.index(points["at"], pc.max(points["at"])).as_py(), 1).to_pylist()[0]

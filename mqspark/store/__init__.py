@@ -77,6 +77,7 @@ from mqspark.store.tables import (
     read_messages,
     remove_tree,
     set_properties,
+    table_dataset,
     table_exists,
     trim_history,
 )
@@ -143,6 +144,7 @@ __all__ = [
     "set_properties",
     "state_location",
     "store_error",
+    "table_dataset",
     "table_exists",
     "trim_history",
     "unanswered",

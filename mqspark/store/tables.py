@@ -1,5 +1,6 @@
 """Delta tables: opening (re-listing a log that a clean-up changed under us), creating, removing,
-closing for a delete, migrating columns, the live files and committed rows, and trimming history.
+closing for a delete, migrating columns, the live files and committed rows, reading a table as a
+pyarrow dataset, and trimming history.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Field
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -84,13 +86,25 @@ def remove_tree(location: str) -> None:
         filesystem.delete_dir(path)
 
 
+def table_dataset(table: DeltaTable) -> ds.Dataset:
+    """The table's version as a pyarrow dataset whose files are read through :func:`filesystem_of`.
+
+    Not through deltalake's default filesystem, a Python object: a scan leaves buffers of its reads
+    for Arrow's I/O threads to free after it returned, and those buffers are Python objects, freed
+    under the GIL. A process that exits meanwhile ends that thread inside a C++ destructor when it
+    asks for the GIL, and aborts ("terminate called without an active exception").
+    """
+    filesystem, path = filesystem_of(table.table_uri)
+    return table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(path, filesystem))
+
+
 def live_counts(table: DeltaTable) -> tuple[int, int]:
     """The number of live data files and of their rows (file statistics, else a scan), from one read
     of the add actions."""
     counts = pa.table(table.get_add_actions()).column("num_records")
     if counts.null_count == 0:
         return len(counts), int(pc.sum(counts).as_py() or 0)
-    return len(counts), table.to_pyarrow_dataset().count_rows()
+    return len(counts), table_dataset(table).count_rows()
 
 
 def live_files(table: DeltaTable) -> pa.Table:
