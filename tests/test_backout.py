@@ -210,11 +210,11 @@ def test_nothing_configured_moves_the_message_at_its_fifth_failure(spark, qm, tm
     assert _payloads(batches) == [[("bad", 0), ("good", 0)], [("bad", 1)], [("bad", 2)], [("bad", 3)], [("bad", 4)]]
     moved = qm.browse(qm.dead_letter_queue).to_pylist()
     assert [(m["payload"], m["backout_count"], m["dlq_reason"], m["dlq_original_queue"]) for m in moved] == [
-        (b"bad", 5, int(Reason.MQRC_BACKOUT_THRESHOLD_REACHED), "Q")
+        (b"bad", 5, int(Reason.MQFB_RETRIES_EXHAUSTED), "Q")
     ]
     assert moved[0]["dlq_reason_text"] == (
-        "backout count 5 reached the default delivery limit 5 of queue Q (it sets no backout_threshold or "
-        "retry_count); last error: still failing"
+        "default delivery limit 5 of queue Q (it sets no limit) used up after 5 failed deliveries; "
+        "last error: still failing"
     )
     assert qm.depth("Q", consumer="default") == 0
 

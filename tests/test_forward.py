@@ -173,7 +173,7 @@ def test_bad_forward_arguments_are_refused_at_start(spark, qm, service, options,
 
 
 def test_request_gets_its_reply_raises_on_a_failure_record_and_times_out(spark, qm):
-    qm.define_queue("REQUESTS", backout_threshold=1)  # a failed request is answered at once
+    qm.define_queue("REQUESTS")
     qm.define_queue("REPLIES")
     query = mqspark.forward(spark, qm.root, "REQUESTS", fails_on_bad, idle_interval=0.2)
     try:
@@ -182,11 +182,12 @@ def test_request_gets_its_reply_raises_on_a_failure_record_and_times_out(spark, 
         assert reply["properties"].to_pylist() == [[("mqspark.return_code", "0")]]
         with pytest.raises(MQError) as failed:
             mqspark.request(qm, "REQUESTS", "bad", reply_to="REPLIES", timeout=120)
-        assert failed.value.reason == Reason.MQRC_BACKOUT_THRESHOLD_REACHED
+        # Nothing set on the queue: the service is called five times, then the requester hears.
+        assert failed.value.reason == Reason.MQFB_RETRIES_EXHAUSTED
         assert re.fullmatch(
-            r"MQRC_BACKOUT_THRESHOLD_REACHED \(2362\): request [0-9a-f]{32} to queue REQUESTS failed: backout count 1 "
-            r"reached the backout threshold 1 of queue REQUESTS; last error: ServiceError: no stock for item 7 "
-            r"\(return code 7\)",
+            r"MQFB_RETRIES_EXHAUSTED \(65536\): request [0-9a-f]{32} to queue REQUESTS failed: default delivery "
+            r"limit 5 of queue REQUESTS \(it sets no limit\) used up after 5 failed deliveries; last error: "
+            r"ServiceError: no stock for item 7 \(return code 7\)",
             str(failed.value),
         )
     finally:

@@ -33,10 +33,11 @@ many failures the message moves to ``backout_queue``, or to the dead-letter queu
 MQ's when ``retry_count`` > 0 or ``error_queue`` is named: after ``retry_count`` retries (failure
 ``retry_count + 1``) the message moves to ``error_queue``, or to the dead-letter queue (reason
 :attr:`Reason.MQFB_RETRIES_EXHAUSTED`). When both apply, the limit reached first wins; at a tie, MQ's.
-A queue with none of these set moves a message to the dead-letter queue at its
-:data:`DEFAULT_DELIVERY_LIMIT`-th failure (reason 2362): one passing error must not cost a message
-its place, and a poison message must not come back for ever (MQ's BOTHRESH 0 never moves it,
-Tuxedo's retry count 0 moves it at once; Kafka share groups stop at 5 deliveries, Service Bus at 10).
+A queue with none of these set moves a message at its :data:`DEFAULT_DELIVERY_LIMIT`-th failure, by
+Tuxedo's rule (to its ``failure_queue`` or the dead-letter queue): one passing error must not cost
+a message its place, and a poison message must not come back for ever (MQ's BOTHRESH 0 never moves
+it, Tuxedo's retry count 0 moves it at once; Kafka share groups stop at 5 deliveries, Service Bus at
+10).
 
 **The move** happens exactly once across crashes, through the state table:
 
@@ -148,34 +149,30 @@ class BackoutPolicy:
 
     def limits(self) -> tuple[int | None, int | None]:
         """The failure count at which MQ's rule and Tuxedo's rule move a message (None: not in force);
-        with neither configured, MQ's rule at :data:`DEFAULT_DELIVERY_LIMIT`."""
+        with neither configured, Tuxedo's rule at :data:`DEFAULT_DELIVERY_LIMIT`."""
         mq = self.backout_threshold if self.backout_threshold > 0 else None
         if self.retry_count > 0 or self.error_queue:
             return mq, self.retry_count + 1
-        return (DEFAULT_DELIVERY_LIMIT, None) if mq is None else (mq, None)
+        return mq, None if mq is not None else DEFAULT_DELIVERY_LIMIT
 
     def destination(self, backout_count: int, error: str | None) -> Destination | None:
         """Where a message with ``backout_count`` failures goes now; None while it is retried."""
         mq, tuxedo = self.limits()
         last = f"; last error: {error}" if error else ""
         if mq is not None and backout_count >= mq and (tuxedo is None or mq <= tuxedo):
-            limit = f"the backout threshold {mq} of queue {self.queue}"
-            if not self.backout_threshold:
-                limit = (
-                    f"the default delivery limit {mq} of queue {self.queue} "
-                    "(it sets no backout_threshold or retry_count)"
-                )
             return Destination(
                 self.backout_queue or self.dead_letter_queue,
                 Reason.MQRC_BACKOUT_THRESHOLD_REACHED,
-                f"backout count {backout_count} reached {limit}{last}",
+                f"backout count {backout_count} reached the backout threshold {mq} of queue {self.queue}{last}",
             )
         if tuxedo is not None and backout_count >= tuxedo:
+            limit = f"retry count {self.retry_count} of queue {self.queue}"
+            if not (self.retry_count or self.error_queue):
+                limit = f"default delivery limit {tuxedo} of queue {self.queue} (it sets no limit)"
             return Destination(
                 self.error_queue or self.dead_letter_queue,
                 Reason.MQFB_RETRIES_EXHAUSTED,
-                f"retry count {self.retry_count} of queue {self.queue} used up after {backout_count} "
-                f"failed deliveries{last}",
+                f"{limit} used up after {backout_count} failed deliveries{last}",
             )
         return None
 
