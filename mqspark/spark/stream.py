@@ -113,6 +113,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # Planner methods (driver)
 
+    @without_frames
     def initialOffset(self) -> dict:
         return self._reconnecting("first offset", self._initial_offset)
 
@@ -145,6 +146,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxBytes(self.options.max_bytes)
         return ReadAllAvailable()
 
+    @without_frames
     def prepareForTriggerAvailableNow(self) -> None:
         version = self._reconnecting(
             "trigger", lambda: QueueManager.open(self.options.root).queue_version(self.options.queue)
@@ -153,6 +155,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._group is not None:
             self._group.up_to = self._target[0]
 
+    @without_frames
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if self._handed_over:
             return start
@@ -222,6 +225,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else options.max_bytes
         return max_messages, max_bytes
 
+    @without_frames
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if start == end or not end["plan"]:
             return []
@@ -244,6 +248,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for index, rows in enumerate(group.planned_rows(end["plan"], plan))
             ]
 
+    @without_frames
     def commit(self, end: dict) -> None:
         if end.get("plan"):
 
@@ -264,6 +269,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # Executor
 
+    @without_frames
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QueuePartition), "Spark hands read() a partition of partitions()"
         table = self._reconnecting("read", partition.messages, planner=False)
@@ -271,7 +277,6 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # Helpers
 
-    @without_frames
     def _reconnecting(self, what: str, operation: Callable[[], _Result], planner: bool = True) -> _Result:
         """``operation()`` under the query's reconnect policy. After a reconnect the planner is made
         again from the state table, as after a restart: its memory may hold half of a failed step."""
