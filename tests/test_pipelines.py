@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -19,10 +18,11 @@ import pytest
 from deltalake import DeltaTable
 
 from mqspark import QueueManager
-from mqspark.spark.session import DELTA_CONF, STATIC_SOURCES, delta_jars
+from mqspark.spark.session import STATIC_SOURCES
 
+from .support.connect import connect_server as connect_server_at
 from .support.docs import PROJECT, code_blocks
-from .support.processes import PATIENCE, free_port, kill_marked, kill_run, log_tail
+from .support.processes import PATIENCE, kill_marked, log_tail
 from .support.standalone import SPARK_SUBMIT
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -46,38 +46,9 @@ def _environment(token: str) -> dict[str, str]:
 def connect_server(tmp_path_factory):
     """The server's URL and its warehouse folder (where the pipelines' tables are)."""
     folder = tmp_path_factory.mktemp("pipelines-server")
-    port = free_port()
-    conf = {
-        **DELTA_CONF,
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.sql.warehouse.dir": str(folder / "warehouse"),
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": "2",
-    }
-    command = [
-        SPARK_SUBMIT,
-        *("--class", "org.apache.spark.sql.connect.service.SparkConnectServer"),
-        *("--master", "local[2]", "--jars", ",".join(delta_jars())),
-        *(argument for key, value in conf.items() for argument in ("--conf", f"{key}={value}")),
-        "spark-internal",
-    ]
-    token = uuid.uuid4().hex
-    log = folder / "server.log"
-    with log.open("w") as output:
-        server = subprocess.Popen(
-            command, stdout=output, stderr=subprocess.STDOUT, env=_environment(token), start_new_session=True
-        )
-    deadline = time.monotonic() + PATIENCE
-    while "Spark Connect server started" not in log.read_text():
-        assert server.poll() is None, f"Connect server ended: {log_tail(log)}"
-        assert time.monotonic() < deadline, f"Connect server did not start: {log_tail(log)}"
-        time.sleep(0.2)
-    try:
-        yield f"sc://127.0.0.1:{port}", folder / "warehouse"
-    finally:
-        kill_run(server, token)
+    conf = {"spark.sql.warehouse.dir": str(folder / "warehouse"), "spark.databricks.delta.snapshotPartitions": "2"}
+    with connect_server_at(folder, conf, python_path=(STATIC_SOURCES,)) as url:
+        yield url, folder / "warehouse"
 
 
 def _write_pipeline(name: str, folder: Path) -> Path:

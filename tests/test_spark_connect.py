@@ -7,7 +7,6 @@ streaming get, the forwarding service, a routed put and an instance of a streami
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
@@ -16,10 +15,9 @@ from chispa import assert_df_equality
 import mqspark
 from mqspark import MQValidationError, QueueManager
 from mqspark.cluster.repository import Cluster
-from mqspark.spark.session import DELTA_CONF, delta_jars
 
-from .support.processes import finish_driver, free_port, kill_run, start_driver, start_process
-from .support.standalone import SPARK_SUBMIT
+from .support.connect import connect_server as connect_server_at
+from .support.processes import finish_driver, start_driver
 from .test_stream_get import _expected_df, _reference
 
 CLIENT = """
@@ -104,34 +102,8 @@ def _source(tmp_path, rows: list[dict]):
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
     """The server's URL; the server runs for the module's tests."""
-    folder = tmp_path_factory.mktemp("connect")
-    port = free_port()
-    conf = {
-        **DELTA_CONF,
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-    }
-    command = [
-        SPARK_SUBMIT,
-        *("--class", "org.apache.spark.sql.connect.service.SparkConnectServer"),
-        *("--master", "local[2]", "--jars", ",".join(delta_jars())),
-        *(argument for key, value in conf.items() for argument in ("--conf", f"{key}={value}")),
-        "spark-internal",
-    ]
-    token = uuid.uuid4().hex
-    log = folder / "server.log"
-    server = start_process(command, log, token)
-    deadline = time.monotonic() + 180
-    while "Spark Connect server started" not in log.read_text():
-        assert server.poll() is None, f"Connect server ended: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"Connect server did not start: {log.read_text()[-3000:]}"
-        time.sleep(0.2)
-    try:
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        kill_run(server, token)
+    with connect_server_at(tmp_path_factory.mktemp("connect")) as url:
+        yield url
 
 
 @pytest.mark.spark

@@ -93,14 +93,16 @@ def start_driver(args: list[str], log: Path, token: str) -> subprocess.Popen:
     return start_process([sys.executable, *args], log, token)
 
 
-def start_process(command: list[str], log: Path, token: str, pyspark_python: bool = True) -> subprocess.Popen:
+def start_process(
+    command: list[str], log: Path, token: str, pyspark_python: bool = True, python_path: tuple[Path, ...] = ()
+) -> subprocess.Popen:
     """Start ``command`` (a driver, or ``spark-submit``) in a session of its own, marked with
     ``token``, with this interpreter for PySpark (unless not ``pyspark_python``: then as the user's
-    environment has it) and the repository on its path, its output in ``log`` (``spark-submit``
-    passes a Python driver's stderr on to its stdout)."""
+    environment has it) and the repository (and ``python_path``) on its path, its output in ``log``
+    (``spark-submit`` passes a Python driver's stderr on to its stdout)."""
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "PYTHONPATH": os.pathsep.join(map(str, (Path(__file__).resolve().parents[2], *python_path))),
         "MQSPARK_TEST_RUN": token,
         "JDK_JAVA_OPTIONS": SHORT_LIVED_JVM,
     }
