@@ -173,9 +173,8 @@ def submit_command(arguments: list[str], environment: Mapping[str, str]) -> tupl
     """The ``spark-submit`` command line and environment that run ``arguments`` (spark-submit's own,
     which come last and so win) with Delta's jars and extension, the shipped logging, pyspark's Spark
     home, and this interpreter for the driver and the Python workers unless ``environment`` names
-    others. Outside an activated virtualenv,
-    pyspark's ``spark-submit`` looks for its Spark home with ``python3`` from ``PATH``, which may not
-    have pyspark."""
+    others. Outside an activated virtualenv, pyspark's ``spark-submit`` looks for its Spark home with
+    ``python3`` from ``PATH``, which may not have pyspark."""
     from pyspark.find_spark_home import _find_spark_home
 
     home = environment.get("SPARK_HOME") or _find_spark_home()
