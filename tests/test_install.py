@@ -112,7 +112,9 @@ def test_a_pip_install_into_a_fresh_virtualenv_runs_the_tour_of_the_install_guid
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, env=environment)
     install = subprocess.run(
-        [str(python), *PIP, "install", "-c", str(PROJECT / "requirements.lock"), str(wheel)],
+        # --no-compile: byte-compiling pyspark takes a core for a minute, which starves the Spark tests
+        # running beside this one; the tour compiles only what it imports.
+        [str(python), *PIP, "install", "--no-compile", "-c", str(PROJECT / "requirements.lock"), str(wheel)],
         cwd=tmp_path,
         env=environment,
         capture_output=True,
