@@ -35,8 +35,6 @@ def test_a_failed_jar_resolution_names_its_log_and_keeps_ivy_off_the_screen(tmp_
     ]
 
 
-@pytest.mark.slow
-@pytest.mark.spark
 def _path_without(programs: set[str], farm: Path) -> str:
     """``$PATH`` with each folder that holds one of ``programs`` replaced by a folder of links to
     everything else in it."""
@@ -54,6 +52,8 @@ def _path_without(programs: set[str], farm: Path) -> str:
     return os.pathsep.join(folders)
 
 
+@pytest.mark.slow
+@pytest.mark.spark  # the demo runs a Spark session in a process of its own
 def test_the_demo_shows_mqspark_lines_and_results_and_logs_the_rest(tmp_path):
     """``./dev.sh demo`` as the README gives it, on a machine without npm (only the tests need it)."""
     root = tmp_path / "mq-data"
