@@ -86,11 +86,7 @@ class MQDataSource(DataSource):
     @without_frames
     def reader(self, schema: StructType) -> DataSourceReader:
         options = dict(self.options)
-        for name in GET_ONLY:
-            if name.lower() in options:
-                raise MQValidationError(
-                    f"option {name} is for the streaming get (spark.readStream); browse does not take it"
-                )
+        _only_for(options, GET_ONLY, "the streaming get (spark.readStream)", "browse")
         return BrowseReader(_browse_options(options))
 
     @without_frames
@@ -117,6 +113,13 @@ def _known_options(options: dict[str, str], known: tuple[str, ...], where: str) 
             raise MQValidationError(
                 f"option {key} is unknown to {where}: {hint}its options are {', '.join(dict.fromkeys(known))}"
             )
+
+
+def _only_for(options: dict[str, str], names: tuple[str, ...], owner: str, reader: str) -> None:
+    """Refuse, for ``reader``, an option of ``names``: those only ``owner`` takes."""
+    for name in names:
+        if name.lower() in options:
+            raise MQValidationError(f"option {name} is for {owner}; {reader} does not take it")
 
 
 def _required(options: dict[str, str], name: str, example: str) -> str:
@@ -171,9 +174,7 @@ def _browse_options(options: dict[str, str]) -> BrowsePlan:
 
 def _get_options(options: dict[str, str]) -> GetOptions:
     """Check the streaming get's options; the queue itself is checked when the query plans."""
-    for name in BROWSE_ONLY:
-        if name.lower() in options:
-            raise MQValidationError(f"option {name} is for browse (spark.read); the streaming get does not take it")
+    _only_for(options, BROWSE_ONLY, "browse (spark.read)", "the streaming get")
     root = _root(options)
     queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
     consumer, max_messages, max_bytes, lease = _stream_limits(options)
