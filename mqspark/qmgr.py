@@ -218,9 +218,9 @@ class QueueManager(Queues):
         """The live messages that wait, as :meth:`depth` counts them: their identity (``origin``,
         ``row``), ``expiry`` and ``columns``."""
         local = self._resolve(queue).name
-        groups = self._state(local).all_groups()
         if consumer is not None:
-            groups.require(local, validate_name(consumer, "consumer group"))
+            validate_name(consumer, "consumer group")
+        groups = self._groups(local, consumer)
         _, live = self.live_messages(local, columns)
         return live.filter(pa.array(waiting(live, groups, datetime.now(UTC), consumer)))
 

@@ -345,10 +345,14 @@ class Queues:
         return self._with_snapshot(queue, lambda table: group_backlog(table, groups, now, consumer, parked))
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
+        return count_waiting(table, self._groups(queue, consumer), datetime.now(UTC), consumer)
+
+    def _groups(self, queue: str, consumer: str | None) -> GroupsSnapshot:
+        """The counted groups of local queue ``queue``; refused (2085) when ``consumer`` is not one."""
         groups = self._state(queue).all_groups()
         if consumer is not None:
             groups.require(queue, consumer)
-        return count_waiting(table, groups, datetime.now(UTC), consumer)
+        return groups
 
     def _definition_in(self, state: CatalogState, name: str) -> QueueDefinition:
         try:
