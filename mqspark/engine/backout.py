@@ -151,9 +151,12 @@ class BackoutPolicy:
         """The failure count at which MQ's rule and Tuxedo's rule move a message (None: not in force);
         with neither configured, Tuxedo's rule at :data:`DEFAULT_DELIVERY_LIMIT`."""
         mq = self.backout_threshold if self.backout_threshold > 0 else None
-        if self.retry_count > 0 or self.error_queue:
+        if self._tuxedo_set():
             return mq, self.retry_count + 1
         return mq, None if mq is not None else DEFAULT_DELIVERY_LIMIT
+
+    def _tuxedo_set(self) -> bool:
+        return self.retry_count > 0 or bool(self.error_queue)
 
     def destination(self, backout_count: int, error: str | None) -> Destination | None:
         """Where a message with ``backout_count`` failures goes now; None while it is retried."""
@@ -167,7 +170,7 @@ class BackoutPolicy:
             )
         if tuxedo is not None and backout_count >= tuxedo:
             limit = f"retry count {self.retry_count} of queue {self.queue}"
-            if not (self.retry_count or self.error_queue):
+            if not self._tuxedo_set():
                 limit = f"default delivery limit {tuxedo} of queue {self.queue} (it sets no limit)"
             return Destination(
                 self.error_queue or self.dead_letter_queue,

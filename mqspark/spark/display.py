@@ -34,8 +34,9 @@ def brief(df: DataFrame) -> DataFrame:
 
 
 def _readable(payload: Column) -> Column:
-    text = payload.cast("string")
+    decoded = payload.cast("string")
+    text = decoded
     for raw, escaped in _ESCAPES:
         text = F.regexp_replace(text, raw, escaped)
-    printable = F.is_valid_utf8(payload) & ~payload.cast("string").rlike("[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]")
+    printable = F.is_valid_utf8(payload) & ~decoded.rlike("[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]")
     return F.when(printable, text).otherwise(F.concat(F.lit("0x"), F.hex(payload)))
