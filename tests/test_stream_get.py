@@ -19,6 +19,8 @@ from deltalake import DeltaTable
 from pyspark.errors import AnalysisException, StreamingQueryException
 
 from mqspark import QueueManager, store
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.spark import plain
 
@@ -184,6 +186,36 @@ def test_a_new_query_of_a_group_gets_only_what_the_group_has_not_consumed(spark,
     batches = _drain(spark, qm, tmp_path / "second")
     assert [(row[0], row[3]) for row in _flat(batches)] == [(2, "three")]
     assert _payloads(_drain(spark, qm, tmp_path / "third")) == []
+
+
+@pytest.mark.parametrize("gone", ["deleted", "expired"])
+def test_a_query_restarted_from_the_checkpoint_of_a_group_gone_since_is_refused(spark, qm, tmp_path, gone):
+    qm.define_queue("Q", consumer_group_expiry=60)
+    qm.declare_consumer("Q", "B")  # holds the messages A consumes
+    qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
+    assert _payloads(_drain(spark, qm, tmp_path / "ck", consumer="A")) == [["one", "two"]]
+    if gone == "deleted":
+        qm.delete_consumer("Q", "A")
+    else:
+        ConsumerState(qm.root, "Q").acquire("B", "query-of-B", timedelta(seconds=30))  # B's query runs
+        later = datetime.now(UTC) + timedelta(seconds=61)
+        assert maintain(qm, qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later).expired_groups == ("A",)
+    qm.put("Q", [{"payload": "three"}])
+    # Going on would deliver one and two again into what the checkpoint's sink already holds.
+    batches: list[list[tuple]] = []
+    with pytest.raises(
+        StreamingQueryException,
+        match=re.escape(
+            "MQRC_UNKNOWN_OBJECT_NAME (2085): queue Q: consumer group 'A' has no record of the batches this "
+            "query's checkpoint says it consumed (up to batch plan 1): the group was deleted, or expired after "
+            "60 s without a read (consumer_group_expiry), and going on would deliver those messages again; "
+            "start the query with a new checkpointLocation to read the group from the start"
+        ),
+    ):
+        _drain(spark, qm, tmp_path / "ck", consumer="A", into=batches)
+    assert (batches, qm.consumers("Q")) == ([], ["B"])
+    # A new checkpoint reads the group from the start.
+    assert _payloads(_drain(spark, qm, tmp_path / "new", consumer="A")) == [["one", "two", "three"]]
 
 
 def test_group_spanning_batches_resumes_at_the_next_item_after_a_failed_batch(spark, qm, tmp_path):

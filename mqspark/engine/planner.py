@@ -52,6 +52,7 @@ from mqspark.engine.plans import admit, file_runs, keys_of, locate_plan, plan_ra
 from mqspark.engine.queues import Queues
 from mqspark.engine.state_rows import STATE_SCHEMA, consumed_rows
 from mqspark.errors import MQError, Reason
+from mqspark.model.definitions import QueueDefinition
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
 
 _log = logging.getLogger("mqspark.engine.planner")
@@ -122,10 +123,12 @@ class Planner:
         exact_lengths: bool = False,
         patience: timedelta = timedelta(0),
         state: ConsumerState | None = None,
+        resumes_at: int = 0,
     ) -> None:
         """``state``: a handle on the queue's state table to use (one per thread), else one of its own.
         ``lease_timeout`` None: a Python get, which takes no lease (its plans are claims, see
-        :mod:`mqspark.engine.get`)."""
+        :mod:`mqspark.engine.get`). ``resumes_at``: the plan number a streaming query's checkpoint
+        says the group has reached (0: nothing yet)."""
         definition = qm.resolve_for_get(queue)
         self.qm = qm
         self.definition = definition
@@ -138,6 +141,7 @@ class Planner:
         if state is None or state.queue != self.queue or state.root != qm.root:
             state = ConsumerState(qm.root, self.queue, qm.storage_options)
         self.state = state
+        _refuse_a_lost_history(state, definition, consumer, resumes_at)
         _warn_of_a_new_group(state, consumer)
         self.owner = owner
         self.started = datetime.now(UTC)
@@ -552,6 +556,20 @@ class Planner:
             check,
         )
         self.plans[plan_id] = plan
+
+
+def _refuse_a_lost_history(state: ConsumerState, definition: QueueDefinition, consumer: str, resumes_at: int) -> None:
+    """A query resuming from a checkpoint whose batches the group has no record of: the group was
+    deleted or expired since. Going on would deliver again everything that query delivered."""
+    if resumes_at and state.last_position(consumer)[0] < resumes_at:
+        raise MQError(
+            f"queue {definition.name}: consumer group {consumer!r} has no record of the batches this query's "
+            f"checkpoint says it consumed (up to batch plan {resumes_at}): the group was deleted, or expired "
+            f"after {definition.consumer_group_expiry:g} s without a read (consumer_group_expiry), and going on "
+            "would deliver those messages again; start the query with a new checkpointLocation to read the "
+            "group from the start",
+            Reason.MQRC_UNKNOWN_OBJECT_NAME,
+        )
 
 
 def _warn_of_a_new_group(state: ConsumerState, consumer: str) -> None:

@@ -161,7 +161,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
 
         def plan() -> dict:
-            group = self._join(start["owner"])
+            group = self._join(start["owner"], start["seq"] if start["plan"] else 0)
             with group.state.pinned():
                 return self._next_offset(group, start, limit)
 
@@ -232,7 +232,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._reconnecting("partitions", lambda: self._partitions(start, end))
 
     def _partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        group = self._join(end["owner"])
+        group = self._join(end["owner"], end["seq"])
         with group.state.pinned():
             # Spark replays a batch only once the one before it is done: this also loads the pending
             # index, which must know where maintenance has moved the plan's messages since.
@@ -294,9 +294,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return operation()
         return options.reconnect.call(attempt, f"streaming get of queue {options.queue} ({what})")
 
-    def _join(self, owner: str) -> Planner:
+    def _join(self, owner: str, resumes_at: int = 0) -> Planner:
         """The planner of this run, taking the group's lease for ``owner`` on first use (waiting for
-        a Python get of the group to finish)."""
+        a Python get of the group to finish). ``resumes_at``: the plan number the offsets Spark
+        resumes from say the group reached."""
         if self._group is None:
             options = self.options
             self._owner = owner
@@ -309,6 +310,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 options.lease_timeout,
                 exact_lengths=options.max_bytes is not None,
                 patience=options.lease_timeout,
+                resumes_at=resumes_at,
             )
             self._group.up_to = self._target[0] if self._target else None
         elif self._owner != owner:
