@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -87,14 +88,24 @@ def test_quickstart_notebook_runs(tmp_path, kernel_name):
     attributes = result_text(tagged(nb, "inquire"))
     assert "'name': 'ORDERS'" in attributes and "'default_priority': 4" in attributes
 
-    assert show_rows(stdout_text(tagged(nb, "spark-mq"))) == [
-        ["priority", "group_id", "msg_seq_number", "correl_id", "payload"],
-        ["9", "NULL", "1", "NULL", "rush order"],
-        ["4", "NULL", "1", "NULL", "order 1"],
-        ["4", "NULL", "1", "C2", "order 2"],
-        ["4", "BASKET-7", "1", "NULL", "basket item 1"],
-        ["4", "BASKET-7", "2", "NULL", "basket item 2"],
-        ["4", "BASKET-7", "3", "NULL", "basket item 3"],
+    # mqspark.brief: the columns a person reads first, the payload as text. msg_id and put_time differ
+    # each run: their form is checked, the rest exactly.
+    header, *rows = show_rows(stdout_text(tagged(nb, "spark-mq")))
+    assert header == ["delivery_seq", "queue", "priority", "msg_id", "correl_id", "group_id"] + [
+        "msg_seq_number",
+        "backout_count",
+        "put_time",
+        "payload",
+    ]
+    timestamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?"
+    assert all(re.fullmatch("[0-9a-f]{32}", row[3]) and re.fullmatch(timestamp, row[8]) for row in rows), rows
+    assert [[*row[:3], *row[4:8], row[9]] for row in rows] == [
+        ["0", "ORDERS", "9", "NULL", "NULL", "1", "0", "rush order"],
+        ["1", "ORDERS", "4", "NULL", "NULL", "1", "0", "order 1"],
+        ["2", "ORDERS", "4", "C2", "NULL", "1", "0", "order 2"],
+        ["3", "ORDERS", "4", "NULL", "BASKET-7", "1", "0", "basket item 1"],
+        ["4", "ORDERS", "4", "NULL", "BASKET-7", "2", "0", "basket item 2"],
+        ["5", "ORDERS", "4", "NULL", "BASKET-7", "3", "0", "basket item 3"],
     ]
 
     location, *table = stdout_text(tagged(nb, "spark-delta")).splitlines()
