@@ -1,0 +1,510 @@
+"""The chaos run's checker: reads what a run recorded and reports each broken guarantee.
+
+It owns the judgement, and only that: :func:`check` reads a run folder (``history/*.jsonl`` through
+:func:`chaos.history.events`, ``final.json`` through :class:`chaos.history.Final`, ``plan.json``
+and ``faults.jsonl``; the format is described in :mod:`chaos.history`) and returns a
+:class:`Report`. It starts no Spark and opens no queue manager, so it can judge a run long after it
+ended, or a history written by hand.
+
+``python -m chaos.checker RUN_FOLDER`` prints the report as JSON and exits 1 when a guarantee was
+broken (a violation explained by a documented fault does not count).
+
+Words used below:
+
+- an id is *put* when its put op ended ``ok``, *failed* when it ended ``fail``, *in doubt* when the
+  op has an ``invoke`` only. An in-doubt op is *committed* when every one of its ids was seen
+  somewhere (it put all of them), and then its ids are judged as put ids are;
+- for consumer group G an id is *delivered* by a ``got`` followed by ``ok`` or by a ``batch`` row,
+  *in doubt* by a ``got`` with neither ``ok`` nor ``backout`` (the consumer was killed);
+- *seen* means delivered, got (any outcome), waiting, moved, or named by a reply.
+
+An event's time is its ``t`` less its actor's clock skew (plan.json ``skew``), both to order a
+syncpoint group's gets and to match a documented fault's window.
+
+Format addition: a put's ``invoke`` may carry ``queue``, the queue it put to; the poison check
+compares it with the moved records' ``original_queue``, and skips that comparison without it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.history import Final, events
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message handed to a consumer group: one id of a syncpoint get, or one row of a batch."""
+
+    group: str
+    id: str
+    actor: str
+    t: float  # of the ``got`` or ``batch`` event, less the actor's skew
+    outcome: str  # "ok" (committed, or a batch row), "backout" or "doubt"
+    key: tuple[float, ...]  # its place among its group's deliveries of the same source
+    source: str  # "get" or "batch"
+
+
+@dataclass(frozen=True)
+class Put:
+    op: str
+    actor: str
+    messages: list[Message]
+    phase: str  # "ok", "fail" or "doubt"
+    queue: str | None
+
+
+@dataclass
+class Violation:
+    kind: str
+    message: str
+    ids: list[str]
+    # The deliveries that broke the guarantee: what a documented fault must account for.
+    deliveries: list[Delivery] = field(default_factory=list, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "ids": self.ids}
+
+
+@dataclass
+class Report:
+    violations: list[Violation]
+    documented: list[Violation]
+    summary: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "violations": [v.to_json() for v in self.violations],
+            "documented": [v.to_json() for v in self.documented],
+            "summary": self.summary,
+        }
+
+
+@dataclass
+class Run:
+    """A run's history and final state, indexed the way the checks ask for them."""
+
+    plan: dict[str, Any]
+    final: Final
+    faults: list[dict[str, Any]]
+    puts: list[Put]
+    deliveries: list[Delivery]
+    batches: list[dict[str, Any]]  # the raw batch events, for the priority check
+    reply_requests: list[str]  # the ``request`` of every reply event
+    messages: dict[str, Message] = field(init=False)
+    put_of: dict[str, Put] = field(init=False)
+    seen: set[str] = field(init=False)
+    committed: set[str] = field(init=False)
+    moved: Counter[str] = field(init=False)
+    replies: Counter[str] = field(init=False)
+    _delivered: dict[str, dict[str, list[Delivery]]] = field(init=False)
+    _in_doubt: dict[str, set[str]] = field(init=False)
+    _waiting: dict[str, set[str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.messages = {m["id"]: m for put in self.puts for m in put.messages}
+        self.put_of = {m["id"]: put for put in self.puts for m in put.messages}
+        self.moved = Counter(record["id"] for record in self.final.moved)
+        self._waiting = {group: set(ids) for group, ids in self.final.waiting.items()}
+        self._delivered, self._in_doubt = defaultdict(lambda: defaultdict(list)), defaultdict(set)
+        for d in self.deliveries:
+            if d.outcome == "ok":
+                self._delivered[d.group][d.id].append(d)
+            elif d.outcome == "doubt":
+                self._in_doubt[d.group].add(d.id)
+        self.replies = Counter(self.final.replies)
+        self.seen = (
+            {d.id for d in self.deliveries}
+            | {i for ids in self.final.waiting.values() for i in ids}
+            | set(self.moved)
+            | set(self.replies)
+            | set(self.reply_requests)
+        )
+        self.committed = {
+            m["id"]
+            for put in self.puts
+            if put.phase == "ok" or (put.phase == "doubt" and all(m["id"] in self.seen for m in put.messages))
+            for m in put.messages
+        }
+
+    def groups(self) -> list[str]:
+        """Every consumer group: those final.json names, then any other one a delivery names."""
+        named = list(self.final.consumers)
+        return named + sorted({d.group for d in self.deliveries} - set(named))
+
+    def waiting(self, group: str) -> set[str]:
+        return self._waiting.get(group, set())
+
+    def delivered(self, group: str) -> dict[str, list[Delivery]]:
+        """The committed deliveries to ``group``, by id, in the order the history lists them."""
+        return self._delivered.get(group, {})
+
+    def in_doubt(self, group: str) -> set[str]:
+        return self._in_doubt.get(group, set())
+
+    def involving(self, ids: Iterable[str], group: str | None = None) -> list[Delivery]:
+        """Every delivery (any outcome) of these ids, to ``group`` or to any group."""
+        wanted = set(ids)
+        return [d for d in self.deliveries if d.id in wanted and group in (None, d.group)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a run folder
+
+
+def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The whole lines of a JSON-lines file (a writer killed mid-line leaves its last one cut)."""
+    if path.exists():
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.endswith("\n") and line.strip():
+                    yield json.loads(line)
+
+
+def load(run: Path) -> Run:
+    plan_path = run / "plan.json"
+    plan: dict[str, Any] = json.loads(plan_path.read_text()) if plan_path.exists() else {}
+    skew: dict[str, float] = plan.get("skew") or {}
+    puts: dict[tuple[str, str], dict[str, Any]] = {}
+    gets: dict[tuple[str, str], dict[str, Any]] = {}
+    deliveries: list[Delivery] = []
+    batches: list[dict[str, Any]] = []
+    reply_requests: list[str] = []
+    for event in events(run):
+        kind, actor = event["e"], event["actor"]
+        t = event["t"] - skew.get(actor.split("#")[0], 0)
+        if kind == "put":
+            puts.setdefault((actor, event["op"]), {"actor": actor, "op": event["op"]})[event["phase"]] = event
+        elif kind == "get":
+            gets.setdefault((actor, event["op"]), {})[event["phase"]] = {**event, "t": t}
+        elif kind == "batch":
+            batches.append({**event, "t": t})
+            for row in event["rows"]:
+                key = (float(row["delivery_seq"]),)
+                deliveries.append(Delivery(event["consumer"], row["id"], actor, t, "ok", key, "batch"))
+        elif kind == "reply":
+            reply_requests.append(event["request"])
+    for phases in gets.values():
+        deliveries.extend(_get_deliveries(phases))
+    return Run(
+        plan=plan,
+        final=Final.load(run),
+        faults=list(_json_lines(run / "faults.jsonl")),
+        puts=[_put(phases) for phases in puts.values() if "invoke" in phases],
+        deliveries=deliveries,
+        batches=batches,
+        reply_requests=reply_requests,
+    )
+
+
+def _put(phases: dict[str, Any]) -> Put:
+    invoke = phases["invoke"]
+    phase = "ok" if "ok" in phases else "fail" if "fail" in phases else "doubt"
+    return Put(phases["op"], phases["actor"], invoke["messages"], phase, invoke.get("queue"))
+
+
+def _get_deliveries(phases: dict[str, dict[str, Any]]) -> list[Delivery]:
+    got = phases.get("got")
+    if got is None:  # an ok or backout whose got line was lost: nothing was recorded in hand
+        return []
+    outcome = "ok" if "ok" in phases else "backout" if "backout" in phases else "doubt"
+    return [
+        Delivery(got["consumer"], i, got["actor"], got["t"], outcome, (got["t"], float(position)), "get")
+        for position, i in enumerate(got["ids"])
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks: each returns its violations, in a stable order.
+
+
+def _names(ids: Iterable[str], most: int = 10) -> str:
+    """Ids for a one-line message: the first few, and how many more."""
+    listed = list(ids)
+    shown = ", ".join(listed[:most])
+    return shown if len(listed) <= most else f"{shown} and {len(listed) - most} more"
+
+
+def check_lost(run: Run) -> list[Violation]:
+    found = []
+    for group in run.final.consumers:
+        accounted = set(run.delivered(group)) | run.in_doubt(group) | run.waiting(group) | set(run.moved)
+        lost = sorted(run.committed - accounted)
+        if lost:
+            message = f"group {group}: {_names(lost)} put but neither delivered, in doubt, waiting nor moved"
+            found.append(Violation("lost", message, lost))
+    return found
+
+
+def check_torn_puts(run: Run) -> list[Violation]:
+    found = []
+    for put in run.puts:
+        ids = [m["id"] for m in put.messages]
+        seen = [i for i in ids if i in run.seen]
+        if put.phase == "doubt" and seen and len(seen) < len(ids):
+            unseen = [i for i in ids if i not in run.seen]
+            message = f"put {put.op} by {put.actor} in doubt: {_names(seen)} seen but {_names(unseen)} never"
+            found.append(Violation("torn_put", message, ids))
+    return found
+
+
+def check_failed_puts(run: Run) -> list[Violation]:
+    found = []
+    for put in run.puts:
+        visible = [m["id"] for m in put.messages if m["id"] in run.seen]
+        if put.phase == "fail" and visible:
+            message = f"put {put.op} by {put.actor} failed but {_names(visible)} seen"
+            found.append(Violation("failed_put_visible", message, visible, run.involving(visible)))
+    return found
+
+
+def check_phantoms(run: Run) -> list[Violation]:
+    phantoms = sorted(run.seen - set(run.messages))
+    if not phantoms:
+        return []
+    message = f"{_names(phantoms)} seen but never put"
+    return [Violation("phantom", message, phantoms, run.involving(phantoms))]
+
+
+def check_duplicates(run: Run) -> list[Violation]:
+    found = []
+    for group in run.groups():
+        delivered, waiting = run.delivered(group), run.waiting(group)
+        for i in sorted(delivered):
+            times = delivered[i]
+            if len(times) > 1:
+                by = ", ".join(sorted({d.actor for d in times}))
+                message = f"group {group}: {i} delivered {len(times)} times (by {by})"
+                found.append(Violation("duplicate", message, [i], times))
+            if i in waiting:
+                message = f"group {group}: {i} delivered (by {times[0].actor}) and still waiting"
+                found.append(Violation("delivered_and_waiting", message, [i], times))
+    return found
+
+
+def check_order(run: Run) -> list[Violation]:
+    found = []
+    for group in run.groups():
+        waiting = run.waiting(group)
+        # A poison message moved off the queue for this group no longer holds its message group back.
+        skipped = {i for i, m in run.messages.items() if m.get("poison") and i in run.moved and i not in waiting}
+        for source in ("get", "batch"):
+            found += _order_of_deliveries(run, group, source, skipped)
+        found += _order_of_waiting(run, group, waiting - skipped)
+    return found
+
+
+def _order_of_deliveries(run: Run, group: str, source: str, skipped: set[str]) -> list[Violation]:
+    """A message group's items delivered with strictly increasing ``seq`` (each id's first delivery:
+    a second one is a duplicate, reported as such)."""
+    streams: dict[str, list[Delivery]] = defaultdict(list)
+    firsts: set[str] = set()
+    for d in sorted(run.deliveries, key=lambda d: d.key):
+        message = run.messages.get(d.id)
+        if d.group != group or d.source != source or d.outcome != "ok" or d.id in firsts or d.id in skipped:
+            continue
+        firsts.add(d.id)
+        if message is not None and message.get("group") is not None:
+            streams[message["group"]].append(d)
+    found = []
+    for name, stream in sorted(streams.items()):
+        for before, after in zip(stream, stream[1:], strict=False):
+            seq_before, seq_after = run.messages[before.id]["seq"], run.messages[after.id]["seq"]
+            if seq_after <= seq_before:
+                text = (
+                    f"group {group}, message group {name}: {after.id} (seq {seq_after}, by {after.actor}) "
+                    f"delivered after {before.id} (seq {seq_before}, by {before.actor})"
+                )
+                found.append(Violation("order", text, [before.id, after.id], [before, after]))
+    return found
+
+
+def _order_of_waiting(run: Run, group: str, waiting: set[str]) -> list[Violation]:
+    """No item of a message group left waiting behind a later item already delivered."""
+    latest: dict[str, Delivery] = {}  # per message group, the delivery of its highest seq
+    for i, times in run.delivered(group).items():
+        message = run.messages.get(i)
+        if message is None or message.get("group") is None:
+            continue
+        best = latest.get(message["group"])
+        if best is None or message["seq"] > run.messages[best.id]["seq"]:
+            latest[message["group"]] = times[0]
+    found = []
+    for i in sorted(waiting):
+        message = run.messages.get(i)
+        best = latest.get(message["group"]) if message and message.get("group") is not None else None
+        if message and best and message["seq"] < run.messages[best.id]["seq"]:
+            text = (
+                f"group {group}, message group {message['group']}: {i} (seq {message['seq']}) waiting "
+                f"but {best.id} (seq {run.messages[best.id]['seq']}) delivered by {best.actor}"
+            )
+            found.append(Violation("order", text, [i, best.id], [best]))
+    return found
+
+
+def check_priority(run: Run) -> list[Violation]:
+    found = []
+    for event in run.batches:
+        rows = sorted((r for r in event["rows"] if r.get("group") is None), key=lambda r: r["delivery_seq"])
+        for before, after in zip(rows, rows[1:], strict=False):
+            if after["priority"] > before["priority"]:
+                message = (
+                    f"group {event['consumer']}, batch {event['batch']} by {event['actor']}: {after['id']} "
+                    f"(priority {after['priority']}) after {before['id']} (priority {before['priority']})"
+                )
+                deliveries = run.involving([before["id"], after["id"]], event["consumer"])
+                mine = [d for d in deliveries if d.source == "batch" and d.actor == event["actor"]]
+                found.append(Violation("priority", message, [before["id"], after["id"]], mine))
+    return found
+
+
+def check_poison(run: Run) -> list[Violation]:
+    found = []
+    groups = list(run.final.consumers)
+    for i in sorted(run.committed):
+        if not run.messages[i].get("poison"):
+            continue
+        problems, delivered = [], []
+        for group in run.groups():
+            times = run.delivered(group).get(i, [])
+            if times:
+                delivered += times
+                problems.append(f"delivered to {group} by {', '.join(sorted({d.actor for d in times}))}")
+        gone = [g for g in groups if i not in run.waiting(g)]
+        if run.moved[i] != len(gone):
+            problems.append(f"{run.moved[i]} moved records for {len(gone)} groups it is not waiting for")
+        queue = run.put_of[i].queue
+        for record in (r for r in run.final.moved if r["id"] == i):
+            if (record.get("backout_count") or 0) < 1:
+                problems.append(f"moved to {record.get('queue')} with backout count {record.get('backout_count')}")
+            if queue is not None and record.get("original_queue") != queue:
+                problems.append(f"moved with original queue {record.get('original_queue')}, put to {queue}")
+        if problems:
+            found.append(Violation("poison", f"poison {i}: " + "; ".join(problems), [i], delivered))
+    return found
+
+
+def check_replies(run: Run) -> list[Violation]:
+    found = []
+    forwarder = run.plan.get("forwarder_consumer")
+    for i in sorted(run.committed):
+        request = run.messages[i].get("request") is not None
+        count = run.replies[i]
+        if not request and count:
+            found.append(Violation("reply", f"{i} is not a request but has {count} reply entries", [i]))
+        if not request or forwarder is None:
+            continue
+        if i in run.waiting(forwarder):
+            expected, state = (0, 0), f"waiting for {forwarder}"
+        elif i in run.delivered(forwarder) or i in run.moved:
+            expected, state = (1, 1), f"delivered to {forwarder} or moved"
+        elif i in run.in_doubt(forwarder):  # the forwarder may have died before or after it replied
+            expected, state = (0, 1), f"in doubt for {forwarder}"
+        else:
+            continue  # lost: reported as such
+        if not expected[0] <= count <= expected[1]:
+            message = f"request {i} {state} has {count} reply entries"
+            found.append(Violation("reply", message, [i], run.involving([i], forwarder)))
+    return found
+
+
+def check_storage(run: Run) -> list[Violation]:
+    most = run.plan.get("max_files", 50)
+    return [
+        Violation("storage", f"queue {queue}: {sizes['files']} files, more than {most}", [])
+        for queue, sizes in sorted(run.final.storage.items())
+        if sizes.get("files", 0) > most
+    ]
+
+
+CHECKS = (
+    check_lost,
+    check_torn_puts,
+    check_failed_puts,
+    check_phantoms,
+    check_duplicates,
+    check_order,
+    check_priority,
+    check_poison,
+    check_replies,
+    check_storage,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Documented faults, the summary, the report
+
+
+def documented_by(violation: Violation, documented: list[dict[str, Any]]) -> str | None:
+    """The name of the documented fault that explains every delivery of ``violation``, if any. A
+    violation without deliveries (a loss, a torn put, storage) is never explained away."""
+    for fault in documented:
+        if violation.deliveries and all(
+            d.actor.split("#")[0] == fault["actor"] and fault["from"] <= d.t <= fault["to"]
+            for d in violation.deliveries
+        ):
+            return str(fault["name"])
+    return None
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    """Counts for the reader. Per consumer group, each committed id counts once: ``delivered``, else
+    ``waiting``, else ``moved``, else ``in_doubt`` (in hand when its consumer died, seen nowhere since)."""
+    phases = Counter(put.phase for put in run.puts)
+    consumers = {}
+    for group, kind in run.final.consumers.items():
+        delivered, waiting = set(run.delivered(group)), run.waiting(group)
+        moved = (set(run.moved) & run.committed) - delivered - waiting
+        in_doubt = (run.in_doubt(group) & run.committed) - delivered - waiting - moved
+        consumers[group] = {
+            "kind": kind,
+            "delivered": len(delivered),
+            "in_doubt": len(in_doubt),
+            "waiting": len(waiting),
+            "moved": len(moved),
+        }
+    return {
+        "puts": {"ok": phases["ok"], "failed": phases["fail"], "in_doubt": phases["doubt"]},
+        "messages_put": sum(len(put.messages) for put in run.puts if put.phase == "ok"),
+        "messages_committed": len(run.committed),
+        "consumers": consumers,
+        "replies": len(run.final.replies),
+        "faults": dict(sorted(Counter(str(f.get("kind")) for f in run.faults).items())),
+    }
+
+
+def check(run: Path) -> Report:
+    """Judge the run recorded in folder ``run``."""
+    loaded = load(run)
+    report = Report([], [], summarize(loaded))
+    documented = loaded.plan.get("documented") or []
+    for one_check in CHECKS:
+        for violation in one_check(loaded):
+            name = documented_by(violation, documented)
+            if name is None:
+                report.violations.append(violation)
+            else:
+                violation.message += f" (documented: {name})"
+                report.documented.append(violation)
+    return report
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m chaos.checker RUN_FOLDER", file=sys.stderr)
+        return 2
+    report = check(Path(argv[0]))
+    print(json.dumps(report.to_json(), indent=1))
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

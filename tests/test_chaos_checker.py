@@ -1,0 +1,350 @@
+"""The chaos checker on hand-written run folders: a valid run passes with exact counts, and each
+guarantee, broken alone, is reported alone (so every check is shown able to fail)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.checker import Report, check
+from chaos.history import Final, History
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+T0 = 1_700_000_000.0  # the events' times are T0 + a few seconds
+
+
+def _message(id: str, **fields: Any) -> dict[str, Any]:
+    base = {"id": id, "group": None, "seq": 1, "last": False, "priority": 0, "poison": False, "request": None}
+    return base | fields
+
+
+MESSAGES = {
+    m["id"]: m
+    for m in [
+        _message("a1", priority=5),
+        _message("a2", priority=1),
+        _message("g1", group="G", seq=1, priority=4),
+        _message("g2", group="G", seq=2, priority=4),
+        _message("g3", group="G", seq=3, last=True, priority=4),
+        _message("f1"),
+        _message("x1", poison=True),
+        _message("r1", request="REPLY", priority=3),
+        _message("d1", priority=2),
+        _message("d2", priority=2),
+        _message("n1"),
+        _message("t1"),
+        _message("t2"),
+    ]
+}
+
+
+@dataclass
+class Scenario:
+    """A run folder's content before it is written: events (actor, kind, fields), final, plan, faults."""
+
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    final: Final = field(default_factory=Final)
+    plan: dict[str, Any] = field(default_factory=dict)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+    def put(self, actor: str, op: str, at: float, ids: list[str], outcome: str | None) -> None:
+        invoke = {"t": T0 + at, "phase": "invoke", "op": op, "queue": "Q", "messages": [MESSAGES[i] for i in ids]}
+        self.events.append((actor, "put", invoke))
+        if outcome == "fail":
+            self.events.append((actor, "put", {"t": T0 + at + 0.1, "phase": "fail", "op": op, "error": "MQRC 2053"}))
+        elif outcome == "ok":
+            self.events.append((actor, "put", {"t": T0 + at + 0.1, "phase": "ok", "op": op}))
+
+    def get(self, actor: str, op: str, at: float, ids: list[str], outcome: str | None) -> None:
+        """A syncpoint get of group workers; ``outcome`` None: its actor was killed with them in hand."""
+        self.events.append((actor, "get", {"t": T0 + at, "phase": "got", "op": op, "consumer": "workers", "ids": ids}))
+        if outcome is not None:
+            self.events.append((actor, "get", {"t": T0 + at + 0.1, "phase": outcome, "op": op}))
+
+    def batch(self, actor: str, at: float, number: int, rows: list[tuple[str, int]]) -> None:
+        """A streaming batch of group audit: (id, delivery_seq) rows, the rest from the message."""
+        fields = ("priority", "group", "seq")
+        recorded = [{"id": i, "delivery_seq": n} | {k: MESSAGES[i][k] for k in fields} for i, n in rows]
+        self.events.append((actor, "batch", {"t": T0 + at, "consumer": "audit", "batch": number, "rows": recorded}))
+
+    def without(self, actor: str, op: str) -> None:
+        self.events = [e for e in self.events if not (e[0] == actor and e[2].get("op") == op)]
+
+    def write(self, run: Path) -> Path:
+        histories: dict[str, History] = {}
+        for actor, kind, fields in self.events:
+            histories.setdefault(actor, History(run, actor)).record(kind, **fields)
+        for history in histories.values():
+            history.close()
+        self.final.save(run)
+        (run / "plan.json").write_text(json.dumps(self.plan))
+        (run / "faults.jsonl").write_text("".join(json.dumps(f) + "\n" for f in self.faults))
+        return run
+
+
+def valid() -> Scenario:
+    """Every event kind, faults, an in-doubt put fully visible and one never seen, a failed put, an
+    in-doubt get, a poison message moved, a request with its reply, a consumer with a skewed clock."""
+    s = Scenario()
+    s.put("P1#0", "p1", 1, ["a1", "a2"], "ok")
+    s.put("P1#0", "p2", 2, ["g1", "g2", "g3"], "ok")
+    s.put("P1#0", "p3", 3, ["f1"], "fail")
+    s.put("P1#0", "p4", 4, ["x1"], "ok")
+    s.put("P1#0", "p5", 5, ["r1"], "ok")
+    s.put("P2#0", "q1", 6, ["d1", "d2"], None)  # killed: d1 and d2 show it put both
+    s.put("P2#1", "q2", 7, ["n1"], None)  # killed: n1 shows it put nothing
+    s.get("W1#0", "w1", 10, ["a1", "a2"], "ok")
+    s.get("W1#0", "w2", 11, ["g1"], "ok")
+    s.get("W1#0", "w4", 13, ["x1"], "backout")  # backout threshold 1: moved
+    s.get("W1#0", "w5", 14, ["r1"], "ok")
+    s.get("W1#0", "w6", 15, ["d1"], None)  # killed in hand; it committed (d1 waits no more)
+    # W2's clock is 10 s slow: g2 at 2 is at 12 on the run's clock, after g1.
+    s.get("W2#0", "v1", 2, ["g2"], "ok")
+    s.get("W1#1", "w7", 17, ["d2"], "ok")
+    s.batch("S1#0", 20, 0, [("a1", 1), ("a2", 2), ("g1", 3)])
+    s.batch("S1#0", 21, 1, [("g2", 4), ("g3", 5), ("r1", 6), ("d1", 7), ("d2", 8)])
+    s.events.append(("R1#0", "reply", {"t": T0 + 22, "request": "r1", "failed": False}))
+    s.events.append(("M#0", "maintain", {"t": T0 + 23, "removed": 3}))
+    s.final = Final(
+        consumers={"workers": "syncpoint", "audit": "stream"},
+        waiting={"workers": ["g3"], "audit": ["x1"]},
+        moved=[{"id": "x1", "queue": "Q.BACKOUT", "reason": None, "backout_count": 1, "original_queue": "Q"}],
+        replies=["r1"],
+        storage={"Q": {"files": 12, "bytes": 4096, "live": 2}, "Q.BACKOUT": {"files": 1, "bytes": 900, "live": 1}},
+    )
+    s.plan = {"seed": 7, "forwarder_consumer": "workers", "max_files": 50, "skew": {"W2": -10}, "documented": []}
+    s.faults = [
+        {"t": T0 + 6.5, "kind": "kill", "target": "P2", "incarnation": 0},
+        {"t": T0 + 7.5, "kind": "kill", "target": "P2", "incarnation": 1},
+        {"t": T0 + 15.5, "kind": "kill", "target": "W1", "incarnation": 0},
+        {"t": T0 + 19, "kind": "pause", "target": "S1", "incarnation": 0},
+    ]
+    return s
+
+
+def found(report: Report) -> list[tuple[str, list[str]]]:
+    return [(v.kind, v.ids) for v in report.violations]
+
+
+def checked(tmp_path: Path, change: Callable[[Scenario], None]) -> Report:
+    scenario = valid()
+    change(scenario)
+    return check(scenario.write(tmp_path))
+
+
+def test_valid_run_has_no_violation_and_exact_counts(tmp_path: Path) -> None:
+    run = valid().write(tmp_path)
+    # Lines cut by a kill are not read.
+    with (run / "history" / "W1#0.jsonl").open("a") as cut:
+        cut.write('{"t": 1, "actor": "W1#0", "e": "get", "phase": "ok", "op"')
+    with (run / "faults.jsonl").open("a") as cut:
+        cut.write('{"t": 1, "kind": "ki')
+
+    report = check(run)
+
+    assert report.violations == [] and report.documented == []
+    assert report.summary == {
+        "puts": {"ok": 4, "failed": 1, "in_doubt": 2},
+        "messages_put": 7,
+        "messages_committed": 9,
+        "consumers": {
+            "workers": {"kind": "syncpoint", "delivered": 6, "in_doubt": 1, "waiting": 1, "moved": 1},
+            "audit": {"kind": "stream", "delivered": 8, "in_doubt": 0, "waiting": 1, "moved": 0},
+        },
+        "replies": 1,
+        "faults": {"kill": 3, "pause": 1},
+    }
+
+
+def test_lost(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: s.final.waiting.update(workers=[]))
+    assert found(report) == [("lost", ["g3"])]
+    assert report.violations[0].message == "group workers: g3 put but neither delivered, in doubt, waiting nor moved"
+
+
+def test_torn_put(tmp_path: Path) -> None:
+    def tear(s: Scenario) -> None:
+        s.put("P3#0", "t", 8, ["t1", "t2"], None)
+        s.final.waiting["workers"].append("t1")
+        s.final.waiting["audit"].append("t1")
+
+    report = checked(tmp_path, tear)
+    assert found(report) == [("torn_put", ["t1", "t2"])]
+    assert report.violations[0].message == "put t by P3#0 in doubt: t1 seen but t2 never"
+
+
+def test_failed_put_visible(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: s.final.waiting["audit"].append("f1"))
+    assert found(report) == [("failed_put_visible", ["f1"])]
+    assert report.violations[0].message == "put p3 by P1#0 failed but f1 seen"
+
+
+def test_phantom(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: s.get("W1#1", "w9", 18, ["zz"], "ok"))
+    assert found(report) == [("phantom", ["zz"])]
+    assert report.violations[0].message == "zz seen but never put"
+
+
+def test_duplicate(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: s.get("W1#1", "w9", 18, ["a1"], "ok"))
+    assert found(report) == [("duplicate", ["a1"])]
+    assert report.violations[0].message == "group workers: a1 delivered 2 times (by W1#0, W1#1)"
+
+
+def test_delivered_and_waiting(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: s.final.waiting["audit"].append("a2"))
+    assert found(report) == [("delivered_and_waiting", ["a2"])]
+    assert report.violations[0].message == "group audit: a2 delivered (by S1#0) and still waiting"
+
+
+def _swap_stream_order(s: Scenario) -> None:
+    s.events = [e for e in s.events if e[1] != "batch" or e[2]["batch"] != 1]
+    s.batch("S1#0", 21, 1, [("g3", 4), ("g2", 5), ("r1", 6), ("d1", 7), ("d2", 8)])
+
+
+def _leave_g2_behind(s: Scenario) -> None:
+    s.without("W2#0", "v1")
+    s.get("W1#1", "w8", 18, ["g3"], "ok")
+    s.final.waiting["workers"] = ["g2"]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected", "message"),
+    [
+        (
+            _swap_stream_order,
+            ["g3", "g2"],
+            "group audit, message group G: g2 (seq 2, by S1#0) delivered after g3 (seq 3, by S1#0)",
+        ),
+        # Without W2's skew, its get of g2 (at 2 on its clock) looks earlier than W1's of g1 (at 11).
+        (
+            lambda s: s.plan.update(skew={}),
+            ["g2", "g1"],
+            "group workers, message group G: g1 (seq 1, by W1#0) delivered after g2 (seq 2, by W2#0)",
+        ),
+        (
+            _leave_g2_behind,
+            ["g2", "g3"],
+            "group workers, message group G: g2 (seq 2) waiting but g3 (seq 3) delivered by W1#1",
+        ),
+    ],
+    ids=["stream", "skew", "waiting"],
+)
+def test_order(tmp_path: Path, change: Callable[[Scenario], None], expected: list[str], message: str) -> None:
+    report = checked(tmp_path, change)
+    assert found(report) == [("order", expected)]
+    assert report.violations[0].message == message
+
+
+def test_priority(tmp_path: Path) -> None:
+    def invert(s: Scenario) -> None:
+        s.events = [e for e in s.events if e[1] != "batch" or e[2]["batch"] != 0]
+        s.batch("S1#0", 20, 0, [("a2", 1), ("a1", 2), ("g1", 3)])
+
+    report = checked(tmp_path, invert)
+    assert found(report) == [("priority", ["a2", "a1"])]
+    assert report.violations[0].message == "group audit, batch 0 by S1#0: a1 (priority 5) after a2 (priority 1)"
+
+
+def _deliver_poison(s: Scenario) -> None:
+    s.without("W1#0", "w4")
+    s.get("W1#0", "w4", 13, ["x1"], "ok")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_deliver_poison, "poison x1: delivered to workers by W1#0"),
+        (lambda s: s.final.moved[0].update(backout_count=0), "poison x1: moved to Q.BACKOUT with backout count 0"),
+        (lambda s: s.final.moved[0].update(original_queue="P"), "poison x1: moved with original queue P, put to Q"),
+        (
+            lambda s: s.final.moved.append(dict(s.final.moved[0])),
+            "poison x1: 2 moved records for 1 groups it is not waiting for",
+        ),
+    ],
+    ids=["delivered", "backout-count", "original-queue", "moved-twice"],
+)
+def test_poison(tmp_path: Path, change: Callable[[Scenario], None], message: str) -> None:
+    report = checked(tmp_path, change)
+    assert found(report) == [("poison", ["x1"])]
+    assert report.violations[0].message == message
+
+
+def _request_waiting(s: Scenario) -> None:
+    s.without("W1#0", "w5")
+    s.final.waiting["workers"].append("r1")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected", "message"),
+    [
+        (lambda s: s.final.replies.append("r1"), "r1", "request r1 delivered to workers or moved has 2 reply entries"),
+        (lambda s: s.final.replies.clear(), "r1", "request r1 delivered to workers or moved has 0 reply entries"),
+        (_request_waiting, "r1", "request r1 waiting for workers has 1 reply entries"),
+        (lambda s: s.final.replies.append("a1"), "a1", "a1 is not a request but has 1 reply entries"),
+    ],
+    ids=["two", "none", "waiting", "not-a-request"],
+)
+def test_reply(tmp_path: Path, change: Callable[[Scenario], None], expected: str, message: str) -> None:
+    report = checked(tmp_path, change)
+    assert found(report) == [("reply", [expected])]
+    assert report.violations[0].message == message
+
+
+def test_storage(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: s.final.storage["Q"].update(files=51))
+    assert found(report) == [("storage", [])]
+    assert report.violations[0].message == "queue Q: 51 files, more than 50"
+
+
+@pytest.mark.parametrize(
+    ("fault", "documented"),
+    [
+        ({"actor": "W1", "from": T0 + 9, "to": T0 + 19}, True),
+        ({"actor": "W1", "from": T0 + 11, "to": T0 + 19}, False),  # the first delivery is outside
+        ({"actor": "W2", "from": T0, "to": T0 + 30}, False),  # another actor
+    ],
+    ids=["covered", "too-late", "other-actor"],
+)
+def test_documented(tmp_path: Path, fault: dict[str, Any], documented: bool) -> None:
+    def duplicate_and_lose(s: Scenario) -> None:
+        s.get("W1#1", "w9", 18, ["a1"], "ok")
+        s.final.waiting["workers"] = []  # g3 lost: no delivery explains a loss
+        s.plan["documented"] = [{"name": "redelivery after a kill"} | fault]
+
+    report = checked(tmp_path, duplicate_and_lose)
+    duplicate = [("duplicate", ["a1"])]
+    assert [(v.kind, v.ids) for v in report.documented] == (duplicate if documented else [])
+    assert found(report) == [("lost", ["g3"])] + ([] if documented else duplicate)
+    if documented:
+        assert report.documented[0].message.endswith("(documented: redelivery after a kill)")
+
+
+def test_command_line(tmp_path: Path) -> None:
+    def command(run: Path) -> subprocess.CompletedProcess[str]:
+        arguments = [sys.executable, "-m", "chaos.checker", str(run)]
+        return subprocess.run(arguments, cwd=REPOSITORY, capture_output=True, text=True, timeout=60)
+
+    good = command(valid().write(tmp_path / "good"))
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["violations"] == []
+    assert json.loads(good.stdout)["summary"]["puts"] == {"ok": 4, "failed": 1, "in_doubt": 2}
+
+    broken = valid()
+    broken.final.waiting["workers"] = []
+    bad = command(broken.write(tmp_path / "bad"))
+    assert bad.returncode == 1, bad.stderr
+    assert json.loads(bad.stdout)["violations"] == [
+        {
+            "kind": "lost",
+            "message": "group workers: g3 put but neither delivered, in doubt, waiting nor moved",
+            "ids": ["g3"],
+        }
+    ]
