@@ -4,6 +4,7 @@
 #   ./dev.sh demo [--root DIR]   the demo pipeline on a local queue manager (./mq-data)
 #   ./dev.sh test [PYTEST ARGS]  the full test suite
 #   ./dev.sh bench [ARGS]        the benchmarks (JSON on stdout)
+#   ./dev.sh chaos [ARGS]        a chaos run (--minutes N --seed S; the report as JSON on stdout)
 #   ./dev.sh lint                ruff check, ruff format --check and mypy (fails on any finding)
 #   ./dev.sh setup               only the set-up (everything the tests need)
 set -euo pipefail
@@ -59,8 +60,8 @@ setup_tests() {
 # Runs all three checks, then fails if any of them found something.
 lint() {
     status=0
-    "$VENV/bin/python" -m ruff check mqspark tests benchmarks || status=1
-    "$VENV/bin/python" -m ruff format --check mqspark tests benchmarks || status=1
+    "$VENV/bin/python" -m ruff check mqspark tests benchmarks chaos || status=1
+    "$VENV/bin/python" -m ruff format --check mqspark tests benchmarks chaos || status=1
     "$VENV/bin/python" -m mypy || status=1
     return "$status"
 }
@@ -72,6 +73,7 @@ case "$command" in
     demo) setup; exec "$VENV/bin/python" -m mqspark.demo "$@" ;;
     test) setup_tests; exec "$VENV/bin/python" -m pytest "$@" ;;
     bench) setup; exec "$VENV/bin/python" -m benchmarks "$@" ;;
+    chaos) setup; exec "$VENV/bin/python" -m chaos "$@" ;;
     lint) setup; lint ;;
-    *) die "usage: ./dev.sh demo|test|bench|lint|setup [ARGS]" ;;
+    *) die "usage: ./dev.sh demo|test|bench|chaos|lint|setup [ARGS]" ;;
 esac

@@ -1,0 +1,156 @@
+"""The processes of a chaos run: ``python -m chaos.actor RUN KIND NAME INCARNATION SEED``.
+
+Each actor works against the run's queue manager until the file ``RUN/stop`` appears (or, for a
+producer, ``RUN/stop-producers``), recording what it does in its history (:mod:`chaos.history`).
+The nemesis kills and pauses them; the run starts a killed actor again as its next incarnation.
+
+- ``producer``: ``qm.put`` of 1 to 6 messages at a time: ungrouped messages of random priority,
+  message groups put whole or spread over two puts, now and then a poison message;
+- ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
+  a poison message fails its block (one failed delivery), so it moves at the queue's backout
+  threshold;
+- ``maintenance``: ``qm.maintain`` every two seconds with a short retention.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from chaos.history import History
+from mqspark import MQError, QueueManager
+
+QUEUE = "Q"
+BACKOUT_QUEUE = "Q.BACKOUT"
+PYTHON_GROUP = "python"
+POISON = "poison"
+
+
+class Poisoned(Exception):
+    """A getter's block fails on a poison message, as an application would."""
+
+
+def _stopping(run: Path, *names: str) -> bool:
+    return any((run / name).exists() for name in ("stop", *names))
+
+
+def _message(id: str, **fields: Any) -> dict[str, Any]:
+    return {"id": id, "group": None, "seq": 1, "last": False, "poison": False, "request": None} | fields
+
+
+def _puts(name: str, rng: random.Random) -> Any:
+    """The producer's puts, each a list of history messages: ungrouped ones, and message groups whose
+    items go in one put or over two consecutive puts."""
+    number = 0
+    while True:
+        count = rng.randint(1, 6)
+        batch: list[dict[str, Any]] = []
+        carried: list[dict[str, Any]] = []
+        while len(batch) < count:
+            number += 1
+            if rng.random() < 0.3:
+                group = f"{name}-G{number}"
+                size = rng.randint(2, 5)
+                priority = rng.randint(0, 9)
+                items = [
+                    _message(f"{name}-{number}.{seq}", group=group, seq=seq, last=seq == size, priority=priority)
+                    for seq in range(1, size + 1)
+                ]
+                if rng.random() < 0.5:
+                    split = rng.randint(1, size - 1)
+                    batch += items[:split]
+                    carried += items[split:]
+                else:
+                    batch += items
+            else:
+                batch.append(_message(f"{name}-{number}", priority=rng.randint(0, 9), poison=rng.random() < 0.02))
+        yield batch
+        if carried:
+            yield carried
+
+
+def _payload(message: dict[str, Any]) -> bytes:
+    return (POISON + ":" + message["id"] if message["poison"] else message["id"]).encode()
+
+
+def produce(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
+    for op, batch in enumerate(_puts(history.actor, rng)):
+        if _stopping(run, "stop-producers"):
+            return
+        key = f"{history.actor}:{op}"
+        history.record("put", phase="invoke", op=key, queue=QUEUE, messages=batch)
+        rows = [
+            {"payload": _payload(m), "priority": m["priority"]}
+            | ({"group_id": m["group"], "msg_seq_number": m["seq"], "last_in_group": m["last"]} if m["group"] else {})
+            for m in batch
+        ]
+        try:
+            qm.put(QUEUE, rows)
+        except MQError as error:
+            history.record("put", phase="fail", op=key, error=str(error))
+            time.sleep(0.2)
+            continue
+        history.record("put", phase="ok", op=key)
+        time.sleep(rng.uniform(0.5, 2.0))  # within what three getters keep up with on two cores
+
+
+def message_id(payload: bytes) -> str:
+    """The history id a payload carries."""
+    text = payload.decode()
+    return text.removeprefix(POISON + ":")
+
+
+def get(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
+    op = 0
+    while not _stopping(run):
+        op += 1
+        key = f"{history.actor}:{op}"
+        try:
+            with qm.syncpoint_get(QUEUE, PYTHON_GROUP, max_messages=1, wait=1.0) as messages:
+                if messages.num_rows == 0:
+                    continue
+                payloads = messages["payload"].to_pylist()
+                history.record("get", phase="got", op=key, consumer=PYTHON_GROUP, ids=[message_id(p) for p in payloads])
+                time.sleep(rng.uniform(0.0, 0.05))  # the application's work
+                if any(p.startswith(POISON.encode()) for p in payloads):
+                    raise Poisoned("a poison message")
+        except Poisoned:
+            history.record("get", phase="backout", op=key)
+            continue
+        except MQError as error:
+            # A commit refused once the claim's lock passed (a pause): the messages wait again.
+            history.record("get", phase="backout", op=key, error=str(error))
+            continue
+        history.record("get", phase="ok", op=key)
+
+
+def maintain(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
+    while not _stopping(run):
+        try:
+            summary = qm.maintain(QUEUE, retention=timedelta(seconds=5))
+            history.record("maintain", removed=summary.removed_consumed)
+        except MQError as error:
+            history.record("maintain", error=str(error))
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not _stopping(run):
+            time.sleep(0.1)
+
+
+KINDS = {"producer": produce, "getter": get, "maintenance": maintain}
+
+
+def main(argv: list[str]) -> None:
+    run, kind, name, incarnation, seed = Path(argv[0]), argv[1], argv[2], int(argv[3]), int(argv[4])
+    history = History(run, f"{name}#{incarnation}")
+    rng = random.Random(f"{seed}/{name}/{incarnation}")
+    qm = QueueManager.open(str(run / "qm"))
+    KINDS[kind](run, qm, history, name, rng)
+    history.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

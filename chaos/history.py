@@ -1,0 +1,95 @@
+"""What a chaos run records, and how: one JSON-lines file per actor incarnation, written line by line.
+
+A run folder holds:
+
+- ``plan.json``: the seed, the minutes, the store, the actors and the fault schedule;
+- ``history/<actor>.jsonl``: what each actor did, one event per line (see below). An actor writes a
+  whole line and flushes it before it goes on, so a SIGKILL loses at most the line being written;
+  the reader skips a last line without its newline;
+- ``faults.jsonl``: what the nemesis did, when;
+- ``final.json``: what the queues held when the run ended (see :class:`Final`).
+
+Every event has ``t`` (the writer's ``time.time()``), ``actor`` (``name#incarnation``: a restarted
+actor is a new incarnation) and ``e``, its kind:
+
+- ``put``: ``phase`` ``invoke`` (with ``queue`` and ``messages``), then ``ok`` or ``fail`` (with ``error``), all
+  with the same ``op`` (unique in the run). A put is atomic: an ``invoke`` with neither ``ok`` nor
+  ``fail`` (its actor was killed) put all of its messages or none. Each message is a dict:
+  ``id`` (unique in the run, also the message's payload), ``group`` (message group id or None),
+  ``seq`` (its number in the group, 1 for none), ``last`` (last in group), ``priority``,
+  ``poison`` (every delivery of it fails), ``request`` (the forwarder's reply queue, or None).
+- ``get``: a get under syncpoint of consumer group ``consumer``. ``phase`` ``got`` (with ``ids``, in
+  the order the get returned them) when the messages are in hand, then ``ok`` when the commit
+  returned, or ``backout`` when the block raised (each message back on the queue with one more
+  failed delivery). A ``got`` with neither (its actor was killed) may or may not have committed.
+- ``batch``: a streaming get's micro-batch as its sink recorded it: ``consumer``, ``batch`` (Spark's
+  batch id) and ``rows`` (``id``, ``delivery_seq``, ``priority``, ``group``, ``seq``).
+- ``reply``: the forwarder's reply or failure record as the requester read it: ``request`` (the
+  request's id) and ``failed`` (a failure record rather than a reply).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class History:
+    """The event file of one actor incarnation."""
+
+    def __init__(self, run: Path, actor: str) -> None:
+        folder = run / "history"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.actor = actor
+        self._file: TextIO = (folder / f"{actor}.jsonl").open("a", encoding="utf-8")
+
+    def record(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"t": time.time(), "actor": self.actor, "e": kind, **fields}, separators=(",", ":"))
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def events(run: Path) -> Iterator[dict[str, Any]]:
+    """Every whole event of the run, file by file, each file in its own order."""
+    for path in sorted((run / "history").glob("*.jsonl")):
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.endswith("\n"):
+                    yield json.loads(line)
+
+
+@dataclass
+class Final:
+    """What the queues held at the end of a run, after every actor stopped and maintenance ran.
+
+    - ``consumers``: each consumer group and how it reads (``syncpoint`` or ``stream``);
+    - ``waiting``: per consumer group, the ids of the messages still waiting for it;
+    - ``moved``: the messages on backout, error and dead-letter queues: ``id``, ``queue``,
+      ``reason`` (the MQ reason code, None on a backout queue), ``backout_count``, ``original_queue``;
+    - ``replies``: the ids of the requests with a reply or failure record on a reply queue, one
+      entry per record;
+    - ``storage``: per queue, ``files``, ``bytes`` and ``live`` (messages) of its Delta table.
+    """
+
+    consumers: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, list[str]] = field(default_factory=dict)
+    moved: list[dict[str, Any]] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    storage: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def save(self, run: Path) -> None:
+        temporary = run / "final.json.tmp"
+        temporary.write_text(json.dumps(self.__dict__, indent=1))
+        os.replace(temporary, run / "final.json")
+
+    @classmethod
+    def load(cls, run: Path) -> Final:
+        return cls(**json.loads((run / "final.json").read_text()))

@@ -1,0 +1,47 @@
+"""The nemesis of a chaos run: which fault, when, to whom, drawn from the seed before the run starts.
+
+The same seed gives the same schedule (not the same timing: processes run as fast as the machine
+lets them). Kinds:
+
+- ``kill``: SIGKILL; the actor starts again as its next incarnation after ``restart_after`` seconds;
+- ``pause``: SIGSTOP for ``for`` seconds, then SIGCONT (past the queue's lock duration now and then,
+  so another getter takes the paused one's messages back).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+KINDS = ("kill", "pause")
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str
+    target: str
+    duration: float = 0.0
+    restart_after: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def schedule(seed: int, seconds: float, targets: list[str], mean_interval: float) -> list[Fault]:
+    """Faults at random times (exponential gaps of ``mean_interval`` on average) over ``seconds``, each
+    on a target drawn at random, leaving the first and last few seconds quiet."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    at = 3.0
+    while True:
+        at += rng.expovariate(1.0 / mean_interval)
+        if at > seconds - 3.0:
+            return faults
+        kind = rng.choice(KINDS)
+        target = rng.choice(targets)
+        if kind == "kill":
+            faults.append(Fault(round(at, 2), kind, target, restart_after=round(rng.uniform(0.2, 3.0), 2)))
+        else:
+            faults.append(Fault(round(at, 2), kind, target, duration=round(rng.uniform(0.5, 12.0), 2)))

@@ -1,0 +1,241 @@
+"""One chaos run: set up the queue manager, start the actors, apply the nemesis's faults, let the
+consumers drain, record what the queues hold, and check the history (:mod:`chaos.checker`).
+
+The run's folder keeps everything (history, faults, actor logs, the queue manager), so a failure can
+be looked at afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+
+from chaos import nemesis
+from chaos.actor import BACKOUT_QUEUE, PYTHON_GROUP, QUEUE, message_id
+from chaos.checker import Report, Violation, check
+from chaos.history import Final
+from mqspark import QueueManager, store
+
+DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
+LOCK_DURATION = 5.0
+BACKOUT_THRESHOLD = 3
+# The actors of a run: kind and name. Maintenance is a target too: a kill mid-commit is its hardest case.
+ACTORS = [("producer", "P1"), ("producer", "P2"), ("getter", "G1"), ("getter", "G2"), ("getter", "G3")]
+ACTORS.append(("maintenance", "M"))
+
+
+@dataclass
+class Actor:
+    kind: str
+    name: str
+    incarnation: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    # When a killed actor starts again, or a paused one goes on.
+    restart_at: float | None = None
+    resume_at: float | None = None
+
+
+class Run:
+    def __init__(self, folder: Path, seconds: float, seed: int, mean_interval: float) -> None:
+        self.folder = folder
+        self.seconds = seconds
+        self.seed = seed
+        self.actors = {name: Actor(kind, name) for kind, name in ACTORS}
+        self.faults = nemesis.schedule(seed, seconds, sorted(self.actors), mean_interval)
+        # Kinds of actor told to finish: their exit is expected, and they are not started again.
+        self.finishing: set[str] = set()
+        # Actors that ended by themselves (an error they did not expect): each is a violation.
+        self.failures: list[str] = []
+        self._faults_log = (folder / "faults.jsonl").open("a")
+
+    def _record(self, kind: str, target: str, **fields: Any) -> None:
+        self._faults_log.write(json.dumps({"t": time.time(), "kind": kind, "target": target, **fields}) + "\n")
+        self._faults_log.flush()
+
+    def _start(self, actor: Actor) -> None:
+        actor.incarnation += 1
+        logs = self.folder / "logs"
+        logs.mkdir(exist_ok=True)
+        command = [sys.executable, "-m", "chaos.actor", str(self.folder), actor.kind, actor.name]
+        command += [str(actor.incarnation), str(self.seed)]
+        with (logs / f"{actor.name}#{actor.incarnation}.log").open("w") as output:
+            actor.process = subprocess.Popen(
+                command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=_environment()
+            )
+        actor.restart_at = None
+
+    def _tend(self, now: float) -> None:
+        """Start killed actors again when due, let paused ones go on, and start again any that ended
+        by itself (recorded: an actor that exits on its own during a run is a finding)."""
+        for actor in self.actors.values():
+            if actor.resume_at is not None and now >= actor.resume_at:
+                _signal(actor, signal.SIGCONT)
+                actor.resume_at = None
+            if actor.restart_at is not None and now >= actor.restart_at:
+                self._start(actor)
+            elif (
+                actor.restart_at is None
+                and actor.kind not in self.finishing
+                and (code := _exit_code(actor)) is not None
+            ):
+                self._record("exited", actor.name, code=code, incarnation=actor.incarnation)
+                self.failures.append(f"{actor.name}#{actor.incarnation} exited by itself with code {code}")
+                self._start(actor)
+
+    def _apply(self, fault: nemesis.Fault, now: float) -> None:
+        actor = self.actors[fault.target]
+        if actor.process is None or actor.restart_at is not None:
+            self._record("skipped", fault.target, fault=fault.as_dict())
+            return
+        if fault.kind == "kill":
+            _signal(actor, signal.SIGKILL)
+            actor.process.wait()
+            actor.resume_at = None
+            actor.restart_at = now + fault.restart_after
+        elif actor.resume_at is None:
+            _signal(actor, signal.SIGSTOP)
+            actor.resume_at = now + fault.duration
+        self._record(fault.kind, fault.target, incarnation=actor.incarnation, fault=fault.as_dict())
+
+    def faulty_phase(self) -> None:
+        for actor in self.actors.values():
+            self._start(actor)
+        started = time.monotonic()
+        pending = list(self.faults)
+        while (now := time.monotonic()) < started + self.seconds:
+            while pending and now >= started + pending[0].at:
+                self._apply(pending.pop(0), now)
+            self._tend(now)
+            time.sleep(0.05)
+
+    def drain(self, qm: QueueManager, timeout: float) -> bool:
+        """Producers stop, every fault ends, and the consumers run on until nothing waits for their
+        group (or ``timeout``); True when drained."""
+        (self.folder / "stop-producers").touch()
+        self.finishing.add("producer")
+        deadline = time.monotonic() + timeout
+        while (now := time.monotonic()) < deadline:
+            for actor in self.actors.values():
+                if actor.resume_at is not None:
+                    actor.resume_at = now
+            self._tend(now)
+            if _producers_done(self.actors) and qm.depth(QUEUE, consumer=PYTHON_GROUP) == 0:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def stop(self) -> None:
+        (self.folder / "stop").touch()
+        for actor in self.actors.values():
+            if actor.process is not None and actor.process.poll() is None:
+                _signal(actor, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        for actor in self.actors.values():
+            if actor.process is None:
+                continue
+            try:
+                actor.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(actor, signal.SIGKILL)
+                actor.process.wait()
+                self._record("stuck", actor.name, incarnation=actor.incarnation)
+        self._faults_log.close()
+
+
+def _exit_code(actor: Actor) -> int | None:
+    return None if actor.process is None else actor.process.poll()
+
+
+def _producers_done(actors: dict[str, Actor]) -> bool:
+    return all(a.process is not None and a.process.poll() is not None for a in actors.values() if a.kind == "producer")
+
+
+def _signal(actor: Actor, number: int) -> None:
+    assert actor.process is not None
+    try:
+        os.killpg(actor.process.pid, number)
+    except ProcessLookupError:
+        pass
+
+
+def _environment() -> dict[str, str]:
+    repository = str(Path(__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": repository + (os.pathsep + path if path else "")}
+
+
+def set_up(folder: Path) -> QueueManager:
+    qm = QueueManager.create(str(folder / "qm"), "CHAOS")
+    qm.define_queue(BACKOUT_QUEUE)
+    qm.define_queue(
+        QUEUE, backout_threshold=BACKOUT_THRESHOLD, backout_queue=BACKOUT_QUEUE, lock_duration=LOCK_DURATION
+    )
+    qm.declare_consumer(QUEUE, PYTHON_GROUP)
+    return qm
+
+
+def final_state(qm: QueueManager) -> Final:
+    """What the queues hold, after two maintenance runs (the second deletes what the first removed)."""
+    for _ in range(2):
+        qm.maintain(QUEUE, retention=timedelta(0))
+    waiting = qm.waiting_messages(QUEUE, PYTHON_GROUP, ["payload"])["payload"].to_pylist()
+    moved = []
+    for queue in (BACKOUT_QUEUE, DEAD_LETTER_QUEUE):
+        rows = qm.browse(queue).select(["payload", "dlq_reason", "backout_count", "dlq_original_queue"]).to_pylist()
+        moved += [
+            {
+                "id": message_id(row["payload"]),
+                "queue": queue,
+                "reason": row["dlq_reason"],
+                "backout_count": row["backout_count"],
+                "original_queue": row["dlq_original_queue"],
+            }
+            for row in rows
+        ]
+    table = DeltaTable(store.queue_location(qm.root, QUEUE))
+    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    return Final(
+        consumers={PYTHON_GROUP: "syncpoint"},
+        waiting={PYTHON_GROUP: [message_id(p) for p in waiting]},
+        moved=moved,
+        storage={QUEUE: {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}},
+    )
+
+
+def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, drain_timeout: float = 180.0) -> Report:
+    folder.mkdir(parents=True, exist_ok=False)
+    qm = set_up(folder)
+    chaos = Run(folder, minutes * 60, seed, mean_interval)
+    plan = {
+        "seed": seed,
+        "minutes": minutes,
+        "store": "local",
+        "actors": [{"kind": kind, "name": name} for kind, name in ACTORS],
+        "faults": [fault.as_dict() for fault in chaos.faults],
+        "lock_duration": LOCK_DURATION,
+        "backout_threshold": BACKOUT_THRESHOLD,
+    }
+    (folder / "plan.json").write_text(json.dumps(plan, indent=1))
+    try:
+        chaos.faulty_phase()
+        drained = chaos.drain(qm, drain_timeout)
+    finally:
+        chaos.stop()
+    final_state(qm).save(folder)
+    report = check(folder)
+    report.violations += [Violation("actor_failed", failure + " (see logs/)", []) for failure in chaos.failures]
+    if not drained:
+        report.violations.append(
+            Violation("not_drained", f"messages still wait after {drain_timeout:g} s of draining", [])
+        )
+    return report
