@@ -9,7 +9,9 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
 - ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
   a poison message fails its block (one failed delivery), so it moves at the queue's backout
   threshold;
-- ``maintenance``: ``qm.maintain`` every two seconds with a short retention.
+- ``maintenance``: ``qm.maintain`` every two seconds, with a retention of 30 seconds.
+
+The streaming get's instances are :mod:`chaos.stream`'s, started the same way.
 """
 
 from __future__ import annotations
@@ -27,14 +29,19 @@ from mqspark import MQError, QueueManager
 QUEUE = "Q"
 BACKOUT_QUEUE = "Q.BACKOUT"
 PYTHON_GROUP = "python"
+STREAM_GROUP = "stream"
 POISON = "poison"
+# Longer than any micro-batch of the run, paused ones included: with a shorter one, a query may read a
+# file maintenance removed and deleted meanwhile (docs/limits.md).
+RETENTION = timedelta(seconds=30)
 
 
 class Poisoned(Exception):
     """A getter's block fails on a poison message, as an application would."""
 
 
-def _stopping(run: Path, *names: str) -> bool:
+def stopping(run: Path, *names: str) -> bool:
+    """Whether the run asked its actors to end (the file ``stop``, or one of ``names``)."""
     return any((run / name).exists() for name in ("stop", *names))
 
 
@@ -79,7 +86,7 @@ def _payload(message: dict[str, Any]) -> bytes:
 
 def produce(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
     for op, batch in enumerate(_puts(history.actor, rng)):
-        if _stopping(run, "stop-producers"):
+        if stopping(run, "stop-producers"):
             return
         key = f"{history.actor}:{op}"
         history.record("put", phase="invoke", op=key, queue=QUEUE, messages=batch)
@@ -106,7 +113,7 @@ def message_id(payload: bytes) -> str:
 
 def get(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
     op = 0
-    while not _stopping(run):
+    while not stopping(run):
         op += 1
         key = f"{history.actor}:{op}"
         try:
@@ -129,14 +136,14 @@ def get(run: Path, qm: QueueManager, history: History, name: str, rng: random.Ra
 
 
 def maintain(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
-    while not _stopping(run):
+    while not stopping(run):
         try:
-            summary = qm.maintain(QUEUE, retention=timedelta(seconds=5))
+            summary = qm.maintain(QUEUE, retention=RETENTION)
             history.record("maintain", removed=summary.removed_consumed)
         except MQError as error:
             history.record("maintain", error=str(error))
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and not _stopping(run):
+        while time.monotonic() < deadline and not stopping(run):
             time.sleep(0.1)
 
 

@@ -20,18 +20,20 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from chaos import nemesis
-from chaos.actor import BACKOUT_QUEUE, PYTHON_GROUP, QUEUE, message_id
+from chaos import nemesis, stream
+from chaos.actor import BACKOUT_QUEUE, PYTHON_GROUP, QUEUE, STREAM_GROUP, message_id
 from chaos.checker import Report, Violation, check
 from chaos.history import Final
 from mqspark import QueueManager, store
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
+# Each consumer group of the queue, and how it reads.
+GROUPS = {PYTHON_GROUP: "syncpoint", STREAM_GROUP: "stream"}
 LOCK_DURATION = 5.0
 BACKOUT_THRESHOLD = 3
 # The actors of a run: kind and name. Maintenance is a target too: a kill mid-commit is its hardest case.
 ACTORS = [("producer", "P1"), ("producer", "P2"), ("getter", "G1"), ("getter", "G2"), ("getter", "G3")]
-ACTORS.append(("maintenance", "M"))
+ACTORS += [("maintenance", "M"), ("stream", "S1"), ("stream", "S2")]
 
 
 @dataclass
@@ -66,7 +68,8 @@ class Run:
         actor.incarnation += 1
         logs = self.folder / "logs"
         logs.mkdir(exist_ok=True)
-        command = [sys.executable, "-m", "chaos.actor", str(self.folder), actor.kind, actor.name]
+        module = "chaos.stream" if actor.kind == "stream" else "chaos.actor"
+        command = [sys.executable, "-m", module, str(self.folder), actor.kind, actor.name]
         command += [str(actor.incarnation), str(self.seed)]
         with (logs / f"{actor.name}#{actor.incarnation}.log").open("w") as output:
             actor.process = subprocess.Popen(
@@ -129,7 +132,7 @@ class Run:
                 if actor.resume_at is not None:
                     actor.resume_at = now
             self._tend(now)
-            if _producers_done(self.actors) and qm.depth(QUEUE, consumer=PYTHON_GROUP) == 0:
+            if _producers_done(self.actors) and all(qm.depth(QUEUE, consumer=g) == 0 for g in GROUPS):
                 return True
             time.sleep(0.2)
         return False
@@ -171,7 +174,43 @@ def _signal(actor: Actor, number: int) -> None:
 def _environment() -> dict[str, str]:
     repository = str(Path(__file__).resolve().parents[1])
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": repository + (os.pathsep + path if path else "")}
+    return {
+        **os.environ,
+        "PYTHONPATH": repository + (os.pathsep + path if path else ""),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+
+
+def record_stream_output(folder: Path) -> None:
+    """The streaming get's Delta output as ``batch`` events of the instance that wrote each batch."""
+    location = stream.output(folder)
+    if not DeltaTable.is_deltatable(location):
+        return
+    rows = DeltaTable(location).to_pyarrow_table().to_pylist()
+    batches: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        batches.setdefault((row["batch"], row["instance"]), []).append(row)
+    with (folder / "history" / "stream-output.jsonl").open("w") as output:
+        for (batch, instance), written in sorted(batches.items()):
+            event = {
+                "t": max(row["at"] for row in written) / 1e6,
+                "actor": instance,
+                "e": "batch",
+                "consumer": STREAM_GROUP,
+                "batch": batch,
+                "rows": [
+                    {
+                        "id": message_id(row["id"].encode()),
+                        "delivery_seq": row["delivery_seq"],
+                        "priority": row["priority"],
+                        "group": row["group_id"],
+                        "seq": row["msg_seq_number"],
+                    }
+                    for row in written
+                ],
+            }
+            output.write(json.dumps(event) + "\n")
 
 
 def set_up(folder: Path) -> QueueManager:
@@ -180,7 +219,8 @@ def set_up(folder: Path) -> QueueManager:
     qm.define_queue(
         QUEUE, backout_threshold=BACKOUT_THRESHOLD, backout_queue=BACKOUT_QUEUE, lock_duration=LOCK_DURATION
     )
-    qm.declare_consumer(QUEUE, PYTHON_GROUP)
+    for group in GROUPS:
+        qm.declare_consumer(QUEUE, group)
     return qm
 
 
@@ -188,7 +228,6 @@ def final_state(qm: QueueManager) -> Final:
     """What the queues hold, after two maintenance runs (the second deletes what the first removed)."""
     for _ in range(2):
         qm.maintain(QUEUE, retention=timedelta(0))
-    waiting = qm.waiting_messages(QUEUE, PYTHON_GROUP, ["payload"])["payload"].to_pylist()
     moved = []
     for queue in (BACKOUT_QUEUE, DEAD_LETTER_QUEUE):
         rows = qm.browse(queue).select(["payload", "dlq_reason", "backout_count", "dlq_original_queue"]).to_pylist()
@@ -205,8 +244,11 @@ def final_state(qm: QueueManager) -> Final:
     table = DeltaTable(store.queue_location(qm.root, QUEUE))
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     return Final(
-        consumers={PYTHON_GROUP: "syncpoint"},
-        waiting={PYTHON_GROUP: [message_id(p) for p in waiting]},
+        consumers=GROUPS,
+        waiting={
+            group: [message_id(p) for p in qm.waiting_messages(QUEUE, group, ["payload"])["payload"].to_pylist()]
+            for group in GROUPS
+        },
         moved=moved,
         storage={QUEUE: {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}},
     )
@@ -232,6 +274,7 @@ def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, dra
     finally:
         chaos.stop()
     final_state(qm).save(folder)
+    record_stream_output(folder)
     report = check(folder)
     report.violations += [Violation("actor_failed", failure + " (see logs/)", []) for failure in chaos.failures]
     if not drained:

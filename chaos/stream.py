@@ -1,0 +1,105 @@
+"""The streaming get of a chaos run: ``python -m chaos.stream RUN stream NAME INCARNATION SEED`` is one
+instance (active or standby) of consumer group ``stream``, until the run stops.
+
+Each micro-batch goes to the Delta table ``RUN/output/stream`` with its Spark batch id, the
+instance and the time, written with ``txnAppId``/``txnVersion`` (Delta's idempotent writes), so a
+replayed batch is written once. Poison messages are backed out first (``mqspark.backout``) and not
+written: they move to the backout queue at the queue's backout threshold.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+import mqspark
+from chaos.actor import POISON, QUEUE, STREAM_GROUP, stopping
+from mqspark import MQError, QueueManager, Reason
+from mqspark.services.instances import Instance
+
+LEASE_TIMEOUT = 10
+
+
+def output(run: Path) -> str:
+    return str(run / "output" / STREAM_GROUP)
+
+
+def stream_get(run: Path, qm: QueueManager, actor: str) -> None:
+    """Stand by, deliver while active, and stand by again after being fenced (2042: another
+    instance took the lease while this one was paused), until the run stops."""
+    spark = mqspark.session(
+        app_name=f"chaos-{actor}",
+        master="local[1]",
+        **{"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1", "spark.ui.showConsoleProgress": "false"},
+    )
+    instance = Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
+    while not stopping(run):
+        try:
+            query = instance.run(partial(_start, spark, run, qm, actor, instance), timeout=1.0)
+        except MQError as error:
+            if error.reason is not Reason.MQRC_OBJECT_IN_USE:
+                raise
+            continue  # standing by
+        while query.isActive and not stopping(run):
+            time.sleep(0.2)
+        failure = query.exception()
+        query.stop()
+        instance.stop()
+        if failure is not None and "(2042)" not in str(failure):
+            raise failure
+        instance = Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
+    spark.stop()
+
+
+def _start(
+    spark: SparkSession, run: Path, qm: QueueManager, actor: str, instance: Instance, instance_id: str
+) -> StreamingQuery:
+    target = output(run)
+
+    def process(batch: DataFrame, batch_id: int) -> None:
+        poison = F.col("payload").startswith(F.lit(POISON.encode()))
+        bad = batch.filter(poison).select("queue", "delivery_seq").collect()
+        if bad:
+            mqspark.backout([row.asDict() for row in bad], "a poison message", root=qm.root, consumer=STREAM_GROUP)
+        rows = batch.filter(~poison).select(
+            F.col("payload").cast("string").alias("id"),
+            "delivery_seq",
+            "priority",
+            "group_id",
+            "msg_seq_number",
+            F.lit(batch_id).alias("batch"),
+            F.lit(actor).alias("instance"),
+            F.unix_micros(F.current_timestamp()).alias("at"),
+        )
+        writer = rows.write.format("delta").mode("append")
+        writer.option("txnAppId", "chaos-stream").option("txnVersion", batch_id).save(target)
+
+    return (
+        spark.readStream.format("mq")
+        .option("queue", QUEUE)
+        .option("consumer", STREAM_GROUP)
+        .option("leaseTimeout", LEASE_TIMEOUT)
+        .option("instance", instance_id)
+        .option("maxMessagesPerTrigger", 500)
+        .load(qm.root)
+        .writeStream.foreachBatch(instance.fence(process))
+        .option("checkpointLocation", str(run / "checkpoints" / STREAM_GROUP))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+
+
+def main(argv: list[str]) -> None:
+    run, name, incarnation = Path(argv[0]), argv[2], int(argv[3])
+    stream_get(run, QueueManager.open(str(run / "qm")), f"{name}#{incarnation}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
