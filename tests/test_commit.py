@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError
 
 from mqspark import MQError, MQValidationError, store
 from mqspark.engine import queues
 from mqspark.model.groups import GROUP_COLUMNS
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put
+from mqspark.store.commit import landed
+from mqspark.store.log import COMMIT_ID, commit_info
+from mqspark.store.tables import listing_raced
 
 
 def _parquet_files(qm, queue: str) -> list[str]:
@@ -113,3 +118,28 @@ def test_put_to_a_queue_being_deleted_is_refused(qm):
     assert _parquet_files(qm, "Q") == []
     qm.delete_queue("Q")
     assert [q.name for q in qm.queues()] == ["SYSTEM.DEAD.LETTER.QUEUE"]
+
+
+def test_a_log_listing_with_a_gap_is_recognised_and_a_commit_found_by_its_id(qm, tmp_path):
+    qm.define_queue("Q")
+    for n in range(3):
+        qm.put("Q", [{"payload": f"m{n}"}])
+    location = store.queue_location(qm.root, "Q")
+    version = DeltaTable(location).version()
+    mine = commit_info(location, version)[COMMIT_ID]
+    assert (
+        landed(location, version, mine),
+        landed(location, version, "another"),
+        landed(location, version + 1, mine),
+    ) == (
+        True,
+        False,
+        False,
+    )
+    # A listing that missed an entry, as one racing other processes' commits can: delta-rs's own error.
+    copy = tmp_path / "copy"
+    shutil.copytree(location, copy)
+    (copy / "_delta_log" / f"{version - 1:020d}.json").unlink()
+    with pytest.raises(DeltaError) as raised:
+        DeltaTable(str(copy))
+    assert listing_raced(raised.value), str(raised.value)

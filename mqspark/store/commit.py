@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,8 +18,8 @@ from deltalake.transaction import RemoveAction
 from mqspark.errors import MQError, Reason
 from mqspark.store.files import DataFile, remove_data_files
 from mqspark.store.layout import StorageOptions
-from mqspark.store.log import LogEntryGone
-from mqspark.store.tables import log_file_gone, open_table, table_options
+from mqspark.store.log import COMMIT_ID, LogEntryGone, commit_info
+from mqspark.store.tables import listing_raced, log_file_gone, open_table, table_options
 
 
 def commit_files(
@@ -43,19 +44,35 @@ def commit_files(
     now = int(time.time() * 1000)
     removals = [RemoveAction(path, True, now) for path in removed]
     version = table.version() + 1
+    # Names this commit, so that a commit whose outcome a log listing hid can be found (see below).
+    commit_id = uuid.uuid4().hex
     try:
         table.create_write_transaction(
             [*removals, *(file.add_action() for file in files)],
             mode="append",
             schema=schema,
             commit_properties=CommitProperties(
-                max_commit_retries=0, app_transactions=transactions, custom_metadata=metadata
+                max_commit_retries=0,
+                app_transactions=transactions,
+                custom_metadata={**(metadata or {}), COMMIT_ID: commit_id},
             ),
         )
     except DeltaError as error:
-        if not read_back_failed(error, table.table_uri, version, table_options(table)):
+        if listing_raced(error):
+            if not landed(table.table_uri, version, commit_id):
+                raise CommitFailedError(f"a log listing raced other commits: {error}") from error
+        elif not read_back_failed(error, table.table_uri, version, table_options(table)):
             raise
     return version
+
+
+def landed(location: str, version: int, commit_id: str) -> bool:
+    """Whether the commit named ``commit_id`` is the table's ``version`` (read straight from its log
+    entry, which no listing hides)."""
+    try:
+        return commit_info(location, version).get(COMMIT_ID) == commit_id
+    except LogEntryGone:
+        return False
 
 
 def read_back_failed(error: DeltaError, location: str, version: int, storage_options: StorageOptions) -> bool:

@@ -189,6 +189,15 @@ def _operation(actions: list[dict]) -> str | None:
     return next((a["commitInfo"].get("mqspark.operation") for a in actions if "commitInfo" in a), None)
 
 
+# The commitInfo key of the id each commit of mqspark carries (see :func:`mqspark.store.commit.commit_files`).
+COMMIT_ID = "mqspark.commit"
+
+
+def commit_info(location: str, version: int) -> dict:
+    """The ``commitInfo`` of commit ``version``; raises :class:`LogEntryGone` when its entry is not there."""
+    return next((a["commitInfo"] for a in _actions(location, version) if "commitInfo" in a), {})
+
+
 def commit_operations(location: str, first: int, last: int) -> list[str | None]:
     """The ``mqspark.operation`` of each commit from version ``first`` to ``last``; raises
     :class:`LogEntryGone` when one of their log entries was cleaned up."""

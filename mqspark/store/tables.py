@@ -29,7 +29,8 @@ def table_exists(location: str, storage_options: StorageOptions) -> bool:
 
 
 # Opening a table lists its log, then reads the newest checkpoint and the entries after it; a log
-# clean-up between the two can delete what was listed. Listing again finds the newer checkpoint.
+# clean-up between the two can delete what was listed, and a listing that raced commits of other
+# processes can miss an entry (see listing_raced). Listing again finds the newer checkpoint, or every entry.
 _OPEN_ATTEMPTS = 5
 _LOG_FILE = re.compile(r"_delta_log/(\d{20})\.(?:json|checkpoint\.parquet)")
 
@@ -39,6 +40,13 @@ def log_file_gone(error: Exception) -> int | None:
     text = str(error)
     match = _LOG_FILE.search(text) if "not found" in text.lower() else None
     return int(match.group(1)) if match else None
+
+
+def listing_raced(error: Exception) -> bool:
+    """Whether ``error`` is delta-rs finding a gap in the log's versions: a directory listing that ran
+    while other processes committed can miss an entry written during it and see a later one (ext4
+    lists in hash order). The log has no gap; listing again sees every entry."""
+    return "Expected contiguous commit files" in str(error)
 
 
 def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | None:
@@ -51,7 +59,7 @@ def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | N
             return None
         except DeltaError as error:
             attempts += 1
-            if log_file_gone(error) is None or attempts == _OPEN_ATTEMPTS:
+            if (log_file_gone(error) is None and not listing_raced(error)) or attempts == _OPEN_ATTEMPTS:
                 raise
 
 
