@@ -24,6 +24,8 @@ actor is a new incarnation) and ``e``, its kind:
   failed delivery). A ``got`` with neither (its actor was killed) may or may not have committed.
 - ``batch``: a streaming get's micro-batch as its sink recorded it: ``consumer``, ``batch`` (Spark's
   batch id) and ``rows`` (``id``, ``delivery_seq``, ``priority``, ``group``, ``seq``).
+- ``failure``: a streaming query that failed (its instance starts it again): ``error``, its MQ or
+  Python error line, and ``documented``, the name of the documented limit it is, or None.
 - ``reply``: the forwarder's reply or failure record as the requester read it: ``request`` (the
   request's id) and ``failed`` (a failure record rather than a reply).
 """

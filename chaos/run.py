@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from chaos import nemesis, stream
 from chaos.actor import BACKOUT_QUEUE, PYTHON_GROUP, QUEUE, STREAM_GROUP, message_id
 from chaos.checker import Report, Violation, check
-from chaos.history import Final
+from chaos.history import Final, events
 from mqspark import QueueManager, store
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -277,6 +277,14 @@ def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, dra
     record_stream_output(folder)
     report = check(folder)
     report.violations += [Violation("actor_failed", failure + " (see logs/)", []) for failure in chaos.failures]
+    for event in events(folder):
+        if event["e"] == "failure":
+            failed = Violation("query_failed", f"{event['actor']}: {event['error']}", [])
+            if event["documented"]:
+                failed.message += f" (documented: {event['documented']})"
+                report.documented.append(failed)
+            else:
+                report.violations.append(failed)
     if not drained:
         report.violations.append(
             Violation("not_drained", f"messages still wait after {drain_timeout:g} s of draining", [])

@@ -21,6 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 import mqspark
 from chaos.actor import POISON, QUEUE, STREAM_GROUP, stopping
+from chaos.history import History
 from mqspark import MQError, QueueManager, Reason
 from mqspark.services.instances import Instance
 
@@ -31,9 +32,11 @@ def output(run: Path) -> str:
     return str(run / "output" / STREAM_GROUP)
 
 
-def stream_get(run: Path, qm: QueueManager, actor: str) -> None:
-    """Stand by, deliver while active, and stand by again after being fenced (2042: another
-    instance took the lease while this one was paused), until the run stops."""
+def stream_get(run: Path, qm: QueueManager, history: History) -> None:
+    """Stand by, deliver while active, and stand by again once the query ended (fenced with 2042
+    when another instance took the lease while this one was paused; or failed, recorded, as a job
+    with a restart policy would go on), until the run stops."""
+    actor = history.actor
     spark = mqspark.session(
         app_name=f"chaos-{actor}",
         master="local[1]",
@@ -53,9 +56,21 @@ def stream_get(run: Path, qm: QueueManager, actor: str) -> None:
         query.stop()
         instance.stop()
         if failure is not None and "(2042)" not in str(failure):
-            raise failure
+            history.record("failure", error=_first_line(failure), documented=documented_failure(str(failure)))
         instance = Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
     spark.stop()
+
+
+def documented_failure(error: str) -> str | None:
+    """The name of the documented limit a query failure is, else None."""
+    if "FileNotFoundError" in error and "/qm/queues/" in error:
+        return "retention shorter than a micro-batch (docs/limits.md)"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if "Error" in line or "MQRC" in line]
+    return (lines[-1] if lines else str(error).splitlines()[0])[:500]
 
 
 def _start(
@@ -98,7 +113,9 @@ def _start(
 
 def main(argv: list[str]) -> None:
     run, name, incarnation = Path(argv[0]), argv[2], int(argv[3])
-    stream_get(run, QueueManager.open(str(run / "qm")), f"{name}#{incarnation}")
+    history = History(run, f"{name}#{incarnation}")
+    stream_get(run, QueueManager.open(str(run / "qm")), history)
+    history.close()
 
 
 if __name__ == "__main__":
