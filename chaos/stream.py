@@ -9,6 +9,7 @@ written: they move to the backout queue at the queue's backout threshold.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from datetime import timedelta
@@ -69,8 +70,11 @@ def documented_failure(error: str) -> str | None:
 
 
 def _first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if "Error" in line or "MQRC" in line]
-    return (lines[-1] if lines else str(error).splitlines()[0])[:500]
+    """The line of a query's error that says what went wrong: its MQ line, else the last Python error."""
+    lines = [line.strip() for line in str(error).splitlines() if not line.strip().startswith("at ")]
+    mq = [line for line in lines if "MQRC_" in line]
+    python = [line for line in lines if re.match(r"[\w.]*(Error|Exception): ", line)]
+    return (mq or python or lines or [""])[-1 if not mq else 0][:500]
 
 
 def _start(
