@@ -9,7 +9,7 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
 - ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
   a poison message fails its block (one failed delivery), so it moves at the queue's backout
   threshold;
-- ``maintenance``: ``qm.maintain`` every two seconds, with a retention of 30 seconds.
+- ``maintenance``: ``qm.maintain`` every two seconds, with a retention of five minutes.
 
 The streaming get's instances are :mod:`chaos.stream`'s, started the same way.
 """
@@ -32,8 +32,9 @@ PYTHON_GROUP = "python"
 STREAM_GROUP = "stream"
 POISON = "poison"
 # Longer than any micro-batch of the run, paused ones included: with a shorter one, a query may read a
-# file maintenance removed and deleted meanwhile (docs/limits.md).
-RETENTION = timedelta(seconds=30)
+# file maintenance removed and deleted meanwhile (docs/limits.md). With 30 s, on two cores under a
+# load of 8 to 15, every first batch of a streaming instance failed so, again after each restart.
+RETENTION = timedelta(minutes=5)
 
 
 class Poisoned(Exception):

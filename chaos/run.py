@@ -254,7 +254,7 @@ def final_state(qm: QueueManager) -> Final:
     )
 
 
-def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, drain_timeout: float = 180.0) -> Report:
+def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, drain_timeout: float = 300.0) -> Report:
     folder.mkdir(parents=True, exist_ok=False)
     qm = set_up(folder)
     chaos = Run(folder, minutes * 60, seed, mean_interval)
@@ -273,7 +273,8 @@ def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, dra
         drained = chaos.drain(qm, drain_timeout)
     finally:
         chaos.stop()
-    final_state(qm).save(folder)
+    final = final_state(qm)
+    final.save(folder)
     record_stream_output(folder)
     report = check(folder)
     report.violations += [Violation("actor_failed", failure + " (see logs/)", []) for failure in chaos.failures]
@@ -287,6 +288,11 @@ def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, dra
                 report.violations.append(failed)
     if not drained:
         report.violations.append(
-            Violation("not_drained", f"messages still wait after {drain_timeout:g} s of draining", [])
+            Violation(
+                "not_drained",
+                f"after {drain_timeout:g} s of draining, messages still wait: "
+                + ", ".join(f"{len(ids)} for group {group}" for group, ids in final.waiting.items() if ids),
+                [],
+            )
         )
     return report
