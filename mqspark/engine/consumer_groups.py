@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
@@ -557,13 +557,12 @@ class ConsumerState:
         file = store.write_data_file(self.location, rows.cast(STATE_SCHEMA).to_batches(), STATE_SCHEMA)
         self._current = False
         try:
-            table.create_write_transaction(
-                [file.add_action()] if file is not None else [],
-                mode="overwrite",
-                schema=STATE_SCHEMA,
-                commit_properties=CommitProperties(
-                    max_commit_retries=0, custom_metadata={"mqspark.operation": operation}
-                ),
+            store.commit_files(
+                table,
+                [file] if file is not None else [],
+                STATE_SCHEMA,
+                metadata={"mqspark.operation": operation},
+                overwrite=True,
             )
         except CommitFailedError:
             if file is not None:

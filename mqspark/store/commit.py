@@ -30,9 +30,10 @@ def commit_files(
     transaction: tuple[str, int] | None = None,
     metadata: dict[str, Any] | None = None,
     removed: Iterable[str] = (),
+    overwrite: bool = False,
 ) -> int:
-    """Append ``files`` (and remove the live files at paths ``removed``) in one commit at exactly the
-    version after ``table``'s, and return that version.
+    """Append ``files`` (and remove the live files at paths ``removed``; with ``overwrite``, every live
+    file) in one commit at exactly the version after ``table``'s, and return that version.
 
     No automatic retry: the caller's checks were made against ``table``'s version, so a concurrent
     commit raises ``CommitFailedError`` and the caller re-reads, re-checks and tries again.
@@ -49,7 +50,7 @@ def commit_files(
     try:
         table.create_write_transaction(
             [*removals, *(file.add_action() for file in files)],
-            mode="append",
+            mode="overwrite" if overwrite else "append",
             schema=schema,
             commit_properties=CommitProperties(
                 max_commit_retries=0,
