@@ -209,7 +209,9 @@ def _wait_until_drained(qm, instances: Instances, total: int) -> None:
 
 @pytest.mark.slow
 def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm, tmp_path, record_property):
-    kills = 3
+    # Two kills: the first hands over to the standby started with the first instance, the second to
+    # the replacement started after the first kill. A third would repeat the second's case.
+    kills = 2
     rng = random.Random(20261125)
     expected = _filled(qm, 20261125, groups=12, plain=40)
     instances = Instances(tmp_path, qm.root)
