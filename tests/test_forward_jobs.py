@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from mqspark import store
+from mqspark import QueueManager, store
 from mqspark.engine.consumer_groups import ConsumerState
 
 from .support.processes import (
@@ -169,22 +169,47 @@ def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm
     assert qm.depth("REQUESTS", consumer="forward") == 0
 
 
-def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tmp_path):
+# How many times the test below sets up its state before it gives up: each kill races Spark's record of
+# the batch, which it loses now and then on a loaded machine (once in the suite, on 2 cores).
+GIVEN_UP_ATTEMPTS = 3
+
+
+def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(tmp_path):
     """The batch's replies land, then the batch and its replay are both killed before Spark records
     it done: the next run gives the batch up and delivers its requests again in new batches, whose
     transactions are new. The reply records keep them from being answered twice."""
-    expected = _requests(qm, 10)
+    for attempt in range(GIVEN_UP_ATTEMPTS):
+        folder = tmp_path / f"attempt-{attempt}"
+        qm = QueueManager.create(folder / "qm", "QM1")
+        expected = _requests(qm, 10)
+        if _killed_twice_before_the_batch_was_recorded_done(qm, folder):
+            break
+    else:
+        pytest.fail(f"in {GIVEN_UP_ATTEMPTS} attempts, Spark recorded the batch done before a kill landed each time")
+    log = folder / "run-last.log"
+    token = uuid.uuid4().hex
+    process = start_process([*_given_up_command(qm), "--exit-when-empty"], log, token)
+    assert finish_driver(process, token, timeout=300) == 0, log.read_text()[-3000:]
+    got = qm.browse("REPLIES")["correl_id"].to_pylist()
+    assert sorted(got) == sorted(expected)
+    assert qm.depth("REQUESTS", consumer="forward") == 0
+
+
+def _given_up_command(qm) -> list[str]:
+    return _submit(qm.root, "--service", f"{SERVICES}:upper", "--idle-interval", "0.1", "--lease-timeout", str(LEASE_S))
+
+
+def _killed_twice_before_the_batch_was_recorded_done(qm, folder: Path) -> bool:
+    """Run 0 is killed as soon as its replies have landed, run 1 as soon as it counts the replay; True
+    when Spark had recorded neither batch done by then (the state the test needs)."""
     replies = store.queue_location(qm.root, "REPLIES")
     checkpoint = Path(store.forward_location(qm.root, "REQUESTS", "forward"))
     rows = ConsumerState(qm.root, "REQUESTS")
     token = uuid.uuid4().hex
-    command = _submit(
-        qm.root, "--service", f"{SERVICES}:upper", "--idle-interval", "0.1", "--lease-timeout", str(LEASE_S)
-    )
 
     def run_until(number: int, done) -> None:
-        log = tmp_path / f"run-{number}.log"
-        process = start_process(command, log, token)
+        log = folder / f"run-{number}.log"
+        process = start_process(_given_up_command(qm), log, token)
         try:
             deadline = time.monotonic() + PATIENCE
             while not done():
@@ -194,17 +219,11 @@ def test_a_batch_given_up_after_its_replies_were_put_gets_no_second_reply(qm, tm
         finally:
             kill_run(process, token)
 
-    # Run 0 is killed as soon as its replies have landed; run 1 as soon as it counts the replay.
     run_until(0, lambda: _version(replies) >= 1)
-    assert last_spark_commit(checkpoint) == -1, "the batch was recorded done before the kill"
+    if last_spark_commit(checkpoint) != -1:
+        return False
     run_until(1, lambda: rows.events("forward", ("rollback",)).num_rows > 0)
-    assert last_spark_commit(checkpoint) == -1, "the replay was recorded done before the kill"
-    log = tmp_path / "run-last.log"
-    process = start_process([*command, "--exit-when-empty"], log, token)
-    assert finish_driver(process, token, timeout=300) == 0, log.read_text()[-3000:]
-    got = qm.browse("REPLIES")["correl_id"].to_pylist()
-    assert sorted(got) == sorted(expected)
-    assert qm.depth("REQUESTS", consumer="forward") == 0
+    return last_spark_commit(checkpoint) == -1
 
 
 def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one_reply_per_request(qm, tmp_path):
