@@ -125,11 +125,12 @@ def test_a_log_listing_with_a_gap_is_recognised_and_a_commit_found_by_its_id(qm,
     for n in range(3):
         qm.put("Q", [{"payload": f"m{n}"}])
     location = store.queue_location(qm.root, "Q")
-    version = DeltaTable(location).version()
+    table = DeltaTable(location)
+    version, uri = table.version(), table.table_uri  # commit_files asks by the table's URI
     mine = commit_info(location, version)[COMMIT_ID]
     assert (
-        landed(location, version, mine),
-        landed(location, version, "another"),
+        landed(uri, version, mine),
+        landed(uri, version, "another"),
         landed(location, version + 1, mine),
     ) == (
         True,
