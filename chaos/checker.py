@@ -21,8 +21,8 @@ Words used below:
 An event's time is its ``t`` less its actor's clock skew (plan.json ``skew``), both to order a
 syncpoint group's gets and to match a documented fault's window.
 
-Format addition: a put's ``invoke`` may carry ``queue``, the queue it put to; the poison check
-compares it with the moved records' ``original_queue``, and skips that comparison without it.
+The poison check compares a put's ``queue`` with the moved records' ``original_queue``, and skips
+that comparison for a hand-written put without one.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.history import Final, events
+from chaos.history import Final, events, json_lines
 
 Message = dict[str, Any]
 
@@ -69,6 +69,8 @@ class Violation:
     ids: list[str]
     # The deliveries that broke the guarantee: what a documented fault must account for.
     deliveries: list[Delivery] = field(default_factory=list, repr=False, compare=False)
+    # The documented limit the history itself names (a ``failure`` event), if any.
+    documented: str | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "ids": self.ids}
@@ -99,6 +101,7 @@ class Run:
     deliveries: list[Delivery]
     batches: list[dict[str, Any]]  # the raw batch events, for the priority check
     reply_requests: list[str]  # the ``request`` of every reply event
+    failures: list[dict[str, Any]]  # the ``failure`` events
     messages: dict[str, Message] = field(init=False)
     put_of: dict[str, Put] = field(init=False)
     seen: set[str] = field(init=False)
@@ -160,15 +163,6 @@ class Run:
 # Reading a run folder
 
 
-def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The whole lines of a JSON-lines file (a writer killed mid-line leaves its last one cut)."""
-    if path.exists():
-        with path.open(encoding="utf-8") as lines:
-            for line in lines:
-                if line.endswith("\n") and line.strip():
-                    yield json.loads(line)
-
-
 def load(run: Path) -> Run:
     plan_path = run / "plan.json"
     plan: dict[str, Any] = json.loads(plan_path.read_text()) if plan_path.exists() else {}
@@ -178,6 +172,7 @@ def load(run: Path) -> Run:
     deliveries: list[Delivery] = []
     batches: list[dict[str, Any]] = []
     reply_requests: list[str] = []
+    failures: list[dict[str, Any]] = []
     for event in events(run):
         kind, actor = event["e"], event["actor"]
         t = event["t"] - skew.get(actor.split("#")[0], 0)
@@ -192,16 +187,19 @@ def load(run: Path) -> Run:
                 deliveries.append(Delivery(event["consumer"], row["id"], actor, t, "ok", key, "batch"))
         elif kind == "reply":
             reply_requests.append(event["request"])
+        elif kind == "failure":
+            failures.append(event)
     for phases in gets.values():
         deliveries.extend(_get_deliveries(phases))
     return Run(
         plan=plan,
         final=Final.load(run),
-        faults=list(_json_lines(run / "faults.jsonl")),
+        faults=list(json_lines(run / "faults.jsonl")),
         puts=[_put(phases) for phases in puts.values() if "invoke" in phases],
         deliveries=deliveries,
         batches=batches,
         reply_requests=reply_requests,
+        failures=failures,
     )
 
 
@@ -425,6 +423,15 @@ def check_storage(run: Run) -> list[Violation]:
     ]
 
 
+def check_failures(run: Run) -> list[Violation]:
+    """Every streaming query that failed: a violation, unless the history names the documented limit
+    it is."""
+    return [
+        Violation("query_failed", f"{event['actor']}: {event['error']}", [], documented=event.get("documented"))
+        for event in run.failures
+    ]
+
+
 CHECKS = (
     check_lost,
     check_torn_puts,
@@ -436,6 +443,7 @@ CHECKS = (
     check_poison,
     check_replies,
     check_storage,
+    check_failures,
 )
 
 
@@ -488,7 +496,7 @@ def check(run: Path) -> Report:
     documented = loaded.plan.get("documented") or []
     for one_check in CHECKS:
         for violation in one_check(loaded):
-            name = documented_by(violation, documented)
+            name = violation.documented or documented_by(violation, documented)
             if name is None:
                 report.violations.append(violation)
             else:

@@ -62,9 +62,16 @@ class History:
 def events(run: Path) -> Iterator[dict[str, Any]]:
     """Every whole event of the run, file by file, each file in its own order."""
     for path in sorted((run / "history").glob("*.jsonl")):
+        yield from json_lines(path)
+
+
+def json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The whole lines of a JSON-lines file, if there is one (a writer killed mid-line leaves its
+    last one cut)."""
+    if path.exists():
         with path.open(encoding="utf-8") as lines:
             for line in lines:
-                if line.endswith("\n"):
+                if line.endswith("\n") and line.strip():
                     yield json.loads(line)
 
 

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from chaos import nemesis, stream
 from chaos.actor import BACKOUT_QUEUE, PYTHON_GROUP, QUEUE, STREAM_GROUP, message_id
 from chaos.checker import Report, Violation, check
-from chaos.history import Final, events
+from chaos.history import Final
 from mqspark import QueueManager, store
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
@@ -160,7 +160,7 @@ def _exit_code(actor: Actor) -> int | None:
 
 
 def _producers_done(actors: dict[str, Actor]) -> bool:
-    return all(a.process is not None and a.process.poll() is not None for a in actors.values() if a.kind == "producer")
+    return all(_exit_code(a) is not None for a in actors.values() if a.kind == "producer")
 
 
 def _signal(actor: Actor, number: int) -> None:
@@ -278,14 +278,6 @@ def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, dra
     record_stream_output(folder)
     report = check(folder)
     report.violations += [Violation("actor_failed", failure + " (see logs/)", []) for failure in chaos.failures]
-    for event in events(folder):
-        if event["e"] == "failure":
-            failed = Violation("query_failed", f"{event['actor']}: {event['error']}", [])
-            if event["documented"]:
-                failed.message += f" (documented: {event['documented']})"
-                report.documented.append(failed)
-            else:
-                report.violations.append(failed)
     if not drained:
         report.violations.append(
             Violation(

@@ -327,6 +327,22 @@ def test_documented(tmp_path: Path, fault: dict[str, Any], documented: bool) -> 
         assert report.documented[0].message.endswith("(documented: redelivery after a kill)")
 
 
+def test_a_failed_query_is_a_violation_unless_its_history_names_the_documented_limit(tmp_path: Path) -> None:
+    def fail_twice(s: Scenario) -> None:
+        failure = {"t": T0 + 20.5, "error": "FileNotFoundError: part-1.parquet"}
+        s.events.append(("S1#0", "failure", failure | {"documented": "retention shorter than a micro-batch"}))
+        s.events.append(("S1#1", "failure", failure | {"error": "MQRC_BACKED_OUT (2003): q", "documented": None}))
+
+    report = checked(tmp_path, fail_twice)
+    assert [(v.kind, v.message) for v in report.violations] == [("query_failed", "S1#1: MQRC_BACKED_OUT (2003): q")]
+    assert [(v.kind, v.message) for v in report.documented] == [
+        (
+            "query_failed",
+            "S1#0: FileNotFoundError: part-1.parquet (documented: retention shorter than a micro-batch)",
+        )
+    ]
+
+
 def test_command_line(tmp_path: Path) -> None:
     def command(run: Path) -> subprocess.CompletedProcess[str]:
         arguments = [sys.executable, "-m", "chaos.checker", str(run)]
