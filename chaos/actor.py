@@ -85,7 +85,7 @@ def _payload(message: dict[str, Any]) -> bytes:
     return (POISON + ":" + message["id"] if message["poison"] else message["id"]).encode()
 
 
-def produce(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
+def produce(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     for op, batch in enumerate(_puts(history.actor, rng)):
         if stopping(run, "stop-producers"):
             return
@@ -112,7 +112,7 @@ def message_id(payload: bytes) -> str:
     return text.removeprefix(POISON + ":")
 
 
-def get(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
+def get(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     op = 0
     while not stopping(run):
         op += 1
@@ -136,7 +136,7 @@ def get(run: Path, qm: QueueManager, history: History, name: str, rng: random.Ra
         history.record("get", phase="ok", op=key)
 
 
-def maintain(run: Path, qm: QueueManager, history: History, name: str, rng: random.Random) -> None:
+def maintain(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     while not stopping(run):
         try:
             summary = qm.maintain(QUEUE, retention=RETENTION)
@@ -156,7 +156,7 @@ def main(argv: list[str]) -> None:
     history = History(run, f"{name}#{incarnation}")
     rng = random.Random(f"{seed}/{name}/{incarnation}")
     qm = QueueManager.open(str(run / "qm"))
-    KINDS[kind](run, qm, history, name, rng)
+    KINDS[kind](run, qm, history, rng)
     history.close()
 
 

@@ -43,8 +43,10 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
         master="local[1]",
         **{"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1", "spark.ui.showConsoleProgress": "false"},
     )
-    instance = Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
+    instance = None
     while not stopping(run):
+        # A new instance after each query: one that stopped standing by cannot stand by again.
+        instance = instance or Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
         try:
             query = instance.run(partial(_start, spark, run, qm, actor, instance), timeout=1.0)
         except MQError as error:
@@ -58,7 +60,7 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
         instance.stop()
         if failure is not None and "(2042)" not in str(failure):
             history.record("failure", error=_first_line(failure), documented=documented_failure(str(failure)))
-        instance = Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
+        instance = None
     spark.stop()
 
 
@@ -73,8 +75,10 @@ def _first_line(error: BaseException) -> str:
     """The line of a query's error that says what went wrong: its MQ line, else the last Python error."""
     lines = [line.strip() for line in str(error).splitlines() if not line.strip().startswith("at ")]
     mq = [line for line in lines if "MQRC_" in line]
+    if mq:
+        return mq[0][:500]
     python = [line for line in lines if re.match(r"[\w.]*(Error|Exception): ", line)]
-    return (mq or python or lines or [""])[-1 if not mq else 0][:500]
+    return (python or lines or [""])[-1][:500]
 
 
 def _start(
