@@ -105,6 +105,27 @@ def test_a_message_that_fails_beyond_the_retry_count_goes_to_the_error_queue_wit
     assert "ValueError: cannot parse" in moved["dlq_reason_text"][0].as_py()
 
 
+def test_a_grouped_message_failed_by_two_consumer_groups_moves_to_the_backout_queue_once_for_each(qm):
+    # Each group moves its own copy: the backout queue holds the group's item twice, which a
+    # producer could never put, and the second copy must not be refused for it.
+    qm.define_queue("Q.BACKOUT")
+    qm.define_queue("Q", backout_threshold=1, backout_queue="Q.BACKOUT")
+    qm.put("Q", [{"payload": f"m{i}", "group_id": "G", "msg_seq_number": i, "last_in_group": i == 3} for i in (1, 2, 3)])
+    for group in ("A", "B"):
+        qm.declare_consumer("Q", group)
+    for group in ("A", "B"):
+        assert _payloads(qm.get("Q", consumer=group)) == ["m1"]
+        with pytest.raises(ValueError):
+            with qm.syncpoint_get("Q", group):
+                raise ValueError("cannot parse")
+        assert _payloads(qm.get("Q", consumer=group, max_messages=5)) == ["m3"]
+    moved = qm.browse("Q.BACKOUT", order="physical")
+    assert _payloads(moved) == ["m2", "m2"]
+    assert moved["dlq_reason"].to_pylist() == [Reason.MQRC_BACKOUT_THRESHOLD_REACHED] * 2
+    assert moved["msg_seq_number"].to_pylist() == [2, 2]
+    assert qm.browse("SYSTEM.DEAD.LETTER.QUEUE").num_rows == 0
+
+
 def test_get_refuses_while_a_streaming_query_reads_the_group_and_a_query_continues_after_gets(spark, qm, tmp_path):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": f"m{i}"} for i in range(6)])

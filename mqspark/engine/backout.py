@@ -47,9 +47,10 @@ it, Tuxedo's retry count 0 moves it at once; Kafka share groups stop at 5 delive
 3. a ``consumed`` record for the move takes the messages off the queue for the group.
 
 A move recorded but not consumed is finished before anything else is planned for the group, and
-maintenance keeps its messages meanwhile. When the target refuses the put (full, put-inhibited, its
-group rules), an ``abandoned`` record ends the move and the messages stay; a move to a backout or
-error queue then goes to the dead-letter queue instead. The moved copy carries the dead-letter header (reason, a
+maintenance keeps its messages meanwhile. When the target refuses the put (full, put-inhibited), an
+``abandoned`` record ends the move and the messages stay; a move to a backout or error queue then
+goes to the dead-letter queue instead. The target does not check the copies' message groups as it
+checks a producer's put: each consumer group that failed a group item moves its own copy there. The moved copy carries the dead-letter header (reason, a
 text with the last error given, original queue and queue manager, time) and its ``backout_count``.
 
 **Redrive** (:func:`redrive`) moves messages of a backout, error or dead-letter queue back to their
@@ -353,7 +354,9 @@ class Transfer:
     """Moves messages of a queue, for one consumer group, to other queues exactly once: a ``move``
     record first, then the put carrying the record's ``txn`` version, then the record's consumption
     (see the module doc). ``copy`` turns the messages as stored, with their ``move`` rows, into the
-    copies to put."""
+    copies to put. ``group_rules``: whether the target checks the copies' message groups as it checks
+    a producer's put (not on a backout, error or dead-letter queue, which holds a copy of the same
+    group item for each consumer group that failed it)."""
 
     def __init__(
         self,
@@ -364,9 +367,10 @@ class Transfer:
         owner: str,
         app_id: str,
         copy: Callable[[pa.Table, pa.Table], pa.Table],
+        group_rules: bool,
     ) -> None:
         self.qm, self.queue, self.state, self.consumer, self.owner = qm, queue, state, consumer, owner
-        self.app_id, self.copy = app_id, copy
+        self.app_id, self.copy, self.group_rules = app_id, copy, group_rules
 
     def finish_pending(self, pending: PendingMessages) -> pa.Table:
         """Finish moves recorded but not consumed (a crash came between); their identities."""
@@ -458,7 +462,7 @@ class Transfer:
         self.qm.commit_put(
             target,
             [data],
-            group_items(messages),
+            group_items(messages if self.group_rules else messages.slice(0, 0)),
             producer=self.app_id,
             batch_id=version,
             metadata={"mqspark.moved_from": self.queue},
@@ -471,7 +475,7 @@ class Mover:
     def __init__(self, qm: Queues, policy: BackoutPolicy, state: ConsumerState, consumer: str, owner: str):
         self.qm, self.policy = qm, policy
         app_id = f"mqspark.backout/{policy.qmgr}/{policy.queue}/{consumer}"
-        self.transfer = Transfer(qm, policy.queue, state, consumer, owner, app_id, self._copy)
+        self.transfer = Transfer(qm, policy.queue, state, consumer, owner, app_id, self._copy, group_rules=False)
 
     def finish_pending(self, pending: PendingMessages) -> pa.Table:
         """Finish moves a crash interrupted; their identities."""

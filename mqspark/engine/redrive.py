@@ -54,7 +54,8 @@ def redrive(
     try:
         pending = PendingMessages(store.queue_location(qm.root, local), qm.storage_options)
         pending.load(state.consumed_ranges(REDRIVER))
-        transfer = Transfer(qm, local, state, REDRIVER, owner, f"mqspark.redrive/{qm.name}/{local}", _without_header)
+        app_id = f"mqspark.redrive/{qm.name}/{local}"
+        transfer = Transfer(qm, local, state, REDRIVER, owner, app_id, _without_header, group_rules=True)
         pending.mark_consumed(pending.range_keys(single_ranges(transfer.finish_pending(pending))))
         waiting = pending.rows.filter(pc.invert(pending.rows["consumed"]))
         headers = _headers(pending, waiting)
