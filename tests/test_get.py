@@ -110,7 +110,9 @@ def test_a_grouped_message_failed_by_two_consumer_groups_moves_to_the_backout_qu
     # producer could never put, and the second copy must not be refused for it.
     qm.define_queue("Q.BACKOUT")
     qm.define_queue("Q", backout_threshold=1, backout_queue="Q.BACKOUT")
-    qm.put("Q", [{"payload": f"m{i}", "group_id": "G", "msg_seq_number": i, "last_in_group": i == 3} for i in (1, 2, 3)])
+    qm.put(
+        "Q", [{"payload": f"m{i}", "group_id": "G", "msg_seq_number": i, "last_in_group": i == 3} for i in (1, 2, 3)]
+    )
     for group in ("A", "B"):
         qm.declare_consumer("Q", group)
     for group in ("A", "B"):
