@@ -50,8 +50,9 @@ A move recorded but not consumed is finished before anything else is planned for
 maintenance keeps its messages meanwhile. When the target refuses the put (full, put-inhibited), an
 ``abandoned`` record ends the move and the messages stay; a move to a backout or error queue then
 goes to the dead-letter queue instead. The target does not check the copies' message groups as it
-checks a producer's put: each consumer group that failed a group item moves its own copy there. The moved copy carries the dead-letter header (reason, a
-text with the last error given, original queue and queue manager, time) and its ``backout_count``.
+checks a producer's put: each consumer group that failed a group item moves its own copy there.
+The moved copy carries the dead-letter header (reason, a text with the last error given, original
+queue and queue manager, time) and its ``backout_count``.
 
 **Redrive** (:func:`redrive`) moves messages of a backout, error or dead-letter queue back to their
 original queue the same way, under the consumer group :data:`REDRIVER` of that queue, with the
