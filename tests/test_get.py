@@ -12,6 +12,9 @@ import pytest
 from deltalake import DeltaTable
 
 from mqspark import MQError, MQValidationError, Reason, store
+from mqspark.engine.backout import Transfer
+from mqspark.engine.consumer_groups import ConsumerState, Stale
+from mqspark.engine.state_rows import event_rows
 from mqspark.qmgr import BROWSE_SCHEMA
 
 from .support.processes import python_child
@@ -126,6 +129,31 @@ def test_a_grouped_message_failed_by_two_consumer_groups_moves_to_the_backout_qu
     assert moved["dlq_reason"].to_pylist() == [Reason.MQRC_BACKOUT_THRESHOLD_REACHED] * 2
     assert moved["msg_seq_number"].to_pylist() == [2, 2]
     assert qm.browse("SYSTEM.DEAD.LETTER.QUEUE").num_rows == 0
+
+
+def test_a_compaction_between_a_moves_look_and_its_record_does_not_make_the_move_stale(qm):
+    # A streaming planner's move found Stale fails its query; compaction, which any committer runs
+    # every few versions, folds finished moves away, so it must not count as another move.
+    qm.define_queue("Q.BACKOUT")
+    qm.define_queue("Q", backout_threshold=1, backout_queue="Q.BACKOUT")
+    qm.put("Q", [{"payload": "one"}, {"payload": "two"}, {"payload": "three"}])
+    with pytest.raises(ValueError):
+        with qm.syncpoint_get("Q"):
+            raise ValueError("cannot parse")
+    assert _payloads(qm.get("Q")) == ["two"]  # "one" moved first: a finished move
+    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    transfer = Transfer(qm, "Q", state, "default", "test", "mqspark.backout/QM1/Q/default", None, group_rules=False)
+    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
+    committed = table.transaction_version("mqspark.backout/QM1/Q/default")
+    check = transfer._alone("Q.BACKOUT", committed)
+
+    assert ConsumerState(qm.root, "Q", qm.storage_options).compact()  # another process compacts
+    check()  # not stale: no move was recorded since the look
+
+    other = ConsumerState(qm.root, "Q", qm.storage_options)
+    other.append(event_rows("default", "another", "move", plan_id="m2"))
+    with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
+        check()
 
 
 def test_get_refuses_while_a_streaming_query_reads_the_group_and_a_query_continues_after_gets(spark, qm, tmp_path):

@@ -420,14 +420,15 @@ class Transfer:
     def _alone(self, target: str, committed: int | None) -> Callable[[], None]:
         """A check that no other move of the group was recorded since ``target``'s ``txn`` version was
         read as ``committed``: moves of competing gets go one at a time, each with its own version,
-        and none moves a message another moved meanwhile (:class:`Stale` otherwise)."""
-        seen = self.state.events(self.consumer, ("move",), ["plan_id"]).num_rows
+        and none moves a message another moved meanwhile (:class:`Stale` otherwise). Moves are told
+        by their ids: a compaction meanwhile folds finished moves away, which is no new move."""
+        seen = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
 
         def check() -> None:
-            moves = self.state.events(self.consumer, ("move",), ["plan_id"]).num_rows
+            moves = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
             table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
             now = table.transaction_version(self.app_id) if table is not None else None
-            if moves != seen or now != committed:
+            if moves - seen or now != committed:
                 raise Stale(f"queue {self.queue}: consumer group {self.consumer!r} moved messages since")
 
         return check
