@@ -5,13 +5,17 @@ producer, ``RUN/stop-producers``), recording what it does in its history (:mod:`
 The nemesis kills and pauses them; the run starts a killed actor again as its next incarnation.
 
 - ``producer``: ``qm.put`` of 1 to 6 messages at a time: ungrouped messages of random priority,
-  message groups put whole or spread over two puts, now and then a poison message;
+  message groups put whole or spread over two puts, now and then a poison message (in a message
+  group too);
+- ``requester``: ``mqspark.request``, one request at a time, each answered by the forwarder
+  (:mod:`chaos.forward`);
 - ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
   a poison message fails its block (one failed delivery), so it moves at the queue's backout
   threshold;
+- ``monitor``: the backlog monitor of group ``python``, a point every two seconds;
 - ``maintenance``: ``qm.maintain`` every two seconds, with a retention of five minutes.
 
-The streaming get's instances are :mod:`chaos.stream`'s, started the same way.
+The streaming get's instances (:mod:`chaos.stream`) and the forwarder are started the same way.
 """
 
 from __future__ import annotations
@@ -23,18 +27,25 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import mqspark
 from chaos.history import History
-from mqspark import MQError, QueueManager
+from mqspark import MQError, QueueManager, Reason
+from mqspark.services.monitor import Monitor
 
 QUEUE = "Q"
 BACKOUT_QUEUE = "Q.BACKOUT"
+REPLY_QUEUE = "REPLIES"
 PYTHON_GROUP = "python"
 STREAM_GROUP = "stream"
+FORWARD_GROUP = "forward"
 POISON = "poison"
 # Longer than any micro-batch of the run, paused ones included: with a shorter one, a query may read a
 # file maintenance removed and deleted meanwhile (docs/limits.md). With 30 s, on two cores under a
 # load of 8 to 15, every first batch of a streaming instance failed so, again after each restart.
 RETENTION = timedelta(minutes=5)
+# How long a requester waits for its reply: past a forwarder that restarts (its first batch took 78 s
+# on two cores under a load of 9).
+REQUEST_TIMEOUT = 60.0
 
 
 class Poisoned(Exception):
@@ -65,7 +76,14 @@ def _puts(name: str, rng: random.Random) -> Any:
                 size = rng.randint(2, 5)
                 priority = rng.randint(0, 9)
                 items = [
-                    _message(f"{name}-{number}.{seq}", group=group, seq=seq, last=seq == size, priority=priority)
+                    _message(
+                        f"{name}-{number}.{seq}",
+                        group=group,
+                        seq=seq,
+                        last=seq == size,
+                        priority=priority,
+                        poison=rng.random() < 0.02,
+                    )
                     for seq in range(1, size + 1)
                 ]
                 if rng.random() < 0.5:
@@ -136,6 +154,41 @@ def get(run: Path, qm: QueueManager, history: History, rng: random.Random) -> No
         history.record("get", phase="ok", op=key)
 
 
+def request(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """Requests with ``mqspark.request``, one at a time: its put and the wait for the reply, which the
+    forwarder (:mod:`chaos.forward`) gives with the request's payload."""
+    op = 0
+    while not stopping(run, "stop-producers"):
+        op += 1
+        key = f"{history.actor}:{op}"
+        message = _message(f"{history.actor}-{op}", priority=rng.randint(0, 9), request=REPLY_QUEUE)
+        history.record("put", phase="invoke", op=key, queue=QUEUE, messages=[message])
+        try:
+            reply = mqspark.request(
+                qm, QUEUE, message["id"], reply_to=REPLY_QUEUE, timeout=REQUEST_TIMEOUT, priority=message["priority"]
+            )
+        except MQError as error:
+            if error.reason is Reason.MQRC_NO_MSG_AVAILABLE:  # put, and no reply in time
+                history.record("put", phase="ok", op=key)
+            # Else the put or the get failed: which, the error does not say, so the put stays in doubt.
+            continue
+        history.record("put", phase="ok", op=key)
+        history.record("reply", request=message_id(reply["payload"][0].as_py()), failed=False)
+        time.sleep(rng.uniform(0.0, 1.0))
+
+
+def watch(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """The backlog monitor of group ``python``, a point every two seconds, recorded in its history
+    table as the ``mqspark monitor`` command does."""
+    monitor = Monitor(qm, QUEUE, PYTHON_GROUP, watch_interval=2.0, watch_count=100, expected_count=5)
+    while not stopping(run):
+        point = monitor.point()
+        history.record("monitor", consumer=PYTHON_GROUP, backlog=point.backlog, verdict=str(point.verdict))
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not stopping(run):
+            time.sleep(0.1)
+
+
 def maintain(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     while not stopping(run):
         try:
@@ -148,7 +201,7 @@ def maintain(run: Path, qm: QueueManager, history: History, rng: random.Random) 
             time.sleep(0.1)
 
 
-KINDS = {"producer": produce, "getter": get, "maintenance": maintain}
+KINDS = {"producer": produce, "requester": request, "getter": get, "monitor": watch, "maintenance": maintain}
 
 
 def main(argv: list[str]) -> None:

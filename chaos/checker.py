@@ -16,7 +16,9 @@ Words used below:
   somewhere (it put all of them), and then its ids are judged as put ids are;
 - for consumer group G an id is *delivered* by a ``got`` followed by ``ok`` or by a ``batch`` row,
   *in doubt* by a ``got`` with neither ``ok`` nor ``backout`` (the consumer was killed);
-- *seen* means delivered, got (any outcome), waiting, moved, or named by a reply.
+- for a forwarder's consumer group an id is *called* when a ``call`` event names it (calls are at
+  least once, so only replies are counted: exactly one per request consumed);
+- *seen* means delivered, got (any outcome), called, waiting, moved, or named by a reply.
 
 An event's time is its ``t`` less its actor's clock skew (plan.json ``skew``), both to order a
 syncpoint group's gets and to match a documented fault's window.
@@ -101,6 +103,7 @@ class Run:
     deliveries: list[Delivery]
     batches: list[dict[str, Any]]  # the raw batch events, for the priority check
     reply_requests: list[str]  # the ``request`` of every reply event
+    calls: dict[str, set[str]]  # per consumer group, the ids a forwarder's service was called with
     failures: list[dict[str, Any]]  # the ``failure`` events
     messages: dict[str, Message] = field(init=False)
     put_of: dict[str, Put] = field(init=False)
@@ -130,6 +133,7 @@ class Run:
             | set(self.moved)
             | set(self.replies)
             | set(self.reply_requests)
+            | {i for ids in self.calls.values() for i in ids}
         )
         self.committed = {
             m["id"]
@@ -149,6 +153,9 @@ class Run:
     def delivered(self, group: str) -> dict[str, list[Delivery]]:
         """The committed deliveries to ``group``, by id, in the order the history lists them."""
         return self._delivered.get(group, {})
+
+    def called(self, group: str) -> set[str]:
+        return self.calls.get(group, set())
 
     def in_doubt(self, group: str) -> set[str]:
         return self._in_doubt.get(group, set())
@@ -172,6 +179,7 @@ def load(run: Path) -> Run:
     deliveries: list[Delivery] = []
     batches: list[dict[str, Any]] = []
     reply_requests: list[str] = []
+    calls: dict[str, set[str]] = defaultdict(set)
     failures: list[dict[str, Any]] = []
     for event in events(run):
         kind, actor = event["e"], event["actor"]
@@ -187,6 +195,8 @@ def load(run: Path) -> Run:
                 deliveries.append(Delivery(event["consumer"], row["id"], actor, t, "ok", key, "batch"))
         elif kind == "reply":
             reply_requests.append(event["request"])
+        elif kind == "call":
+            calls[event["consumer"]].add(event["id"])
         elif kind == "failure":
             failures.append(event)
     for phases in gets.values():
@@ -199,6 +209,7 @@ def load(run: Path) -> Run:
         deliveries=deliveries,
         batches=batches,
         reply_requests=reply_requests,
+        calls=calls,
         failures=failures,
     )
 
@@ -235,7 +246,7 @@ def check_lost(run: Run) -> list[Violation]:
     found = []
     for group in run.final.consumers:
         accounted = set(run.delivered(group)) | run.in_doubt(group) | run.waiting(group) | set(run.moved)
-        lost = sorted(run.committed - accounted)
+        lost = sorted(run.committed - accounted - run.called(group))
         if lost:
             message = f"group {group}: {_names(lost)} put but neither delivered, in doubt, waiting nor moved"
             found.append(Violation("lost", message, lost))
@@ -402,7 +413,7 @@ def check_replies(run: Run) -> list[Violation]:
             continue
         if i in run.waiting(forwarder):
             expected, state = (0, 0), f"waiting for {forwarder}"
-        elif i in run.delivered(forwarder) or i in run.moved:
+        elif i in run.delivered(forwarder) or i in run.called(forwarder) or i in run.moved:
             expected, state = (1, 1), f"delivered to {forwarder} or moved"
         elif i in run.in_doubt(forwarder):  # the forwarder may have died before or after it replied
             expected, state = (0, 1), f"in doubt for {forwarder}"
@@ -469,8 +480,10 @@ def summarize(run: Run) -> dict[str, Any]:
     phases = Counter(put.phase for put in run.puts)
     consumers = {}
     for group, kind in run.final.consumers.items():
-        delivered, waiting = set(run.delivered(group)), run.waiting(group)
-        moved = (set(run.moved) & run.committed) - delivered - waiting
+        waiting = run.waiting(group)
+        moved = (set(run.moved) & run.committed) - set(run.delivered(group)) - waiting
+        # A forwarder's group: consumed is called, and neither waiting nor moved.
+        delivered = set(run.delivered(group)) | ((run.called(group) & run.committed) - waiting - moved)
         in_doubt = (run.in_doubt(group) & run.committed) - delivered - waiting - moved
         consumers[group] = {
             "kind": kind,

@@ -26,6 +26,9 @@ actor is a new incarnation) and ``e``, its kind:
   batch id) and ``rows`` (``id``, ``delivery_seq``, ``priority``, ``group``, ``seq``).
 - ``failure``: a streaming query that failed (its instance starts it again): ``error``, its MQ or
   Python error line, and ``documented``, the name of the documented limit it is, or None.
+- ``monitor``: a backlog monitor's point: ``consumer``, ``backlog`` and ``verdict``.
+- ``maintain``: a maintenance run: ``removed`` (messages removed), or ``error``.
+- ``call``: a forwarder's service called with message ``id`` for consumer group ``consumer``.
 - ``reply``: the forwarder's reply or failure record as the requester read it: ``request`` (the
   request's id) and ``failed`` (a failure record rather than a reply).
 """

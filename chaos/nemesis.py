@@ -5,7 +5,9 @@ lets them). Kinds:
 
 - ``kill``: SIGKILL; the actor starts again as its next incarnation after ``restart_after`` seconds;
 - ``pause``: SIGSTOP for ``for`` seconds, then SIGCONT (past the queue's lock duration now and then,
-  so another getter takes the paused one's messages back).
+  so another getter takes the paused one's messages back);
+- ``switchover``: ``mqspark instance switchover`` of a consumer group's instances (MQ's
+  ``endmqm -s``): the active one hands over to a standby at its next micro-batch boundary.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-KINDS = ("kill", "pause")
+KINDS = ("kill", "pause", "switchover")
+WEIGHTS = (9, 9, 2)
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,10 @@ class Fault:
         return asdict(self)
 
 
-def schedule(seed: int, seconds: float, targets: list[str], mean_interval: float) -> list[Fault]:
+def schedule(seed: int, seconds: float, targets: list[str], mean_interval: float, services: list[str]) -> list[Fault]:
     """Faults at random times (exponential gaps of ``mean_interval`` on average) over ``seconds``, each
-    on a target drawn at random, leaving the first and last few seconds quiet."""
+    on a target drawn at random (a process, or for a switchover one of the consumer groups
+    ``services`` run as instances), leaving the first and last few seconds quiet."""
     rng = random.Random(seed)
     faults: list[Fault] = []
     at = 3.0
@@ -39,7 +43,10 @@ def schedule(seed: int, seconds: float, targets: list[str], mean_interval: float
         at += rng.expovariate(1.0 / mean_interval)
         if at > seconds - 3.0:
             return faults
-        kind = rng.choice(KINDS)
+        kind = rng.choices(KINDS, WEIGHTS)[0]
+        if kind == "switchover":
+            faults.append(Fault(round(at, 2), kind, rng.choice(services)))
+            continue
         target = rng.choice(targets)
         if kind == "kill":
             faults.append(Fault(round(at, 2), kind, target, restart_after=round(rng.uniform(0.2, 3.0), 2)))

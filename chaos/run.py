@@ -21,19 +21,25 @@ from typing import Any
 from deltalake import DeltaTable
 
 from chaos import nemesis, stream
-from chaos.actor import BACKOUT_QUEUE, PYTHON_GROUP, QUEUE, STREAM_GROUP, message_id
+from chaos.actor import BACKOUT_QUEUE, FORWARD_GROUP, PYTHON_GROUP, QUEUE, REPLY_QUEUE, STREAM_GROUP, message_id
 from chaos.checker import Report, Violation, check
 from chaos.history import Final
 from mqspark import QueueManager, store
+from mqspark.services.instances import switchover
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 # Each consumer group of the queue, and how it reads.
-GROUPS = {PYTHON_GROUP: "syncpoint", STREAM_GROUP: "stream"}
+GROUPS = {PYTHON_GROUP: "syncpoint", STREAM_GROUP: "stream", FORWARD_GROUP: "forward"}
 LOCK_DURATION = 5.0
 BACKOUT_THRESHOLD = 3
 # The actors of a run: kind and name. Maintenance is a target too: a kill mid-commit is its hardest case.
-ACTORS = [("producer", "P1"), ("producer", "P2"), ("getter", "G1"), ("getter", "G2"), ("getter", "G3")]
-ACTORS += [("maintenance", "M"), ("stream", "S1"), ("stream", "S2")]
+ACTORS = [("producer", "P1"), ("producer", "P2"), ("requester", "R")]
+ACTORS += [("getter", "G1"), ("getter", "G2"), ("getter", "G3"), ("monitor", "O"), ("maintenance", "M")]
+ACTORS += [("stream", "S1"), ("stream", "S2"), ("forwarder", "F")]
+# The actors that stop when the producers do, before the consumers drain.
+PRODUCING = ("producer", "requester")
+# The module each kind of actor runs as: ``python -m MODULE RUN KIND NAME INCARNATION SEED``.
+MODULES = {"stream": "chaos.stream", "forwarder": "chaos.forward"}
 
 
 @dataclass
@@ -48,12 +54,13 @@ class Actor:
 
 
 class Run:
-    def __init__(self, folder: Path, seconds: float, seed: int, mean_interval: float) -> None:
+    def __init__(self, qm: QueueManager, folder: Path, seconds: float, seed: int, mean_interval: float) -> None:
+        self.qm = qm
         self.folder = folder
         self.seconds = seconds
         self.seed = seed
         self.actors = {name: Actor(kind, name) for kind, name in ACTORS}
-        self.faults = nemesis.schedule(seed, seconds, sorted(self.actors), mean_interval)
+        self.faults = nemesis.schedule(seed, seconds, sorted(self.actors), mean_interval, [STREAM_GROUP])
         # Kinds of actor told to finish: their exit is expected, and they are not started again.
         self.finishing: set[str] = set()
         # Actors that ended by themselves (an error they did not expect): each is a violation.
@@ -68,7 +75,7 @@ class Run:
         actor.incarnation += 1
         logs = self.folder / "logs"
         logs.mkdir(exist_ok=True)
-        module = "chaos.stream" if actor.kind == "stream" else "chaos.actor"
+        module = MODULES.get(actor.kind, "chaos.actor")
         command = [sys.executable, "-m", module, str(self.folder), actor.kind, actor.name]
         command += [str(actor.incarnation), str(self.seed)]
         with (logs / f"{actor.name}#{actor.incarnation}.log").open("w") as output:
@@ -96,6 +103,10 @@ class Run:
                 self._start(actor)
 
     def _apply(self, fault: nemesis.Fault, now: float) -> None:
+        if fault.kind == "switchover":
+            switchover(self.qm, QUEUE, fault.target)
+            self._record(fault.kind, fault.target, fault=fault.as_dict())
+            return
         actor = self.actors[fault.target]
         if actor.process is None or actor.restart_at is not None:
             self._record("skipped", fault.target, fault=fault.as_dict())
@@ -121,18 +132,18 @@ class Run:
             self._tend(now)
             time.sleep(0.05)
 
-    def drain(self, qm: QueueManager, timeout: float) -> bool:
+    def drain(self, timeout: float) -> bool:
         """Producers stop, every fault ends, and the consumers run on until nothing waits for their
         group (or ``timeout``); True when drained."""
         (self.folder / "stop-producers").touch()
-        self.finishing.add("producer")
+        self.finishing.update(PRODUCING)
         deadline = time.monotonic() + timeout
         while (now := time.monotonic()) < deadline:
             for actor in self.actors.values():
                 if actor.resume_at is not None:
                     actor.resume_at = now
             self._tend(now)
-            if _producers_done(self.actors) and all(qm.depth(QUEUE, consumer=g) == 0 for g in GROUPS):
+            if _producers_done(self.actors) and all(self.qm.depth(QUEUE, consumer=g) == 0 for g in GROUPS):
                 return True
             time.sleep(0.2)
         return False
@@ -160,7 +171,7 @@ def _exit_code(actor: Actor) -> int | None:
 
 
 def _producers_done(actors: dict[str, Actor]) -> bool:
-    return all(_exit_code(a) is not None for a in actors.values() if a.kind == "producer")
+    return all(_exit_code(a) is not None for a in actors.values() if a.kind in PRODUCING)
 
 
 def _signal(actor: Actor, number: int) -> None:
@@ -216,6 +227,7 @@ def record_stream_output(folder: Path) -> None:
 def set_up(folder: Path) -> QueueManager:
     qm = QueueManager.create(str(folder / "qm"), "CHAOS")
     qm.define_queue(BACKOUT_QUEUE)
+    qm.define_queue(REPLY_QUEUE)
     qm.define_queue(
         QUEUE, backout_threshold=BACKOUT_THRESHOLD, backout_queue=BACKOUT_QUEUE, lock_duration=LOCK_DURATION
     )
@@ -230,7 +242,9 @@ def final_state(qm: QueueManager) -> Final:
         qm.maintain(QUEUE, retention=timedelta(0))
     moved = []
     for queue in (BACKOUT_QUEUE, DEAD_LETTER_QUEUE):
-        rows = qm.browse(queue).select(["payload", "dlq_reason", "backout_count", "dlq_original_queue"]).to_pylist()
+        # In physical order: a message group item moved alone waits there for its group's first item.
+        rows = qm.browse(queue, order="physical")
+        rows = rows.select(["payload", "dlq_reason", "backout_count", "dlq_original_queue"]).to_pylist()
         moved += [
             {
                 "id": message_id(row["payload"]),
@@ -250,6 +264,7 @@ def final_state(qm: QueueManager) -> Final:
             for group in GROUPS
         },
         moved=moved,
+        replies=[message_id(payload) for payload in qm.browse(REPLY_QUEUE)["payload"].to_pylist()],
         storage={QUEUE: {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}},
     )
 
@@ -257,7 +272,7 @@ def final_state(qm: QueueManager) -> Final:
 def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, drain_timeout: float = 300.0) -> Report:
     folder.mkdir(parents=True, exist_ok=False)
     qm = set_up(folder)
-    chaos = Run(folder, minutes * 60, seed, mean_interval)
+    chaos = Run(qm, folder, minutes * 60, seed, mean_interval)
     plan = {
         "seed": seed,
         "minutes": minutes,
@@ -266,11 +281,12 @@ def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, dra
         "faults": [fault.as_dict() for fault in chaos.faults],
         "lock_duration": LOCK_DURATION,
         "backout_threshold": BACKOUT_THRESHOLD,
+        "forwarder_consumer": FORWARD_GROUP,
     }
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     try:
         chaos.faulty_phase()
-        drained = chaos.drain(qm, drain_timeout)
+        drained = chaos.drain(drain_timeout)
     finally:
         chaos.stop()
     final = final_state(qm)

@@ -16,7 +16,7 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -81,6 +81,18 @@ def _first_line(error: BaseException) -> str:
     return (python or lines or [""])[-1][:500]
 
 
+def _given_back_with(bad: list[Row]) -> Column:
+    """The later items of the message groups of backed-out rows: they go back with them."""
+    first: dict[str, int] = {}
+    for row in bad:
+        if row.group_id is not None:
+            first[row.group_id] = min(first.get(row.group_id, row.msg_seq_number), row.msg_seq_number)
+    condition = F.lit(False)
+    for group, seq in first.items():
+        condition = condition | ((F.col("group_id") == group) & (F.col("msg_seq_number") > seq))
+    return condition
+
+
 def _start(
     spark: SparkSession, run: Path, qm: QueueManager, actor: str, instance: Instance, instance_id: str
 ) -> StreamingQuery:
@@ -88,10 +100,10 @@ def _start(
 
     def process(batch: DataFrame, batch_id: int) -> None:
         poison = F.col("payload").startswith(F.lit(POISON.encode()))
-        bad = batch.filter(poison).select("queue", "delivery_seq").collect()
+        bad = batch.filter(poison).select("queue", "delivery_seq", "group_id", "msg_seq_number").collect()
         if bad:
             mqspark.backout([row.asDict() for row in bad], "a poison message", root=qm.root, consumer=STREAM_GROUP)
-        rows = batch.filter(~poison).select(
+        rows = batch.filter(~poison & ~_given_back_with(bad)).select(
             F.col("payload").cast("string").alias("id"),
             "delivery_seq",
             "priority",

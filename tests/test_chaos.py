@@ -1,6 +1,6 @@
-"""A three-minute chaos run (``./dev.sh chaos``): producers, competing syncpoint getters, active and
-standby instances of a streaming get and maintenance, as real processes under SIGKILL and SIGSTOP,
-judged by every check of ``chaos/checker.py``.
+"""A three-minute chaos run (``./dev.sh chaos``): producers, a requester, competing syncpoint getters,
+active and standby instances of a streaming get, a forwarder and maintenance, as real processes
+under SIGKILL and SIGSTOP, judged by every check of ``chaos/checker.py``.
 
 The seed is fixed unless ``MQSPARK_CHAOS_SEED`` gives one (CI gives a fresh one each run). The seed
 and the run's folder are printed; the folder keeps the history, the faults and every process's log.
@@ -35,7 +35,8 @@ def test_a_three_minute_chaos_run_breaks_no_guarantee():
     # The run did what it is for: faults hit, and every group got and moved messages.
     assert summary["faults"].get("kill", 0) + summary["faults"].get("pause", 0) >= 10, summary["faults"]
     assert summary["messages_put"] >= 200, summary
-    for group in ("python", "stream"):
+    for group in ("python", "stream", "forward"):
         assert summary["consumers"][group]["delivered"] >= 100, summary["consumers"]
+    assert summary["replies"] >= 1, summary
     if not report.documented:  # kept otherwise, to be looked at
         shutil.rmtree(folder.parent)

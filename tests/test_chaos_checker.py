@@ -298,6 +298,40 @@ def test_reply(tmp_path: Path, change: Callable[[Scenario], None], expected: str
     assert report.violations[0].message == message
 
 
+def _forwarded(s: Scenario, called: list[str]) -> None:
+    """The forwarder's group ``fwd`` instead of ``workers``: its service was called with ``called``."""
+    s.plan["forwarder_consumer"] = "fwd"
+    s.final.consumers["fwd"] = "forward"
+    s.final.waiting["fwd"] = []
+    s.final.moved.append(s.final.moved[0])  # the poison x1 moved for fwd too
+    for i in called:
+        s.events.append(("F#0.77", "call", {"t": T0 + 18, "consumer": "fwd", "id": i}))
+
+
+def test_a_forwarder_consumes_what_it_was_called_with_and_replies_once_per_request(tmp_path: Path) -> None:
+    everything = ["a1", "a2", "g1", "g2", "g3", "x1", "r1", "d1", "d2"]
+    report = checked(tmp_path, lambda s: _forwarded(s, everything + ["r1", "x1"]))  # r1 and x1 called twice
+    assert found(report) == []
+    assert report.summary["consumers"]["fwd"] == {
+        "kind": "forward",
+        "delivered": 8,
+        "in_doubt": 0,
+        "waiting": 0,
+        "moved": 1,
+    }
+
+    report = checked(tmp_path / "lost", lambda s: _forwarded(s, [i for i in everything if i != "g2"]))
+    assert found(report) == [("lost", ["g2"])]
+
+    def unanswered(s: Scenario) -> None:
+        _forwarded(s, everything)
+        s.final.replies.clear()
+
+    report = checked(tmp_path / "unanswered", unanswered)
+    assert found(report) == [("reply", ["r1"])]
+    assert report.violations[0].message == "request r1 delivered to fwd or moved has 0 reply entries"
+
+
 def test_storage(tmp_path: Path) -> None:
     report = checked(tmp_path, lambda s: s.final.storage["Q"].update(files=51))
     assert found(report) == [("storage", [])]

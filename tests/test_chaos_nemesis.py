@@ -1,0 +1,28 @@
+"""The chaos nemesis's schedule: drawn from the seed alone, so a seed repeats its faults."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from chaos.nemesis import schedule
+
+TARGETS = ["G1", "P1", "S1", "S2"]
+
+
+def test_a_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    first = schedule(42, 600, TARGETS, 8.0, ["stream"])
+    assert first == schedule(42, 600, TARGETS, 8.0, ["stream"])
+    assert first != schedule(43, 600, TARGETS, 8.0, ["stream"])
+
+
+def test_every_kind_comes_within_the_run_on_its_own_kind_of_target() -> None:
+    faults = schedule(7, 3600, TARGETS, 8.0, ["stream"])
+    kinds = Counter(f.kind for f in faults)
+    assert set(kinds) == {"kill", "pause", "switchover"}
+    assert 300 < len(faults) < 600  # about one every 8 s over an hour
+    assert all(f.target == "stream" for f in faults if f.kind == "switchover")
+    assert all(f.target in TARGETS for f in faults if f.kind != "switchover")
+    assert all(3.0 < f.at < 3597.0 for f in faults)
+    assert [f.at for f in faults] == sorted(f.at for f in faults)
+    assert all(0.2 <= f.restart_after <= 3.0 for f in faults if f.kind == "kill")
+    assert all(0.5 <= f.duration <= 12.0 for f in faults if f.kind == "pause")
