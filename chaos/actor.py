@@ -61,7 +61,7 @@ def _message(id: str, **fields: Any) -> dict[str, Any]:
     return {"id": id, "group": None, "seq": 1, "last": False, "poison": False, "request": None} | fields
 
 
-def _puts(name: str, rng: random.Random) -> Any:
+def puts(name: str, rng: random.Random) -> Any:
     """The producer's puts, each a list of history messages: ungrouped ones, and message groups whose
     items go in one put or over two consecutive puts."""
     number = 0
@@ -99,18 +99,18 @@ def _puts(name: str, rng: random.Random) -> Any:
             yield carried
 
 
-def _payload(message: dict[str, Any]) -> bytes:
+def payload(message: dict[str, Any]) -> bytes:
     return (POISON + ":" + message["id"] if message["poison"] else message["id"]).encode()
 
 
 def produce(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
-    for op, batch in enumerate(_puts(history.actor, rng)):
+    for op, batch in enumerate(puts(history.actor, rng)):
         if stopping(run, "stop-producers"):
             return
         key = f"{history.actor}:{op}"
         history.record("put", phase="invoke", op=key, queue=QUEUE, messages=batch)
         rows = [
-            {"payload": _payload(m), "priority": m["priority"]}
+            {"payload": payload(m), "priority": m["priority"]}
             | ({"group_id": m["group"], "msg_seq_number": m["seq"], "last_in_group": m["last"]} if m["group"] else {})
             for m in batch
         ]

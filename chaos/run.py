@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -28,18 +29,34 @@ from mqspark import QueueManager, store
 from mqspark.services.instances import switchover
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
-# Each consumer group of the queue, and how it reads.
-GROUPS = {PYTHON_GROUP: "syncpoint", STREAM_GROUP: "stream", FORWARD_GROUP: "forward"}
 LOCK_DURATION = 5.0
 BACKOUT_THRESHOLD = 3
-# The actors of a run: kind and name. Maintenance is a target too: a kill mid-commit is its hardest case.
-ACTORS = [("producer", "P1"), ("producer", "P2"), ("requester", "R")]
+# The actors of every run: kind and name. Maintenance is a target too: a kill mid-commit is its
+# hardest case.
+ACTORS = [("producer", "P1"), ("producer", "P2")]
 ACTORS += [("getter", "G1"), ("getter", "G2"), ("getter", "G3"), ("monitor", "O"), ("maintenance", "M")]
-ACTORS += [("stream", "S1"), ("stream", "S2"), ("forwarder", "F")]
+ACTORS += [("stream", "S1"), ("stream", "S2")]
+# The seed adds one or both of these: at most four Spark drivers on two cores.
+CHOICES = {
+    "forwarder": [("requester", "R"), ("forwarder", "F")],
+    "stream-put": [("stream-put", "W")],
+}
 # The actors that stop when the producers do, before the consumers drain.
-PRODUCING = ("producer", "requester")
+PRODUCING = ("producer", "requester", "stream-put")
 # The module each kind of actor runs as: ``python -m MODULE RUN KIND NAME INCARNATION SEED``.
-MODULES = {"stream": "chaos.stream", "forwarder": "chaos.forward"}
+MODULES = {"stream": "chaos.stream", "forwarder": "chaos.forward", "stream-put": "chaos.stream_put"}
+
+
+def mix(seed: int) -> list[tuple[str, str]]:
+    """The actors of the run of ``seed``."""
+    chosen = random.Random(f"{seed}/mix").choice([["forwarder"], ["stream-put"], ["forwarder", "stream-put"]])
+    return ACTORS + [actor for choice in chosen for actor in CHOICES[choice]]
+
+
+def groups(actors: list[tuple[str, str]]) -> dict[str, str]:
+    """Each consumer group of the queue, and how it reads."""
+    forwarding = any(kind == "forwarder" for kind, _ in actors)
+    return {PYTHON_GROUP: "syncpoint", STREAM_GROUP: "stream"} | ({FORWARD_GROUP: "forward"} if forwarding else {})
 
 
 @dataclass
@@ -59,7 +76,8 @@ class Run:
         self.folder = folder
         self.seconds = seconds
         self.seed = seed
-        self.actors = {name: Actor(kind, name) for kind, name in ACTORS}
+        self.groups = groups(mix(seed))
+        self.actors = {name: Actor(kind, name) for kind, name in mix(seed)}
         self.faults = nemesis.schedule(seed, seconds, sorted(self.actors), mean_interval, [STREAM_GROUP])
         # Kinds of actor told to finish: their exit is expected, and they are not started again.
         self.finishing: set[str] = set()
@@ -143,7 +161,7 @@ class Run:
                 if actor.resume_at is not None:
                     actor.resume_at = now
             self._tend(now)
-            if _producers_done(self.actors) and all(self.qm.depth(QUEUE, consumer=g) == 0 for g in GROUPS):
+            if _producers_done(self.actors) and all(self.qm.depth(QUEUE, consumer=g) == 0 for g in self.groups):
                 return True
             time.sleep(0.2)
         return False
@@ -224,19 +242,19 @@ def record_stream_output(folder: Path) -> None:
             output.write(json.dumps(event) + "\n")
 
 
-def set_up(folder: Path) -> QueueManager:
+def set_up(folder: Path, consumers: dict[str, str]) -> QueueManager:
     qm = QueueManager.create(str(folder / "qm"), "CHAOS")
     qm.define_queue(BACKOUT_QUEUE)
     qm.define_queue(REPLY_QUEUE)
     qm.define_queue(
         QUEUE, backout_threshold=BACKOUT_THRESHOLD, backout_queue=BACKOUT_QUEUE, lock_duration=LOCK_DURATION
     )
-    for group in GROUPS:
+    for group in consumers:
         qm.declare_consumer(QUEUE, group)
     return qm
 
 
-def final_state(qm: QueueManager) -> Final:
+def final_state(qm: QueueManager, consumers: dict[str, str]) -> Final:
     """What the queues hold, after two maintenance runs (the second deletes what the first removed)."""
     for _ in range(2):
         qm.maintain(QUEUE, retention=timedelta(0))
@@ -258,10 +276,10 @@ def final_state(qm: QueueManager) -> Final:
     table = DeltaTable(store.queue_location(qm.root, QUEUE))
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     return Final(
-        consumers=GROUPS,
+        consumers=consumers,
         waiting={
             group: [message_id(p) for p in qm.waiting_messages(QUEUE, group, ["payload"])["payload"].to_pylist()]
-            for group in GROUPS
+            for group in consumers
         },
         moved=moved,
         replies=[message_id(payload) for payload in qm.browse(REPLY_QUEUE)["payload"].to_pylist()],
@@ -271,17 +289,17 @@ def final_state(qm: QueueManager) -> Final:
 
 def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, drain_timeout: float = 300.0) -> Report:
     folder.mkdir(parents=True, exist_ok=False)
-    qm = set_up(folder)
+    qm = set_up(folder, groups(mix(seed)))
     chaos = Run(qm, folder, minutes * 60, seed, mean_interval)
     plan = {
         "seed": seed,
         "minutes": minutes,
         "store": "local",
-        "actors": [{"kind": kind, "name": name} for kind, name in ACTORS],
+        "actors": [{"kind": kind, "name": name} for kind, name in mix(seed)],
         "faults": [fault.as_dict() for fault in chaos.faults],
         "lock_duration": LOCK_DURATION,
         "backout_threshold": BACKOUT_THRESHOLD,
-        "forwarder_consumer": FORWARD_GROUP,
+        "forwarder_consumer": FORWARD_GROUP if FORWARD_GROUP in chaos.groups else None,
     }
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     try:
@@ -289,7 +307,7 @@ def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, dra
         drained = chaos.drain(drain_timeout)
     finally:
         chaos.stop()
-    final = final_state(qm)
+    final = final_state(qm, chaos.groups)
     final.save(folder)
     record_stream_output(folder)
     report = check(folder)

@@ -35,8 +35,9 @@ def test_a_three_minute_chaos_run_breaks_no_guarantee():
     # The run did what it is for: faults hit, and every group got and moved messages.
     assert summary["faults"].get("kill", 0) + summary["faults"].get("pause", 0) >= 10, summary["faults"]
     assert summary["messages_put"] >= 200, summary
-    for group in ("python", "stream", "forward"):
+    for group in summary["consumers"]:
         assert summary["consumers"][group]["delivered"] >= 100, summary["consumers"]
-    assert summary["replies"] >= 1, summary
+    if "forward" in summary["consumers"]:
+        assert summary["replies"] >= 1, summary
     if not report.documented:  # kept otherwise, to be looked at
         shutil.rmtree(folder.parent)

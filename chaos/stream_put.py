@@ -1,0 +1,96 @@
+"""The streaming put of a chaos run: ``python -m chaos.stream_put RUN stream-put NAME INCARNATION SEED``
+puts what lands in a folder of JSON files on the run's queue with ``writeStream.format("mq")``.
+
+A thread of the same process writes the files (the producer's puts of :mod:`chaos.actor`, one file
+each, moved into the folder whole), and records each as a put: ``invoke`` before the file is
+written, ``ok`` once it is in the folder, for from then on the query puts it exactly once, across
+its restarts (the file source's checkpoint and the ``mq`` sink's batch ids). After the run's
+``stop-producers``, the process ends once the query has put every file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos.actor import QUEUE, payload, puts, stopping
+from chaos.history import History
+
+SCHEMA = "payload string, priority int, group_id string, msg_seq_number int, last_in_group boolean"
+
+
+def _row(message: dict[str, Any]) -> dict[str, Any]:
+    row = {"payload": payload(message).decode(), "priority": message["priority"]}
+    if message["group"]:
+        row |= {"group_id": message["group"], "msg_seq_number": message["seq"], "last_in_group": message["last"]}
+    return row
+
+
+def feed(run: Path, folder: Path, history: History, rng: random.Random) -> None:
+    """Write the puts as files into ``folder`` until the producers stop."""
+    staging = run / "staging" / history.actor
+    staging.mkdir(parents=True, exist_ok=True)
+    for op, batch in enumerate(puts(history.actor, rng)):
+        if stopping(run, "stop-producers"):
+            return
+        key = f"{history.actor}:{op}"
+        history.record("put", phase="invoke", op=key, queue=QUEUE, messages=batch)
+        name = f"{history.actor.replace('#', '-')}-{op}.json"
+        (staging / name).write_text("".join(json.dumps(_row(m)) + "\n" for m in batch))
+        os.replace(staging / name, folder / name)
+        history.record("put", phase="ok", op=key)
+        time.sleep(rng.uniform(1.0, 3.0))
+
+
+def _caught_up(query: Any) -> bool:
+    """Whether the query's last trigger found no new file."""
+    status = query.status
+    return not status["isDataAvailable"] and not status["isTriggerActive"]
+
+
+def main(argv: list[str]) -> None:
+    run, name, incarnation, seed = Path(argv[0]), argv[2], int(argv[3]), int(argv[4])
+    history = History(run, f"{name}#{incarnation}")
+    rng = random.Random(f"{seed}/{name}/{incarnation}")
+    folder = run / "input" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    import mqspark
+
+    spark = mqspark.session(
+        app_name=f"chaos-{name}",
+        master="local[1]",
+        **{"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1", "spark.ui.showConsoleProgress": "false"},
+    )
+    query = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 5)
+        .json(str(folder))
+        .writeStream.format("mq")
+        .option("queue", QUEUE)
+        .option("checkpointLocation", str(run / "checkpoints" / name))
+        .trigger(processingTime="1 second")
+        .start(str(run / "qm"))
+    )
+    feeder = threading.Thread(target=feed, args=(run, folder, history, rng), daemon=True)
+    feeder.start()
+    quiet = 0
+    while query.isActive and not stopping(run) and quiet < 3:
+        time.sleep(1.0)
+        # Done once the producers stopped, this feeder with them, and three looks found nothing new.
+        quiet = quiet + 1 if not feeder.is_alive() and _caught_up(query) else 0
+    failure = query.exception()
+    query.stop()
+    spark.stop()
+    history.close()
+    if failure is not None:
+        raise SystemExit(f"the streaming put's query failed: {failure}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
