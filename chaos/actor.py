@@ -7,6 +7,7 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
 - ``producer``: ``qm.put`` of 1 to 6 messages at a time: ungrouped messages of random priority,
   message groups put whole or spread over two puts, now and then a poison message (in a message
   group too);
+- ``client``: the producer, through a client connection (``mqspark.connect``);
 - ``requester``: ``mqspark.request``, one request at a time, each answered by the forwarder
   (:mod:`chaos.forward`);
 - ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
@@ -29,7 +30,7 @@ from typing import Any
 
 import mqspark
 from chaos.history import History
-from mqspark import MQError, QueueManager, Reason
+from mqspark import Connection, MQError, QueueManager, Reason
 from mqspark.services.monitor import Monitor
 
 QUEUE = "Q"
@@ -104,6 +105,16 @@ def payload(message: dict[str, Any]) -> bytes:
 
 
 def produce(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    _produce(run, qm, history, rng)
+
+
+def produce_as_client(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """The producer, through a client connection (``mqspark.connect``) that reconnects to the same
+    queue manager when its storage breaks, and settles a put in doubt exactly once."""
+    _produce(run, mqspark.connect(qm.root, reconnect="qmgr"), history, rng)
+
+
+def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: random.Random) -> None:
     for op, batch in enumerate(puts(history.actor, rng)):
         if stopping(run, "stop-producers"):
             return
@@ -201,7 +212,14 @@ def maintain(run: Path, qm: QueueManager, history: History, rng: random.Random) 
             time.sleep(0.1)
 
 
-KINDS = {"producer": produce, "requester": request, "getter": get, "monitor": watch, "maintenance": maintain}
+KINDS = {
+    "producer": produce,
+    "client": produce_as_client,
+    "requester": request,
+    "getter": get,
+    "monitor": watch,
+    "maintenance": maintain,
+}
 
 
 def main(argv: list[str]) -> None:

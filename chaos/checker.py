@@ -40,6 +40,8 @@ from typing import Any
 from chaos.history import Final, events, json_lines
 
 Message = dict[str, Any]
+# The documented limit a duplicate is when its first delivery was in a batch the planner gave up.
+GIVEN_UP = "a batch given up after its replay failed, whose sink had written it (docs/failed-messages.md)"
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Delivery:
     outcome: str  # "ok" (committed, or a batch row), "backout" or "doubt"
     key: tuple[float, ...]  # its place among its group's deliveries of the same source
     source: str  # "get" or "batch"
+    batch: int | None = None  # a batch row's Spark batch id
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class Run:
     batches: list[dict[str, Any]]  # the raw batch events, for the priority check
     reply_requests: list[str]  # the ``request`` of every reply event
     calls: dict[str, set[str]]  # per consumer group, the ids a forwarder's service was called with
+    given_up: dict[str, set[int]]  # per consumer group, the batches its planner gave up after the sink wrote them
     failures: list[dict[str, Any]]  # the ``failure`` events
     messages: dict[str, Message] = field(init=False)
     put_of: dict[str, Put] = field(init=False)
@@ -180,6 +184,7 @@ def load(run: Path) -> Run:
     batches: list[dict[str, Any]] = []
     reply_requests: list[str] = []
     calls: dict[str, set[str]] = defaultdict(set)
+    given_up: dict[str, set[int]] = defaultdict(set)
     failures: list[dict[str, Any]] = []
     for event in events(run):
         kind, actor = event["e"], event["actor"]
@@ -192,9 +197,12 @@ def load(run: Path) -> Run:
             batches.append({**event, "t": t})
             for row in event["rows"]:
                 key = (float(row["delivery_seq"]),)
-                deliveries.append(Delivery(event["consumer"], row["id"], actor, t, "ok", key, "batch"))
+                batch = event["batch"]
+                deliveries.append(Delivery(event["consumer"], row["id"], actor, t, "ok", key, "batch", batch))
         elif kind == "reply":
             reply_requests.append(event["request"])
+        elif kind == "given_up":
+            given_up[event["consumer"]].add(event["batch"])
         elif kind == "call":
             calls[event["consumer"]].add(event["id"])
         elif kind == "failure":
@@ -210,6 +218,7 @@ def load(run: Path) -> Run:
         batches=batches,
         reply_requests=reply_requests,
         calls=calls,
+        given_up=given_up,
         failures=failures,
     )
 
@@ -292,7 +301,8 @@ def check_duplicates(run: Run) -> list[Violation]:
             if len(times) > 1:
                 by = ", ".join(sorted({d.actor for d in times}))
                 message = f"group {group}: {i} delivered {len(times)} times (by {by})"
-                found.append(Violation("duplicate", message, [i], times))
+                given_up = times[0].batch in run.given_up.get(group, set())
+                found.append(Violation("duplicate", message, [i], times, documented=GIVEN_UP if given_up else None))
             if i in waiting:
                 message = f"group {group}: {i} delivered (by {times[0].actor}) and still waiting"
                 found.append(Violation("delivered_and_waiting", message, [i], times))

@@ -24,6 +24,9 @@ actor is a new incarnation) and ``e``, its kind:
   failed delivery). A ``got`` with neither (its actor was killed) may or may not have committed.
 - ``batch``: a streaming get's micro-batch as its sink recorded it: ``consumer``, ``batch`` (Spark's
   batch id) and ``rows`` (``id``, ``delivery_seq``, ``priority``, ``group``, ``seq``).
+- ``given_up``: a streaming get's replay of ``batch`` that delivered nothing though its sink had
+  written that batch: the planner gave the batch up (its replay failed again) and delivers its
+  messages again in smaller batches, so the sink sees them twice (docs/failed-messages.md).
 - ``failure``: a streaming query that failed (its instance starts it again): ``error``, its MQ or
   Python error line, and ``documented``, the name of the documented limit it is, or None.
 - ``monitor``: a backlog monitor's point: ``consumer``, ``backlog`` and ``verdict``.

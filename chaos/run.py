@@ -33,7 +33,7 @@ LOCK_DURATION = 5.0
 BACKOUT_THRESHOLD = 3
 # The actors of every run: kind and name. Maintenance is a target too: a kill mid-commit is its
 # hardest case.
-ACTORS = [("producer", "P1"), ("producer", "P2")]
+ACTORS = [("producer", "P1"), ("client", "P2")]
 ACTORS += [("getter", "G1"), ("getter", "G2"), ("getter", "G3"), ("monitor", "O"), ("maintenance", "M")]
 ACTORS += [("stream", "S1"), ("stream", "S2")]
 # The seed adds one or both of these: at most four Spark drivers on two cores.
@@ -42,7 +42,7 @@ CHOICES = {
     "stream-put": [("stream-put", "W")],
 }
 # The actors that stop when the producers do, before the consumers drain.
-PRODUCING = ("producer", "requester", "stream-put")
+PRODUCING = ("producer", "client", "requester", "stream-put")
 # The module each kind of actor runs as: ``python -m MODULE RUN KIND NAME INCARNATION SEED``.
 MODULES = {"stream": "chaos.stream", "forwarder": "chaos.forward", "stream-put": "chaos.stream_put"}
 

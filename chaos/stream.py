@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
+from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -27,6 +28,7 @@ from mqspark import MQError, QueueManager, Reason
 from mqspark.services.instances import Instance
 
 LEASE_TIMEOUT = 10
+APP_ID = "chaos-stream"  # the sink's txnAppId
 
 
 def output(run: Path) -> str:
@@ -48,7 +50,7 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
         # A new instance after each query: one that stopped standing by cannot stand by again.
         instance = instance or Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
         try:
-            query = instance.run(partial(_start, spark, run, qm, actor, instance), timeout=1.0)
+            query = instance.run(partial(_start, spark, run, qm, history, instance), timeout=1.0)
         except MQError as error:
             if error.reason is not Reason.MQRC_OBJECT_IN_USE:
                 raise
@@ -81,6 +83,14 @@ def _first_line(error: BaseException) -> str:
     return (python or lines or [""])[-1][:500]
 
 
+def _written(target: str) -> int:
+    """The last batch id the sink wrote (-1: none)."""
+    if not DeltaTable.is_deltatable(target):
+        return -1
+    version = DeltaTable(target).transaction_version(APP_ID)
+    return -1 if version is None else version
+
+
 def _given_back_with(bad: list[Row]) -> Column:
     """The later items of the message groups of backed-out rows: they go back with them."""
     first: dict[str, int] = {}
@@ -94,11 +104,15 @@ def _given_back_with(bad: list[Row]) -> Column:
 
 
 def _start(
-    spark: SparkSession, run: Path, qm: QueueManager, actor: str, instance: Instance, instance_id: str
+    spark: SparkSession, run: Path, qm: QueueManager, history: History, instance: Instance, instance_id: str
 ) -> StreamingQuery:
     target = output(run)
 
     def process(batch: DataFrame, batch_id: int) -> None:
+        if batch.isEmpty() and _written(target) >= batch_id:
+            # A replay that delivers nothing, of a batch this sink wrote: the planner gave it up.
+            history.record("given_up", consumer=STREAM_GROUP, batch=batch_id)
+            return
         poison = F.col("payload").startswith(F.lit(POISON.encode()))
         bad = batch.filter(poison).select("queue", "delivery_seq", "group_id", "msg_seq_number").collect()
         if bad:
@@ -110,11 +124,11 @@ def _start(
             "group_id",
             "msg_seq_number",
             F.lit(batch_id).alias("batch"),
-            F.lit(actor).alias("instance"),
+            F.lit(history.actor).alias("instance"),
             F.unix_micros(F.current_timestamp()).alias("at"),
         )
         writer = rows.write.format("delta").mode("append")
-        writer.option("txnAppId", "chaos-stream").option("txnVersion", batch_id).save(target)
+        writer.option("txnAppId", APP_ID).option("txnVersion", batch_id).save(target)
 
     return (
         spark.readStream.format("mq")

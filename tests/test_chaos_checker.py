@@ -377,6 +377,27 @@ def test_a_failed_query_is_a_violation_unless_its_history_names_the_documented_l
     ]
 
 
+@pytest.mark.parametrize("given_up", [False, True], ids=["replayed", "given-up"])
+def test_a_duplicate_whose_first_batch_was_given_up_after_the_sink_wrote_it_is_documented(
+    tmp_path: Path, given_up: bool
+) -> None:
+    def deliver_batch_0_again(s: Scenario) -> None:
+        s.batch("S2#0", 25, 2, [("a1", 9), ("a2", 10)])
+        if given_up:  # batch 0's replay delivered nothing: the planner gave it up
+            s.events.append(("S2#0", "given_up", {"t": T0 + 24, "consumer": "audit", "batch": 0}))
+
+    report = checked(tmp_path, deliver_batch_0_again)
+    duplicates = [("duplicate", ["a1"]), ("duplicate", ["a2"])]
+    assert (found(report), [(v.kind, v.ids) for v in report.documented]) == (
+        ([], duplicates) if given_up else (duplicates, [])
+    )
+    if given_up:
+        assert report.documented[0].message == (
+            "group audit: a1 delivered 2 times (by S1#0, S2#0) (documented: a batch given up after its "
+            "replay failed, whose sink had written it (docs/failed-messages.md))"
+        )
+
+
 def test_command_line(tmp_path: Path) -> None:
     def command(run: Path) -> subprocess.CompletedProcess[str]:
         arguments = [sys.executable, "-m", "chaos.checker", str(run)]
