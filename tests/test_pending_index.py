@@ -38,12 +38,13 @@ def _rows(put: list, seq: dict[int, int], closed: set[int]) -> list[dict]:
 
 def _kept_after(index: pa.Table, keys: np.ndarray, kept: set[int], consumed: set[int]) -> set[int]:
     """What the index holds after a step that marked ``consumed`` (all so far), given what it held
-    (``kept``): it forgets a consumed message that is ungrouped, or an item of a group whose last
-    item it holds consumed. A group whose last item it forgot earlier (consumed before the items
-    before it) is not known to be finished: those items stay, marked consumed."""
+    (``kept``): it forgets a consumed message that is ungrouped, or an item of a finished group: one
+    whose last item it holds consumed and none of whose items it holds waits (a move consumes a
+    group's last item before the items before it, which still need the group's first)."""
     group_of = dict(zip(keys.tolist(), index["group_id"].to_pylist(), strict=True))
     ends = {key for key, end in zip(keys.tolist(), index["last_in_group"].to_pylist(), strict=True) if end}
-    finished = {group_of[key] for key in kept & consumed & ends if group_of[key] is not None}
+    waiting = {group_of[key] for key in kept - consumed}
+    finished = {group_of[key] for key in kept & consumed & ends if group_of[key] is not None} - waiting
     return {key for key in kept if key not in consumed or (group_of[key] is not None and group_of[key] not in finished)}
 
 

@@ -53,6 +53,7 @@ from mqspark.engine.heartbeat import Heartbeat
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition
+from mqspark.model.groups import finished_groups
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 
 # Removed files and log entries stay this long by default, for time travel and for readers still
@@ -118,7 +119,7 @@ def maintain(
             consumed_by_all[:] = True
             for name in groups.groups:
                 consumed_by_all &= depth.consumed_by(messages, groups.consumed[name])
-            # A group's consumed items anchor its place in logical order until its last item is consumed.
+            # A group's consumed items anchor its place in logical order until the group is finished.
             consumed_by_all &= _finished_or_ungrouped(messages, consumed_by_all)
         expired = depth.expired(messages, now - EXPIRY_GRACE)
         removed = (consumed_by_all | expired) & ~depth.consumed_by(messages, groups.in_flight)
@@ -215,21 +216,11 @@ GROUP_FIELDS = ("group_id", "last_in_group", "segmented", "last_segment")
 
 
 def _finished_or_ungrouped(messages: pa.Table, consumed: np.ndarray) -> np.ndarray:
-    """Which messages are in no group, or in a group whose last item (the last segment of its last
-    message) is ``consumed``."""
+    """Which messages are in no group, or in a finished group (see
+    :func:`mqspark.model.groups.finished_groups`)."""
     group = messages["group_id"]
-    grouped = pc.is_valid(group).to_numpy(zero_copy_only=False)
-    ends = (
-        grouped
-        & messages["last_in_group"].to_numpy(zero_copy_only=False)
-        & (
-            ~messages["segmented"].to_numpy(zero_copy_only=False)
-            | messages["last_segment"].to_numpy(zero_copy_only=False)
-        )
-        & consumed
-    )
-    finished = pc.is_in(group, value_set=group.filter(pa.array(ends))).to_numpy(zero_copy_only=False)
-    return ~grouped | finished
+    finished = pc.is_in(group, value_set=finished_groups(messages, consumed)).to_numpy(zero_copy_only=False)
+    return ~pc.is_valid(group).to_numpy(zero_copy_only=False) | finished
 
 
 class Maintenance:

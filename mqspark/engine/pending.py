@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from mqspark import store
 from mqspark.engine.depth import file_ranges, put_files
 from mqspark.engine.unread import Part, UnreadParts
+from mqspark.model.groups import finished_groups
 from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
 from mqspark.model.ranges import NO_RANGES, expand_ranges, overlap_counts
 
@@ -382,7 +383,8 @@ class PendingMessages:
         return file, file_row
 
     def mark_consumed(self, keys: np.ndarray) -> None:
-        """Mark messages consumed, and forget those no group in flight still needs."""
+        """Mark messages consumed, and forget those no group in flight still needs (see
+        :func:`mqspark.model.groups.finished_groups`)."""
         if len(keys) == 0:
             return
         index_keys = self.keys()
@@ -398,21 +400,11 @@ class PendingMessages:
             INDEX_SCHEMA.get_field_index("consumed"), INDEX_SCHEMA.field("consumed"), pa.array(consumed)
         )
         grouped = pc.is_valid(self.rows["group_id"]).to_numpy(zero_copy_only=False)
-        # A group is finished once its last item (the last segment of its last message) is consumed.
-        ends_group = (
-            self.rows["last_in_group"].to_numpy(zero_copy_only=False)
-            & (
-                ~self.rows["segmented"].to_numpy(zero_copy_only=False)
-                | self.rows["last_segment"].to_numpy(zero_copy_only=False)
-            )
-            & consumed
-            & grouped
-        )
         drop = consumed & ~grouped
-        if ends_group.any():
+        ended = finished_groups(self.rows, consumed)
+        if len(ended):
             # Only consumed items of groups in flight are in the index: few, whatever the queue holds.
             held = np.flatnonzero(consumed & grouped)
-            ended = self.rows["group_id"].filter(pa.array(ends_group))
             drop[held[pc.is_in(self.rows["group_id"].take(held), ended).to_numpy(zero_copy_only=False)]] = True
         self._drop(drop)
 

@@ -4,6 +4,7 @@ too, and the segmentation of payloads longer than a queue's max message length.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -165,3 +166,22 @@ def _check_messages_of_groups(queue: str, items: pa.Table) -> None:
             f"after its last segment at offset {beyond['offset_min'][0].as_py()}",
             Reason.MQRC_OFFSET_ERROR,
         )
+
+
+def finished_groups(items: pa.Table, consumed: np.ndarray) -> pa.Array:
+    """The groups of ``items`` (with ``group_id``, ``last_in_group``, ``segmented`` and
+    ``last_segment``) that are finished: their last item (the last segment of their last message) is
+    ``consumed``, and so is every other item. A move takes a failed item off out of order: a group
+    whose last item moved while items before it wait is not finished, and its consumed first items
+    keep anchoring it."""
+    group_id = items["group_id"]
+    grouped = pc.is_valid(group_id).to_numpy(zero_copy_only=False)
+    ends = (
+        grouped
+        & items["last_in_group"].to_numpy(zero_copy_only=False)
+        & (~items["segmented"].to_numpy(zero_copy_only=False) | items["last_segment"].to_numpy(zero_copy_only=False))
+        & consumed
+    )
+    ended = pc.unique(group_id.filter(pa.array(ends)))
+    waiting = pc.unique(group_id.filter(pa.array(grouped & ~consumed)))
+    return ended.filter(pc.invert(pc.is_in(ended, value_set=waiting)))
