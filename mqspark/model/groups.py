@@ -183,5 +183,9 @@ def finished_groups(items: pa.Table, consumed: np.ndarray) -> pa.Array:
         & consumed
     )
     ended = pc.unique(group_id.filter(pa.array(ends)))
-    waiting = pc.unique(group_id.filter(pa.array(grouped & ~consumed)))
+    if len(ended) == 0:
+        return ended
+    # One look-up pass over the rows; only the few rows of the ended groups are copied.
+    in_ended = pc.fill_null(pc.is_in(group_id, value_set=ended), False).to_numpy(zero_copy_only=False)
+    waiting = pc.unique(group_id.filter(pa.array(in_ended & ~consumed)))
     return ended.filter(pc.invert(pc.is_in(ended, value_set=waiting)))
