@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from mqspark import MQError, MQValidationError, Reason, store
-from mqspark.engine.backout import Transfer
+from mqspark.engine.backout import Transfer, failures
 from mqspark.engine.consumer_groups import ConsumerState, Stale
 from mqspark.engine.state_rows import event_rows
 from mqspark.qmgr import BROWSE_SCHEMA
@@ -145,7 +145,8 @@ def test_a_compaction_between_a_moves_look_and_its_record_does_not_make_the_move
     transfer = Transfer(qm, "Q", state, "default", "test", "mqspark.backout/QM1/Q/default", None, group_rules=False)
     table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
     committed = table.transaction_version("mqspark.backout/QM1/Q/default")
-    check = transfer._alone("Q.BACKOUT", committed)
+    waiting = failures(state, "default").slice(0, 0)  # the move's messages: none consumed
+    check = transfer._alone("Q.BACKOUT", committed, waiting)
 
     assert ConsumerState(qm.root, "Q", qm.storage_options).compact()  # another process compacts
     check()  # not stale: no move was recorded since the look
@@ -154,6 +155,27 @@ def test_a_compaction_between_a_moves_look_and_its_record_does_not_make_the_move
     other.append(event_rows("default", "another", "move", plan_id="m2"))
     with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
         check()
+
+
+def test_a_move_another_get_finished_and_compaction_folded_meanwhile_makes_a_move_of_the_same_message_stale(qm):
+    # Found by a chaos run: two competing getters moved the same message to the backout queue, half a
+    # second apart, once the first one's move had been folded into the group's checkpoint.
+    qm.define_queue("Q.BACKOUT")
+    qm.define_queue("Q", backout_threshold=1, backout_queue="Q.BACKOUT")
+    qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
+    with pytest.raises(ValueError):
+        with qm.syncpoint_get("Q"):
+            raise ValueError("cannot parse")
+    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    looked = failures(state, "default")  # what the second get saw: "one" failed, due to move
+    assert _payloads(qm.get("Q")) == ["two"]  # the first get moved "one", and took "two"
+    assert ConsumerState(qm.root, "Q", qm.storage_options).compact()
+    transfer = Transfer(qm, "Q", state, "default", "late", "mqspark.backout/QM1/Q/default", None, group_rules=False)
+    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
+    check = transfer._alone("Q.BACKOUT", table.transaction_version("mqspark.backout/QM1/Q/default"), looked)
+    with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
+        check()
+    assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
 
 
 def test_get_refuses_while_a_streaming_query_reads_the_group_and_a_query_continues_after_gets(spark, qm, tmp_path):

@@ -80,7 +80,7 @@ from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
 from mqspark.model.groups import group_items
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP, replace_column
-from mqspark.model.ranges import expand_ranges, single_ranges
+from mqspark.model.ranges import expand_ranges, overlap_counts, single_ranges
 
 if TYPE_CHECKING:
     from mqspark.engine.pending import PendingMessages
@@ -406,7 +406,7 @@ class Transfer:
         }
         rows = pa.table({f.name: columns.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA})
         rows = rows.cast(STATE_SCHEMA)
-        self.state.append(rows, self._alone(target, committed))
+        self.state.append(rows, self._alone(target, committed, chosen))
         try:
             self._put(rows, pending)
         except MQError as refused:
@@ -417,18 +417,22 @@ class Transfer:
             raise
         self.state.append(event_rows(self.consumer, self.owner, "consumed", plan_id=move_id))
 
-    def _alone(self, target: str, committed: int | None) -> Callable[[], None]:
+    def _alone(self, target: str, committed: int | None, chosen: pa.Table) -> Callable[[], None]:
         """A check that no other move of the group was recorded since ``target``'s ``txn`` version was
         read as ``committed``: moves of competing gets go one at a time, each with its own version,
         and none moves a message another moved meanwhile (:class:`Stale` otherwise). Moves are told
-        by their ids: a compaction meanwhile folds finished moves away, which is no new move."""
+        by their ids, and the messages ``chosen`` must not be consumed: a compaction folds finished
+        moves into the group's consumed ranges, so a move by another process that finished and was
+        folded meanwhile shows only as its messages consumed."""
         seen = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
+        wanted = single_ranges(chosen)
 
         def check() -> None:
             moves = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
             table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
             now = table.transaction_version(self.app_id) if table is not None else None
-            if moves - seen or now != committed:
+            taken = overlap_counts(wanted, self.state.consumed_ranges(self.consumer)).any()
+            if moves - seen or now != committed or taken:
                 raise Stale(f"queue {self.queue}: consumer group {self.consumer!r} moved messages since")
 
         return check
