@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mqspark
+from chaos import driver
 from chaos.actor import FORWARD_GROUP, POISON, QUEUE, message_id, stopping
 from chaos.history import History
 
@@ -26,8 +28,6 @@ _calls: History | None = None
 def echo(request: dict[str, Any]) -> bytes:
     """The forwarding service: the request's payload back, or an error for a poison message."""
     global _calls
-    import mqspark
-
     if _calls is None:  # one file per Python worker: they run beside each other
         _calls = History(Path(os.environ[_RUN]), f"{os.environ[_ACTOR]}.{os.getpid()}")
     payload: bytes = request["payload"]
@@ -41,13 +41,7 @@ def main(argv: list[str]) -> None:
     run, name, incarnation = Path(argv[0]), argv[2], int(argv[3])
     # The service runs in Spark's Python workers, which inherit the driver's environment.
     os.environ[_RUN], os.environ[_ACTOR] = str(run), f"{name}#{incarnation}"
-    import mqspark
-
-    spark = mqspark.session(
-        app_name=f"chaos-{name}",
-        master="local[1]",
-        **{"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1", "spark.ui.showConsoleProgress": "false"},
-    )
+    spark = driver.session(name)
     query = mqspark.forward(
         spark,
         str(run / "qm"),
@@ -59,11 +53,7 @@ def main(argv: list[str]) -> None:
     )
     while query.isActive and not stopping(run):
         time.sleep(0.2)
-    failure = query.exception()
-    query.stop()
-    spark.stop()
-    if failure is not None:
-        raise SystemExit(f"the forwarder's query failed: {failure}")
+    driver.finish(spark, query, "the forwarder")
 
 
 if __name__ == "__main__":

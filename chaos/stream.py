@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 import mqspark
+from chaos import driver
 from chaos.actor import POISON, QUEUE, STREAM_GROUP, stopping
 from chaos.history import History
 from mqspark import MQError, QueueManager, Reason
@@ -40,11 +41,7 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
     when another instance took the lease while this one was paused; or failed, recorded, as a job
     with a restart policy would go on), until the run stops."""
     actor = history.actor
-    spark = mqspark.session(
-        app_name=f"chaos-{actor}",
-        master="local[1]",
-        **{"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1", "spark.ui.showConsoleProgress": "false"},
-    )
+    spark = driver.session(actor)
     instance = None
     while not stopping(run):
         # A new instance after each query: one that stopped standing by cannot stand by again.

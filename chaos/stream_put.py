@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaos import driver
 from chaos.actor import QUEUE, payload, puts, stopping
 from chaos.history import History
 
@@ -60,13 +61,7 @@ def main(argv: list[str]) -> None:
     rng = random.Random(f"{seed}/{name}/{incarnation}")
     folder = run / "input" / name
     folder.mkdir(parents=True, exist_ok=True)
-    import mqspark
-
-    spark = mqspark.session(
-        app_name=f"chaos-{name}",
-        master="local[1]",
-        **{"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1", "spark.ui.showConsoleProgress": "false"},
-    )
+    spark = driver.session(name)
     query = (
         spark.readStream.schema(SCHEMA)
         .option("maxFilesPerTrigger", 5)
@@ -84,12 +79,8 @@ def main(argv: list[str]) -> None:
         time.sleep(1.0)
         # Done once the producers stopped, this feeder with them, and three looks found nothing new.
         quiet = quiet + 1 if not feeder.is_alive() and _caught_up(query) else 0
-    failure = query.exception()
-    query.stop()
-    spark.stop()
     history.close()
-    if failure is not None:
-        raise SystemExit(f"the streaming put's query failed: {failure}")
+    driver.finish(spark, query, "the streaming put")
 
 
 if __name__ == "__main__":
