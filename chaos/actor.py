@@ -100,8 +100,14 @@ def puts(name: str, rng: random.Random) -> Any:
             yield carried
 
 
-def payload(message: dict[str, Any]) -> bytes:
-    return (POISON + ":" + message["id"] if message["poison"] else message["id"]).encode()
+def put_row(message: dict[str, Any]) -> dict[str, Any]:
+    """The row a history message is put as: its id as payload (behind a poison mark), its priority and
+    its group fields."""
+    mark = POISON + ":" if message["poison"] else ""
+    row = {"payload": (mark + message["id"]).encode(), "priority": message["priority"]}
+    if message["group"]:
+        row |= {"group_id": message["group"], "msg_seq_number": message["seq"], "last_in_group": message["last"]}
+    return row
 
 
 def produce(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
@@ -120,13 +126,8 @@ def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: ra
             return
         key = f"{history.actor}:{op}"
         history.record("put", phase="invoke", op=key, queue=QUEUE, messages=batch)
-        rows = [
-            {"payload": payload(m), "priority": m["priority"]}
-            | ({"group_id": m["group"], "msg_seq_number": m["seq"], "last_in_group": m["last"]} if m["group"] else {})
-            for m in batch
-        ]
         try:
-            qm.put(QUEUE, rows)
+            qm.put(QUEUE, [put_row(m) for m in batch])
         except MQError as error:
             history.record("put", phase="fail", op=key, error=str(error))
             time.sleep(0.2)

@@ -195,10 +195,10 @@ def load(run: Path) -> Run:
             gets.setdefault((actor, event["op"]), {})[event["phase"]] = {**event, "t": t}
         elif kind == "batch":
             batches.append({**event, "t": t})
+            consumer, batch = event["consumer"], event["batch"]
             for row in event["rows"]:
                 key = (float(row["delivery_seq"]),)
-                batch = event["batch"]
-                deliveries.append(Delivery(event["consumer"], row["id"], actor, t, "ok", key, "batch", batch))
+                deliveries.append(Delivery(consumer, row["id"], actor, t, "ok", key, "batch", batch))
         elif kind == "reply":
             reply_requests.append(event["request"])
         elif kind == "given_up":

@@ -71,13 +71,21 @@ class Actor:
 
 
 class Run:
-    def __init__(self, qm: QueueManager, folder: Path, seconds: float, seed: int, mean_interval: float) -> None:
+    def __init__(
+        self,
+        qm: QueueManager,
+        folder: Path,
+        seconds: float,
+        seed: int,
+        mean_interval: float,
+        actors: list[tuple[str, str]],
+    ) -> None:
         self.qm = qm
         self.folder = folder
         self.seconds = seconds
         self.seed = seed
-        self.groups = groups(mix(seed))
-        self.actors = {name: Actor(kind, name) for kind, name in mix(seed)}
+        self.groups = groups(actors)
+        self.actors = {name: Actor(kind, name) for kind, name in actors}
         self.faults = nemesis.schedule(seed, seconds, sorted(self.actors), mean_interval, [STREAM_GROUP])
         # Kinds of actor told to finish: their exit is expected, and they are not started again.
         self.finishing: set[str] = set()
@@ -292,13 +300,14 @@ def final_state(qm: QueueManager, consumers: dict[str, str]) -> Final:
 
 def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, drain_timeout: float = 300.0) -> Report:
     folder.mkdir(parents=True, exist_ok=False)
-    qm = set_up(folder, groups(mix(seed)))
-    chaos = Run(qm, folder, minutes * 60, seed, mean_interval)
+    actors = mix(seed)
+    qm = set_up(folder, groups(actors))
+    chaos = Run(qm, folder, minutes * 60, seed, mean_interval, actors)
     plan = {
         "seed": seed,
         "minutes": minutes,
         "store": "local",
-        "actors": [{"kind": kind, "name": name} for kind, name in mix(seed)],
+        "actors": [{"kind": kind, "name": name} for kind, name in actors],
         "faults": [fault.as_dict() for fault in chaos.faults],
         "lock_duration": LOCK_DURATION,
         "backout_threshold": BACKOUT_THRESHOLD,

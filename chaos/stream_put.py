@@ -20,17 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from chaos import driver
-from chaos.actor import QUEUE, payload, puts, stopping
+from chaos.actor import QUEUE, put_row, puts, stopping
 from chaos.history import History
 
 SCHEMA = "payload string, priority int, group_id string, msg_seq_number int, last_in_group boolean"
 
 
-def _row(message: dict[str, Any]) -> dict[str, Any]:
-    row = {"payload": payload(message).decode(), "priority": message["priority"]}
-    if message["group"]:
-        row |= {"group_id": message["group"], "msg_seq_number": message["seq"], "last_in_group": message["last"]}
-    return row
+def _json(message: dict[str, Any]) -> str:
+    row = put_row(message)
+    return json.dumps(row | {"payload": row["payload"].decode()})
 
 
 def feed(run: Path, folder: Path, history: History, rng: random.Random) -> None:
@@ -43,7 +41,7 @@ def feed(run: Path, folder: Path, history: History, rng: random.Random) -> None:
         key = f"{history.actor}:{op}"
         history.record("put", phase="invoke", op=key, queue=QUEUE, messages=batch)
         name = f"{history.actor.replace('#', '-')}-{op}.json"
-        (staging / name).write_text("".join(json.dumps(_row(m)) + "\n" for m in batch))
+        (staging / name).write_text("".join(_json(m) + "\n" for m in batch))
         os.replace(staging / name, folder / name)
         history.record("put", phase="ok", op=key)
         time.sleep(rng.uniform(1.0, 3.0))
