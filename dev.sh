@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up what each command needs (virtualenv, pinned packages and Delta jars; for the tests also
-# the Azure Storage emulator the object-store tests run against), then runs one of:
+# the Azure Storage emulator the object-store tests run against and a C compiler), then runs one of:
 #   ./dev.sh demo [--root DIR]   the demo pipeline on a local queue manager (./mq-data)
 #   ./dev.sh test [PYTEST ARGS]  the full test suite
 #   ./dev.sh bench [ARGS]        the benchmarks (JSON on stdout)
@@ -43,9 +43,21 @@ setup() {
     "$VENV/bin/python" -m mqspark.spark.session > /dev/null
 }
 
-# What only the tests use, on top of setup.
+# Debian packages, with apt-get (as root, or through sudo).
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || die "needs $* (install them with your system's package manager)"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "dev.sh: installing $* from Debian's packages" >&2
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+# What only the tests and the chaos runs use, on top of setup.
 setup_tests() {
     setup
+    # The C compiler a chaos run builds its clock skew and slow disk with (chaos/faults.c).
+    command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev
     # Azurite and the Node.js it needs, pinned in tools/azurite/package-lock.json, from the npm registry.
     command -v npm >/dev/null 2>&1 || die "needs npm (Node.js) to install the Azure Storage emulator the tests use"
     azurite_stamp=tools/azurite/node_modules/.mqspark-setup
@@ -73,7 +85,7 @@ case "$command" in
     demo) setup; exec "$VENV/bin/python" -m mqspark.demo "$@" ;;
     test) setup_tests; exec "$VENV/bin/python" -m pytest "$@" ;;
     bench) setup; exec "$VENV/bin/python" -m benchmarks "$@" ;;
-    chaos) setup; exec "$VENV/bin/python" -m chaos "$@" ;;
+    chaos) setup_tests; exec "$VENV/bin/python" -m chaos "$@" ;;
     lint) setup; lint ;;
     *) die "usage: ./dev.sh demo|test|bench|chaos|lint|setup [ARGS]" ;;
 esac

@@ -7,7 +7,10 @@ lets them). Kinds:
 - ``pause``: SIGSTOP for ``for`` seconds, then SIGCONT (past the queue's lock duration now and then,
   so another getter takes the paused one's messages back);
 - ``switchover``: ``mqspark instance switchover`` of a consumer group's instances (MQ's
-  ``endmqm -s``): the active one hands over to a standby at its next micro-batch boundary.
+  ``endmqm -s``): the active one hands over to a standby at its next micro-batch boundary;
+- ``skew``: the process's wall clock ``amount`` seconds off (ahead or behind) for ``duration`` seconds;
+- ``slow``: each of the process's file writes sleeps ``amount`` seconds first, for ``duration``
+  seconds (a slow disk). Both through :mod:`chaos.faults`, and they last across restarts.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-KINDS = ("kill", "pause", "switchover")
-WEIGHTS = (9, 9, 2)
+KINDS = ("kill", "pause", "switchover", "skew", "slow")
+WEIGHTS = (9, 9, 2, 3, 3)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Fault:
     target: str
     duration: float = 0.0
     restart_after: float = 0.0
+    amount: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,8 +51,16 @@ def schedule(seed: int, seconds: float, targets: list[str], mean_interval: float
         if kind == "switchover":
             faults.append(Fault(round(at, 2), kind, rng.choice(services)))
             continue
-        target = rng.choice(targets)
-        if kind == "kill":
-            faults.append(Fault(round(at, 2), kind, target, restart_after=round(rng.uniform(0.2, 3.0), 2)))
-        else:
-            faults.append(Fault(round(at, 2), kind, target, duration=round(rng.uniform(0.5, 12.0), 2)))
+        faults.append(_fault(rng, round(at, 2), kind, rng.choice(targets)))
+
+
+def _fault(rng: random.Random, at: float, kind: str, target: str) -> Fault:
+    """A fault of ``kind`` on a process, with its own parameters drawn."""
+    if kind == "kill":
+        return Fault(at, kind, target, restart_after=round(rng.uniform(0.2, 3.0), 2))
+    if kind == "pause":
+        return Fault(at, kind, target, duration=round(rng.uniform(0.5, 12.0), 2))
+    if kind == "skew":
+        offset = rng.choice((-1, 1)) * rng.uniform(0.5, 3.0)
+        return Fault(at, kind, target, duration=round(rng.uniform(10.0, 40.0), 2), amount=round(offset, 3))
+    return Fault(at, kind, target, duration=round(rng.uniform(5.0, 20.0), 2), amount=round(rng.uniform(0.01, 0.1), 3))

@@ -14,14 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
 
-from chaos import nemesis, stream
+from chaos import faults, nemesis, stream
 from chaos.actor import BACKOUT_QUEUE, FORWARD_GROUP, PYTHON_GROUP, QUEUE, REPLY_QUEUE, STREAM_GROUP, message_id
 from chaos.checker import Report, Violation, check
 from chaos.history import Final
@@ -68,6 +68,14 @@ class Actor:
     # When a killed actor starts again, or a paused one goes on.
     restart_at: float | None = None
     resume_at: float | None = None
+    # The clock skew and slow disk of the process (chaos.faults): kind -> (amount, when it ends).
+    control: faults.Control | None = None
+    disturbed: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def set_faults(self) -> None:
+        assert self.control is not None
+        amounts = {kind: amount for kind, (amount, _) in self.disturbed.items()}
+        self.control.set(skew=amounts.get("skew", 0.0), write_delay=amounts.get("slow", 0.0))
 
 
 class Run:
@@ -86,6 +94,9 @@ class Run:
         self.seed = seed
         self.groups = groups(actors)
         self.actors = {name: Actor(kind, name) for kind, name in actors}
+        self.library = faults.build(folder)
+        for actor in self.actors.values():
+            actor.control = faults.Control(folder / "faults" / f"{actor.name}.control")
         self.faults = nemesis.schedule(seed, seconds, sorted(self.actors), mean_interval, [STREAM_GROUP])
         # Kinds of actor told to finish: their exit is expected, and they are not started again.
         self.finishing: set[str] = set()
@@ -104,9 +115,11 @@ class Run:
         module = MODULES.get(actor.kind, "chaos.actor")
         command = [sys.executable, "-m", module, str(self.folder), actor.kind, actor.name]
         command += [str(actor.incarnation), str(self.seed)]
+        assert actor.control is not None
+        environment = _environment() | actor.control.environment(self.library)
         with (logs / f"{actor.name}#{actor.incarnation}.log").open("w") as output:
             actor.process = subprocess.Popen(
-                command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=_environment()
+                command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=environment
             )
         actor.restart_at = None
 
@@ -114,6 +127,8 @@ class Run:
         """Start killed actors again when due, let paused ones go on, and start again any that ended
         by itself (recorded: an actor that exits on its own during a run is a finding)."""
         for actor in self.actors.values():
+            if any(now >= end for _, end in actor.disturbed.values()):
+                self._end_faults(actor, now)
             if actor.resume_at is not None and now >= actor.resume_at:
                 _signal(actor, signal.SIGCONT)
                 actor.resume_at = None
@@ -137,6 +152,9 @@ class Run:
             self._record(fault.kind, fault.target, fault=fault.as_dict())
             return
         actor = self.actors[fault.target]
+        if fault.kind in ("skew", "slow"):
+            self._disturb(actor, fault, now)
+            return
         if actor.process is None or actor.restart_at is not None:
             self._record("skipped", fault.target, fault=fault.as_dict())
             return
@@ -149,6 +167,20 @@ class Run:
             _signal(actor, signal.SIGSTOP)
             actor.resume_at = now + fault.duration
         self._record(fault.kind, fault.target, incarnation=actor.incarnation, fault=fault.as_dict())
+
+    def _disturb(self, actor: Actor, fault: nemesis.Fault, now: float) -> None:
+        """Skew the actor's clock or slow its disk until ``fault.duration`` has passed (a fault of the
+        same kind already on it is replaced)."""
+        actor.disturbed[fault.kind] = (fault.amount, now + fault.duration)
+        actor.set_faults()
+        self._record(fault.kind, fault.target, incarnation=actor.incarnation, fault=fault.as_dict())
+
+    def _end_faults(self, actor: Actor, now: float, every: bool = False) -> None:
+        """End the actor's skew or slow disk whose time has come (``every``: all of them)."""
+        for kind in [kind for kind, (_, end) in actor.disturbed.items() if every or now >= end]:
+            del actor.disturbed[kind]
+            self._record(f"{kind}_end", actor.name, incarnation=actor.incarnation)
+        actor.set_faults()
 
     def faulty_phase(self) -> None:
         for actor in self.actors.values():
@@ -171,6 +203,8 @@ class Run:
             for actor in self.actors.values():
                 if actor.resume_at is not None:
                     actor.resume_at = now
+                if actor.disturbed:
+                    self._end_faults(actor, now, every=True)
             self._tend(now)
             if _producers_done(self.actors) and all(self.qm.depth(QUEUE, consumer=g) == 0 for g in self.groups):
                 return True

@@ -119,12 +119,15 @@ def valid() -> Scenario:
         replies=["r1"],
         storage={"Q": {"files": 12, "bytes": 4096, "live": 2}, "Q.BACKOUT": {"files": 1, "bytes": 900, "live": 1}},
     )
-    s.plan = {"seed": 7, "forwarder_consumer": "workers", "max_files": 50, "skew": {"W2": -10}, "documented": []}
+    s.plan = {"seed": 7, "forwarder_consumer": "workers", "max_files": 50, "documented": []}
     s.faults = [
         {"t": T0 + 6.5, "kind": "kill", "target": "P2", "incarnation": 0},
         {"t": T0 + 7.5, "kind": "kill", "target": "P2", "incarnation": 1},
         {"t": T0 + 15.5, "kind": "kill", "target": "W1", "incarnation": 0},
         {"t": T0 + 19, "kind": "pause", "target": "S1", "incarnation": 0},
+        # W2's clock 10 s slow from T0 to T0 + 20 (the run's clock).
+        {"t": T0, "kind": "skew", "target": "W2", "fault": {"amount": -10.0, "duration": 30.0}},
+        {"t": T0 + 20, "kind": "skew_end", "target": "W2"},
     ]
     return s
 
@@ -159,7 +162,7 @@ def test_valid_run_has_no_violation_and_exact_counts(tmp_path: Path) -> None:
             "audit": {"kind": "stream", "delivered": 8, "in_doubt": 0, "waiting": 1, "moved": 0},
         },
         "replies": 1,
-        "faults": {"kill": 3, "pause": 1},
+        "faults": {"kill": 3, "pause": 1, "skew": 1},
     }
 
 
@@ -223,9 +226,9 @@ def _leave_g2_behind(s: Scenario) -> None:
             ["g3", "g2"],
             "group audit, message group G: g2 (seq 2, by S1#0) delivered after g3 (seq 3, by S1#0)",
         ),
-        # Without W2's skew, its get of g2 (at 2 on its clock) looks earlier than W1's of g1 (at 11).
+        # W2's skew ended before its get: g2 (at 2 on its clock) is earlier than W1's g1 (at 11).
         (
-            lambda s: s.plan.update(skew={}),
+            lambda s: s.faults[-1].update(t=T0 + 1),
             ["g2", "g1"],
             "group workers, message group G: g1 (seq 1, by W1#0) delivered after g2 (seq 2, by W2#0)",
         ),

@@ -18,7 +18,7 @@ def test_a_seed_gives_the_same_schedule_and_another_seed_another() -> None:
 def test_every_kind_comes_within_the_run_on_its_own_kind_of_target() -> None:
     faults = schedule(7, 3600, TARGETS, 8.0, ["stream"])
     kinds = Counter(f.kind for f in faults)
-    assert set(kinds) == {"kill", "pause", "switchover"}
+    assert set(kinds) == {"kill", "pause", "switchover", "skew", "slow"}
     assert 300 < len(faults) < 600  # about one every 8 s over an hour
     assert all(f.target == "stream" for f in faults if f.kind == "switchover")
     assert all(f.target in TARGETS for f in faults if f.kind != "switchover")
@@ -26,3 +26,6 @@ def test_every_kind_comes_within_the_run_on_its_own_kind_of_target() -> None:
     assert [f.at for f in faults] == sorted(f.at for f in faults)
     assert all(0.2 <= f.restart_after <= 3.0 for f in faults if f.kind == "kill")
     assert all(0.5 <= f.duration <= 12.0 for f in faults if f.kind == "pause")
+    assert all(10.0 <= f.duration <= 40.0 and 0.5 <= abs(f.amount) <= 3.0 for f in faults if f.kind == "skew")
+    assert {f.amount > 0 for f in faults if f.kind == "skew"} == {True, False}  # ahead and behind
+    assert all(5.0 <= f.duration <= 20.0 and 0.01 <= f.amount <= 0.1 for f in faults if f.kind == "slow")
