@@ -1,5 +1,5 @@
-"""``python -m chaos --minutes N --seed S [--folder F]``: one chaos run; prints the report as JSON and
-exits 1 on a violation (see :mod:`chaos.run`)."""
+"""``python -m chaos --minutes N --seed S [--folder F] [--store local|azure]``: one chaos run; prints
+the report as JSON and exits 1 on a violation (see :mod:`chaos.run`)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed")
     parser.add_argument("--folder", type=Path, default=None, help="the run's folder (default: a new temporary one)")
     parser.add_argument("--mean-interval", type=float, default=8.0, help="mean seconds between faults")
+    parser.add_argument(
+        "--store", choices=("local", "azure"), default="local", help="the queue manager in a folder, or on Azurite"
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     folder = args.folder or Path(tempfile.mkdtemp(prefix=f"mqspark-chaos-{seed}-")) / "run"
-    print(f"chaos: seed {seed}, {args.minutes} min, folder {folder}", file=sys.stderr, flush=True)
-    report = run(folder, args.minutes, seed, args.mean_interval)
+    print(f"chaos: seed {seed}, {args.minutes} min, {args.store} store, folder {folder}", file=sys.stderr, flush=True)
+    report = run(folder, args.minutes, seed, args.mean_interval, store_kind=args.store)
     print(json.dumps(report.to_json(), indent=1))
     return 1 if report.violations else 0
 

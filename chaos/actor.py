@@ -21,6 +21,7 @@ The streaming get's instances (:mod:`chaos.stream`) and the forwarder are starte
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -51,6 +52,18 @@ REQUEST_TIMEOUT = 60.0
 
 class Poisoned(Exception):
     """A getter's block fails on a poison message, as an application would."""
+
+
+def queue_manager(run: Path) -> QueueManager:
+    """The run's queue manager, at the root its plan names (a folder, or a container of the object
+    store, whose credentials come from the environment)."""
+    return QueueManager.open(json.loads((run / "plan.json").read_text())["root"])
+
+
+def broken(error: MQError) -> bool:
+    """Whether ``error`` says the store could not be reached (the object store stopped): a put or a
+    commit it ended may have landed or not."""
+    return error.reason is Reason.MQRC_CONNECTION_BROKEN
 
 
 def stopping(run: Path, *names: str) -> bool:
@@ -129,7 +142,8 @@ def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: ra
         try:
             qm.put(QUEUE, [put_row(m) for m in batch])
         except MQError as error:
-            history.record("put", phase="fail", op=key, error=str(error))
+            if not broken(error):  # else in doubt: its history has the invoke only
+                history.record("put", phase="fail", op=key, error=str(error))
             time.sleep(0.2)
             continue
         history.record("put", phase="ok", op=key)
@@ -160,8 +174,11 @@ def get(run: Path, qm: QueueManager, history: History, rng: random.Random) -> No
             history.record("get", phase="backout", op=key)
             continue
         except MQError as error:
-            # A commit refused once the claim's lock passed (a pause): the messages wait again.
-            history.record("get", phase="backout", op=key, error=str(error))
+            # A commit refused once the claim's lock passed (a pause): the messages wait again. One
+            # the store did not answer may have landed: the get stays in doubt.
+            if not broken(error):
+                history.record("get", phase="backout", op=key, error=str(error))
+            time.sleep(0.2)
             continue
         history.record("get", phase="ok", op=key)
 
@@ -194,8 +211,14 @@ def watch(run: Path, qm: QueueManager, history: History, rng: random.Random) -> 
     table as the ``mqspark monitor`` command does."""
     monitor = Monitor(qm, QUEUE, PYTHON_GROUP, watch_interval=2.0, watch_count=100, expected_count=5)
     while not stopping(run):
-        point = monitor.point()
-        history.record("monitor", consumer=PYTHON_GROUP, backlog=point.backlog, verdict=str(point.verdict))
+        try:
+            point = monitor.point()
+        except MQError as error:
+            if not broken(error):
+                raise
+            history.record("monitor", consumer=PYTHON_GROUP, error=str(error))
+        else:
+            history.record("monitor", consumer=PYTHON_GROUP, backlog=point.backlog, verdict=str(point.verdict))
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and not stopping(run):
             time.sleep(0.1)
@@ -227,8 +250,7 @@ def main(argv: list[str]) -> None:
     run, kind, name, incarnation, seed = Path(argv[0]), argv[1], argv[2], int(argv[3]), int(argv[4])
     history = History(run, f"{name}#{incarnation}")
     rng = random.Random(f"{seed}/{name}/{incarnation}")
-    qm = QueueManager.open(str(run / "qm"))
-    KINDS[kind](run, qm, history, rng)
+    KINDS[kind](run, queue_manager(run), history, rng)
     history.close()
 
 

@@ -20,8 +20,9 @@ Words used below:
   least once, so only replies are counted: exactly one per request consumed);
 - *seen* means delivered, got (any outcome), called, waiting, moved, or named by a reply.
 
-An event's time is its ``t`` less the clock skew its actor had then (the nemesis's ``skew`` faults in
-``faults.jsonl``), both to order a syncpoint group's gets and to match a documented fault's window.
+An event's time is its ``t``, on the run's clock (:func:`chaos.history.run_clock`, which a skewed
+actor's clock does not change), both to order a syncpoint group's gets and to match a documented
+fault's window.
 
 The poison check compares a put's ``queue`` with the moved records' ``original_queue``, and skips
 that comparison for a hand-written put without one.
@@ -51,7 +52,7 @@ class Delivery:
     group: str
     id: str
     actor: str
-    t: float  # of the ``got`` or ``batch`` event, less the actor's skew
+    t: float  # of the ``got`` or ``batch`` event
     outcome: str  # "ok" (committed, or a batch row), "backout" or "doubt"
     key: tuple[float, ...]  # its place among its group's deliveries of the same source
     source: str  # "get" or "batch"
@@ -174,37 +175,9 @@ class Run:
 # Reading a run folder
 
 
-def skew_windows(faults: list[dict[str, Any]]) -> dict[str, list[tuple[float, float, float]]]:
-    """Each actor's clock skews: (from, to, seconds), ``from`` and ``to`` by the run's clock."""
-    windows: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    started: dict[str, dict[str, Any]] = {}
-    for fault in faults:
-        if fault["kind"] == "skew":
-            if fault["target"] in started:  # a new skew replaces the one on
-                begun = started[fault["target"]]
-                windows[fault["target"]].append((begun["t"], fault["t"], begun["fault"]["amount"]))
-            started[fault["target"]] = fault
-        elif fault["kind"] == "skew_end" and fault["target"] in started:
-            begun = started.pop(fault["target"])
-            windows[fault["target"]].append((begun["t"], fault["t"], begun["fault"]["amount"]))
-    for target, begun in started.items():
-        windows[target].append((begun["t"], begun["t"] + begun["fault"]["duration"], begun["fault"]["amount"]))
-    return windows
-
-
-def true_time(t: float, windows: list[tuple[float, float, float]]) -> float:
-    """The run's time of an event its actor stamped ``t`` while its clock had the skews ``windows``."""
-    for start, end, seconds in windows:
-        if start <= t - seconds <= end:
-            return t - seconds
-    return t
-
-
 def load(run: Path) -> Run:
     plan_path = run / "plan.json"
     plan: dict[str, Any] = json.loads(plan_path.read_text()) if plan_path.exists() else {}
-    faults = list(json_lines(run / "faults.jsonl"))
-    skews = skew_windows(faults)
     puts: dict[tuple[str, str], dict[str, Any]] = {}
     gets: dict[tuple[str, str], dict[str, Any]] = {}
     deliveries: list[Delivery] = []
@@ -215,7 +188,7 @@ def load(run: Path) -> Run:
     failures: list[dict[str, Any]] = []
     for event in events(run):
         kind, actor = event["e"], event["actor"]
-        t = true_time(event["t"], skews.get(actor.split("#")[0], []))
+        t = event["t"]
         if kind == "put":
             puts.setdefault((actor, event["op"]), {"actor": actor, "op": event["op"]})[event["phase"]] = event
         elif kind == "get":
@@ -239,7 +212,7 @@ def load(run: Path) -> Run:
     return Run(
         plan=plan,
         final=Final.load(run),
-        faults=faults,
+        faults=list(json_lines(run / "faults.jsonl")),
         puts=[_put(phases) for phases in puts.values() if "invoke" in phases],
         deliveries=deliveries,
         batches=batches,

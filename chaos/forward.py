@@ -18,7 +18,7 @@ from typing import Any
 
 import mqspark
 from chaos import driver
-from chaos.actor import FORWARD_GROUP, POISON, QUEUE, message_id, stopping
+from chaos.actor import FORWARD_GROUP, POISON, QUEUE, message_id, queue_manager, stopping
 from chaos.history import History
 
 _RUN, _ACTOR = "CHAOS_RUN", "CHAOS_ACTOR"
@@ -44,12 +44,13 @@ def main(argv: list[str]) -> None:
     spark = driver.session(name)
     query = mqspark.forward(
         spark,
-        str(run / "qm"),
+        queue_manager(run).root,
         QUEUE,
         "chaos.forward:echo",
         consumer=FORWARD_GROUP,
         checkpoint_location=str(run / "checkpoints" / FORWARD_GROUP),
         maxMessagesPerTrigger=200,
+        reconnect="qmgr",
     )
     while query.isActive and not stopping(run):
         time.sleep(0.2)

@@ -9,7 +9,7 @@ A run folder holds:
 - ``faults.jsonl``: what the nemesis did, when;
 - ``final.json``: what the queues held when the run ended (see :class:`Final`).
 
-Every event has ``t`` (the writer's ``time.time()``), ``actor`` (``name#incarnation``: a restarted
+Every event has ``t`` (the run's clock, :func:`run_clock`), ``actor`` (``name#incarnation``: a restarted
 actor is a new incarnation) and ``e``, its kind:
 
 - ``put``: ``phase`` ``invoke`` (with ``queue`` and ``messages``), then ``ok`` or ``fail`` (with ``error``), all
@@ -46,6 +46,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+# The wall clock of the run's own process less the monotonic clock, passed to every actor.
+_CLOCK = "MQSPARK_CHAOS_CLOCK"
+
+
+def start_clock() -> dict[str, str]:
+    """Start the run's clock; the environment that gives it to the actors."""
+    os.environ[_CLOCK] = repr(time.time() - time.monotonic())
+    return {_CLOCK: os.environ[_CLOCK]}
+
+
+def run_clock() -> float:
+    """The run's time, the same in every process of it: the machine's monotonic clock, which is one
+    for all its processes and which a fault's clock skew leaves alone, on the run's wall clock. (An
+    actor's own wall clock may be skewed: it could not tell which of two events came first.)"""
+    offset = os.environ.get(_CLOCK)
+    return time.monotonic() + (float(offset) if offset else time.time() - time.monotonic())
+
 
 class History:
     """The event file of one actor incarnation."""
@@ -57,7 +74,7 @@ class History:
         self._file: TextIO = (folder / f"{actor}.jsonl").open("a", encoding="utf-8")
 
     def record(self, kind: str, **fields: Any) -> None:
-        line = json.dumps({"t": time.time(), "actor": self.actor, "e": kind, **fields}, separators=(",", ":"))
+        line = json.dumps({"t": run_clock(), "actor": self.actor, "e": kind, **fields}, separators=(",", ":"))
         self._file.write(line + "\n")
         self._file.flush()
 

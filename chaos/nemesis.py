@@ -10,7 +10,9 @@ lets them). Kinds:
   ``endmqm -s``): the active one hands over to a standby at its next micro-batch boundary;
 - ``skew``: the process's wall clock ``amount`` seconds off (ahead or behind) for ``duration`` seconds;
 - ``slow``: each of the process's file writes sleeps ``amount`` seconds first, for ``duration``
-  seconds (a slow disk). Both through :mod:`chaos.faults`, and they last across restarts.
+  seconds (a slow disk). Both through :mod:`chaos.faults`, and they last across restarts;
+- ``outage`` (runs on the object store only): the store (Azurite) stopped for ``duration`` seconds,
+  then started again with the same data.
 """
 
 from __future__ import annotations
@@ -36,20 +38,31 @@ class Fault:
         return asdict(self)
 
 
-def schedule(seed: int, seconds: float, targets: list[str], mean_interval: float, services: list[str]) -> list[Fault]:
+# The target of an outage: the object store itself.
+STORE = "store"
+
+
+def schedule(
+    seed: int, seconds: float, targets: list[str], mean_interval: float, services: list[str], outages: bool = False
+) -> list[Fault]:
     """Faults at random times (exponential gaps of ``mean_interval`` on average) over ``seconds``, each
     on a target drawn at random (a process, or for a switchover one of the consumer groups
-    ``services`` run as instances), leaving the first and last few seconds quiet."""
+    ``services`` run as instances), leaving the first and last few seconds quiet. ``outages``: the
+    run's store can be stopped (an object store's emulator)."""
     rng = random.Random(seed)
+    kinds, weights = (KINDS + ("outage",), WEIGHTS + (2,)) if outages else (KINDS, WEIGHTS)
     faults: list[Fault] = []
     at = 3.0
     while True:
         at += rng.expovariate(1.0 / mean_interval)
         if at > seconds - 3.0:
             return faults
-        kind = rng.choices(KINDS, WEIGHTS)[0]
+        kind = rng.choices(kinds, weights)[0]
         if kind == "switchover":
             faults.append(Fault(round(at, 2), kind, rng.choice(services)))
+            continue
+        if kind == "outage":
+            faults.append(Fault(round(at, 2), kind, STORE, duration=round(rng.uniform(2.0, 10.0), 2)))
             continue
         faults.append(_fault(rng, round(at, 2), kind, rng.choice(targets)))
 

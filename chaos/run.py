@@ -24,9 +24,10 @@ from deltalake import DeltaTable
 from chaos import faults, nemesis, stream
 from chaos.actor import BACKOUT_QUEUE, FORWARD_GROUP, PYTHON_GROUP, QUEUE, REPLY_QUEUE, STREAM_GROUP, message_id
 from chaos.checker import Report, Violation, check
-from chaos.history import Final
+from chaos.history import Final, run_clock, start_clock
 from mqspark import MQError, QueueManager, store
 from mqspark.services.instances import switchover
+from tests.support.azurite import ACCOUNT, Azurite
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 LOCK_DURATION = 5.0
@@ -87,6 +88,7 @@ class Run:
         seed: int,
         mean_interval: float,
         actors: list[tuple[str, str]],
+        azurite: Azurite | None = None,
     ) -> None:
         self.qm = qm
         self.folder = folder
@@ -97,7 +99,12 @@ class Run:
         self.library = faults.build(folder)
         for actor in self.actors.values():
             actor.control = faults.Control(folder / "faults" / f"{actor.name}.control")
-        self.faults = nemesis.schedule(seed, seconds, sorted(self.actors), mean_interval, [STREAM_GROUP])
+        self.faults = nemesis.schedule(
+            seed, seconds, sorted(self.actors), mean_interval, [STREAM_GROUP], outages=azurite is not None
+        )
+        # The object store's emulator (on the object store only), and when it starts again after an outage.
+        self.azurite = azurite
+        self.store_back_at: float | None = None
         # Kinds of actor told to finish: their exit is expected, and they are not started again.
         self.finishing: set[str] = set()
         # Actors that ended by themselves (an error they did not expect): each is a violation.
@@ -105,7 +112,7 @@ class Run:
         self._faults_log = (folder / "faults.jsonl").open("a")
 
     def _record(self, kind: str, target: str, **fields: Any) -> None:
-        self._faults_log.write(json.dumps({"t": time.time(), "kind": kind, "target": target, **fields}) + "\n")
+        self._faults_log.write(json.dumps({"t": run_clock(), "kind": kind, "target": target, **fields}) + "\n")
         self._faults_log.flush()
 
     def _start(self, actor: Actor) -> None:
@@ -126,6 +133,8 @@ class Run:
     def _tend(self, now: float) -> None:
         """Start killed actors again when due, let paused ones go on, and start again any that ended
         by itself (recorded: an actor that exits on its own during a run is a finding)."""
+        if self.store_back_at is not None and now >= self.store_back_at:
+            self._store_back()
         for actor in self.actors.values():
             if any(now >= end for _, end in actor.disturbed.values()):
                 self._end_faults(actor, now)
@@ -148,8 +157,12 @@ class Run:
             try:
                 switchover(self.qm, QUEUE, fault.target)
             except MQError as error:  # an operator's command that fails: a finding, and the run goes on
-                self.failures.append(f"switchover of group {fault.target} failed: {error}")
+                if self.store_back_at is None:
+                    self.failures.append(f"switchover of group {fault.target} failed: {error}")
             self._record(fault.kind, fault.target, fault=fault.as_dict())
+            return
+        if fault.kind == "outage":
+            self._outage(fault, now)
             return
         actor = self.actors[fault.target]
         if fault.kind in ("skew", "slow"):
@@ -167,6 +180,22 @@ class Run:
             _signal(actor, signal.SIGSTOP)
             actor.resume_at = now + fault.duration
         self._record(fault.kind, fault.target, incarnation=actor.incarnation, fault=fault.as_dict())
+
+    def _outage(self, fault: nemesis.Fault, now: float) -> None:
+        """Stop the object store (its emulator saves its data as it stops) for ``fault.duration``."""
+        assert self.azurite is not None
+        if self.store_back_at is not None:
+            self._record("skipped", fault.target, fault=fault.as_dict())
+            return
+        self.azurite.stop()
+        self.store_back_at = now + fault.duration
+        self._record(fault.kind, fault.target, fault=fault.as_dict())
+
+    def _store_back(self) -> None:
+        assert self.azurite is not None
+        self.azurite.start()
+        self.store_back_at = None
+        self._record("outage_end", nemesis.STORE)
 
     def _disturb(self, actor: Actor, fault: nemesis.Fault, now: float) -> None:
         """Skew the actor's clock or slow its disk until ``fault.duration`` has passed (a fault of the
@@ -199,6 +228,8 @@ class Run:
         (self.folder / "stop-producers").touch()
         self.finishing.update(PRODUCING)
         deadline = time.monotonic() + timeout
+        if self.store_back_at is not None:
+            self._store_back()
         while (now := time.monotonic()) < deadline:
             for actor in self.actors.values():
                 if actor.resume_at is not None:
@@ -287,8 +318,21 @@ def record_stream_output(folder: Path) -> None:
             output.write(json.dumps(event) + "\n")
 
 
-def set_up(folder: Path, consumers: dict[str, str]) -> QueueManager:
-    qm = QueueManager.create(str(folder / "qm"), "CHAOS")
+def start_store(folder: Path, kind: str) -> tuple[str, Azurite | None]:
+    """The root of the run's queue manager: a folder of the run, or on the object store (``azure``:
+    a container of an Azurite started for the run, its credentials put in the environment the
+    actors inherit), with the emulator."""
+    if kind == "local":
+        return str(folder / "qm"), None
+    azurite = Azurite(folder / "azurite")
+    azurite.start()
+    os.environ.update(azurite.environment)
+    azurite.filesystem().create_dir("chaos")
+    return f"abfs://chaos@{ACCOUNT}.dfs.core.windows.net/qm", azurite
+
+
+def set_up(root: str, consumers: dict[str, str]) -> QueueManager:
+    qm = QueueManager.create(root, "CHAOS")
     qm.define_queue(BACKOUT_QUEUE)
     qm.define_queue(REPLY_QUEUE)
     qm.define_queue(
@@ -318,7 +362,7 @@ def final_state(qm: QueueManager, consumers: dict[str, str]) -> Final:
             }
             for row in rows
         ]
-    table = DeltaTable(store.queue_location(qm.root, QUEUE))
+    table = DeltaTable(store.queue_location(qm.root, QUEUE), storage_options=qm.storage_options)
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     return Final(
         consumers=consumers,
@@ -332,28 +376,44 @@ def final_state(qm: QueueManager, consumers: dict[str, str]) -> Final:
     )
 
 
-def run(folder: Path, minutes: float, seed: int, mean_interval: float = 8.0, drain_timeout: float = 300.0) -> Report:
+def run(
+    folder: Path,
+    minutes: float,
+    seed: int,
+    mean_interval: float = 8.0,
+    drain_timeout: float = 300.0,
+    store_kind: str = "local",
+) -> Report:
+    """One run of ``minutes`` with ``seed`` in ``folder``, its queue manager in a folder of the run
+    (``store_kind`` ``local``) or on the object store (``azure``); the checker's report."""
     folder.mkdir(parents=True, exist_ok=False)
+    start_clock()
     actors = mix(seed)
-    qm = set_up(folder, groups(actors))
-    chaos = Run(qm, folder, minutes * 60, seed, mean_interval, actors)
-    plan = {
-        "seed": seed,
-        "minutes": minutes,
-        "store": "local",
-        "actors": [{"kind": kind, "name": name} for kind, name in actors],
-        "faults": [fault.as_dict() for fault in chaos.faults],
-        "lock_duration": LOCK_DURATION,
-        "backout_threshold": BACKOUT_THRESHOLD,
-        "forwarder_consumer": FORWARD_GROUP if FORWARD_GROUP in chaos.groups else None,
-    }
-    (folder / "plan.json").write_text(json.dumps(plan, indent=1))
+    root, azurite = start_store(folder, store_kind)
     try:
-        chaos.faulty_phase()
-        drained = chaos.drain(drain_timeout)
+        qm = set_up(root, groups(actors))
+        chaos = Run(qm, folder, minutes * 60, seed, mean_interval, actors, azurite)
+        plan = {
+            "seed": seed,
+            "minutes": minutes,
+            "store": store_kind,
+            "root": root,
+            "actors": [{"kind": kind, "name": name} for kind, name in actors],
+            "faults": [fault.as_dict() for fault in chaos.faults],
+            "lock_duration": LOCK_DURATION,
+            "backout_threshold": BACKOUT_THRESHOLD,
+            "forwarder_consumer": FORWARD_GROUP if FORWARD_GROUP in chaos.groups else None,
+        }
+        (folder / "plan.json").write_text(json.dumps(plan, indent=1))
+        try:
+            chaos.faulty_phase()
+            drained = chaos.drain(drain_timeout)
+        finally:
+            chaos.stop()
+        final = final_state(qm, chaos.groups)
     finally:
-        chaos.stop()
-    final = final_state(qm, chaos.groups)
+        if azurite is not None:
+            azurite.stop()
     final.save(folder)
     record_stream_output(folder)
     report = check(folder)

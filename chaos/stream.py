@@ -23,8 +23,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 import mqspark
 from chaos import driver
-from chaos.actor import POISON, QUEUE, STREAM_GROUP, stopping
-from chaos.history import History
+from chaos.actor import POISON, QUEUE, STREAM_GROUP, broken, queue_manager, stopping
+from chaos.history import History, run_clock
 from mqspark import MQError, QueueManager, Reason
 from mqspark.services.instances import Instance
 
@@ -49,9 +49,10 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
         try:
             query = instance.run(partial(_start, spark, run, qm, history, instance), timeout=1.0)
         except MQError as error:
-            if error.reason is not Reason.MQRC_OBJECT_IN_USE:
+            if error.reason is not Reason.MQRC_OBJECT_IN_USE and not broken(error):
                 raise
-            continue  # standing by
+            time.sleep(0.2)
+            continue  # standing by, or the store does not answer
         while query.isActive and not stopping(run):
             time.sleep(0.2)
         failure = query.exception()
@@ -122,7 +123,7 @@ def _start(
             "msg_seq_number",
             F.lit(batch_id).alias("batch"),
             F.lit(history.actor).alias("instance"),
-            F.unix_micros(F.current_timestamp()).alias("at"),
+            F.lit(round(run_clock() * 1e6)).alias("at"),
         )
         writer = rows.write.format("delta").mode("append")
         writer.option("txnAppId", APP_ID).option("txnVersion", batch_id).save(target)
@@ -134,6 +135,7 @@ def _start(
         .option("leaseTimeout", LEASE_TIMEOUT)
         .option("instance", instance_id)
         .option("maxMessagesPerTrigger", 500)
+        .option("reconnect", "qmgr")
         .load(qm.root)
         .writeStream.foreachBatch(instance.fence(process))
         .option("checkpointLocation", str(run / "checkpoints" / STREAM_GROUP))
@@ -145,7 +147,7 @@ def _start(
 def main(argv: list[str]) -> None:
     run, name, incarnation = Path(argv[0]), argv[2], int(argv[3])
     history = History(run, f"{name}#{incarnation}")
-    stream_get(run, QueueManager.open(str(run / "qm")), history)
+    stream_get(run, queue_manager(run), history)
     history.close()
 
 

@@ -29,3 +29,12 @@ def test_every_kind_comes_within_the_run_on_its_own_kind_of_target() -> None:
     assert all(10.0 <= f.duration <= 40.0 and 0.5 <= abs(f.amount) <= 3.0 for f in faults if f.kind == "skew")
     assert {f.amount > 0 for f in faults if f.kind == "skew"} == {True, False}  # ahead and behind
     assert all(5.0 <= f.duration <= 20.0 and 0.01 <= f.amount <= 0.1 for f in faults if f.kind == "slow")
+
+
+def test_outages_come_only_on_the_object_store_and_stop_the_store_itself() -> None:
+    local = schedule(7, 3600, TARGETS, 8.0, ["stream"])
+    azure = schedule(7, 3600, TARGETS, 8.0, ["stream"], outages=True)
+    assert not any(f.kind == "outage" for f in local)
+    outages = [f for f in azure if f.kind == "outage"]
+    assert outages
+    assert all(f.target == "store" and 2.0 <= f.duration <= 10.0 for f in outages)
