@@ -50,10 +50,9 @@ from typing import Any, TextIO
 _CLOCK = "MQSPARK_CHAOS_CLOCK"
 
 
-def start_clock() -> dict[str, str]:
-    """Start the run's clock; the environment that gives it to the actors."""
+def start_clock() -> None:
+    """Start the run's clock, in the environment the actors inherit."""
     os.environ[_CLOCK] = repr(time.time() - time.monotonic())
-    return {_CLOCK: os.environ[_CLOCK]}
 
 
 def run_clock() -> float:
