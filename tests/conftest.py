@@ -36,14 +36,10 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-    # The tests that start their own Spark drivers form two chains (xdist_groups drivers-a and
-    # drivers-b, split by module, of about 14 and 28 minutes). A chain runs on one worker, one test
+    # The tests that start their own Spark drivers form two chains of about 30 minutes each under CI's
+    # load (xdist_groups drivers-a and drivers-b, split by module). A chain runs on one worker, one test
     # after another, so at most two such tests compete for the 2 cores. xdist's loadgroup hands out the
     # groups with the most tests first, so each worker starts on one chain and the rest fill in after.
-    # The chaos run (four Spark drivers and a dozen processes) goes last in the longer chain, when the
-    # other worker has left its chain: first in a chain, it ran beside the routed producer's kill test,
-    # which took 421 s instead of about 130 s.
-    items.sort(key=lambda item: item.path.name == "test_chaos.py")
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import pytest
 
 from chaos.run import run
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers-b")]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers-a")]
 
 SEED = int(os.environ.get("MQSPARK_CHAOS_SEED", "20261127"))
 
