@@ -68,6 +68,8 @@ def documented_failure(error: str) -> str | None:
     """The name of the documented limit a query failure is, else None."""
     if "FileNotFoundError" in error and "/qm/queues/" in error:
         return "retention shorter than a micro-batch (docs/limits.md)"
+    if "Python worker failed to connect back" in error:
+        return "a Python data source's worker that started too slowly (docs/limits.md)"
     return None
 
 

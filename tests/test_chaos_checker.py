@@ -425,3 +425,14 @@ def test_command_line(tmp_path: Path) -> None:
             "ids": ["g3"],
         }
     ]
+
+
+def test_the_streaming_instance_names_the_documented_query_failures() -> None:
+    from chaos.stream import documented_failure
+
+    slow_worker = "org.apache.spark.SparkException: Python worker failed to connect back.\n\tat org.apache..."
+    assert documented_failure(slow_worker) == "a Python data source's worker that started too slowly (docs/limits.md)"
+    assert documented_failure("FileNotFoundError: /run/qm/queues/Q/part-1.parquet") == (
+        "retention shorter than a micro-batch (docs/limits.md)"
+    )
+    assert documented_failure("MQRC_BACKED_OUT (2003): queue Q: ...") is None
