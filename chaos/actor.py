@@ -54,10 +54,15 @@ class Poisoned(Exception):
     """A getter's block fails on a poison message, as an application would."""
 
 
+def root(run: Path) -> str:
+    """The root of the run's queue manager, as its plan names it (a folder, or a container of the
+    object store, whose credentials come from the environment)."""
+    return str(json.loads((run / "plan.json").read_text())["root"])
+
+
 def queue_manager(run: Path) -> QueueManager:
-    """The run's queue manager, at the root its plan names (a folder, or a container of the object
-    store, whose credentials come from the environment)."""
-    return QueueManager.open(json.loads((run / "plan.json").read_text())["root"])
+    """The run's queue manager."""
+    return QueueManager.open(root(run))
 
 
 def broken(error: MQError) -> bool:

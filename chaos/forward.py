@@ -18,7 +18,7 @@ from typing import Any
 
 import mqspark
 from chaos import driver
-from chaos.actor import FORWARD_GROUP, POISON, QUEUE, message_id, queue_manager, stopping
+from chaos.actor import FORWARD_GROUP, POISON, QUEUE, message_id, root, stopping
 from chaos.history import History
 
 _RUN, _ACTOR = "CHAOS_RUN", "CHAOS_ACTOR"
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     spark = driver.session(name)
     query = mqspark.forward(
         spark,
-        queue_manager(run).root,
+        root(run),
         QUEUE,
         "chaos.forward:echo",
         consumer=FORWARD_GROUP,

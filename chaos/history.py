@@ -60,7 +60,7 @@ def run_clock() -> float:
     for all its processes and which a fault's clock skew leaves alone, on the run's wall clock. (An
     actor's own wall clock may be skewed: it could not tell which of two events came first.)"""
     offset = os.environ.get(_CLOCK)
-    return time.monotonic() + (float(offset) if offset else time.time() - time.monotonic())
+    return time.monotonic() + float(offset) if offset else time.time()
 
 
 class History:

@@ -64,17 +64,17 @@ def groups(actors: list[tuple[str, str]]) -> dict[str, str]:
 class Actor:
     kind: str
     name: str
+    # The process's clock skew and slow disk (chaos.faults).
+    control: faults.Control
     incarnation: int = 0
     process: subprocess.Popen[bytes] | None = None
     # When a killed actor starts again, or a paused one goes on.
     restart_at: float | None = None
     resume_at: float | None = None
-    # The clock skew and slow disk of the process (chaos.faults): kind -> (amount, when it ends).
-    control: faults.Control | None = None
+    # The clock skew and slow disk on now: kind -> (amount, when it ends).
     disturbed: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def set_faults(self) -> None:
-        assert self.control is not None
         amounts = {kind: amount for kind, (amount, _) in self.disturbed.items()}
         self.control.set(skew=amounts.get("skew", 0.0), write_delay=amounts.get("slow", 0.0))
 
@@ -95,10 +95,10 @@ class Run:
         self.seconds = seconds
         self.seed = seed
         self.groups = groups(actors)
-        self.actors = {name: Actor(kind, name) for kind, name in actors}
+        self.actors = {
+            name: Actor(kind, name, faults.Control(folder / "faults" / f"{name}.control")) for kind, name in actors
+        }
         self.library = faults.build(folder)
-        for actor in self.actors.values():
-            actor.control = faults.Control(folder / "faults" / f"{actor.name}.control")
         self.faults = nemesis.schedule(
             seed, seconds, sorted(self.actors), mean_interval, [STREAM_GROUP], outages=azurite is not None
         )
@@ -122,7 +122,6 @@ class Run:
         module = MODULES.get(actor.kind, "chaos.actor")
         command = [sys.executable, "-m", module, str(self.folder), actor.kind, actor.name]
         command += [str(actor.incarnation), str(self.seed)]
-        assert actor.control is not None
         environment = _environment() | actor.control.environment(self.library)
         with (logs / f"{actor.name}#{actor.incarnation}.log").open("w") as output:
             actor.process = subprocess.Popen(

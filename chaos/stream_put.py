@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import driver
-from chaos.actor import QUEUE, put_row, puts, queue_manager, stopping
+from chaos.actor import QUEUE, put_row, puts, root, stopping
 from chaos.history import History
 
 SCHEMA = "payload string, priority int, group_id string, msg_seq_number int, last_in_group boolean"
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> None:
         .option("reconnect", "qmgr")
         .option("checkpointLocation", str(run / "checkpoints" / name))
         .trigger(processingTime="1 second")
-        .start(queue_manager(run).root)
+        .start(root(run))
     )
     feeder = threading.Thread(target=feed, args=(run, folder, history, rng), daemon=True)
     feeder.start()
