@@ -59,7 +59,12 @@ class MotoS3:
         self.process = None
 
     def filesystem(self) -> pafs.S3FileSystem:
+        # The AWS SDK's one-second connect timeout and three attempts failed twice in CI on a loaded
+        # machine (``Connection timed out after 3100 milliseconds`` making a test's bucket).
         return pafs.S3FileSystem(
+            connect_timeout=30,
+            request_timeout=60,
+            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=10),
             access_key=KEY_ID,
             secret_key=SECRET,
             region=REGION,
