@@ -61,8 +61,14 @@ def root(run: Path) -> str:
 
 
 def queue_manager(run: Path) -> QueueManager:
-    """The run's queue manager."""
-    return QueueManager.open(root(run))
+    """The run's queue manager, once its store answers (an actor may start during an outage)."""
+    while True:
+        try:
+            return QueueManager.open(root(run))
+        except MQError as error:
+            if error.reason is not Reason.MQRC_Q_MGR_NOT_AVAILABLE:
+                raise
+        time.sleep(0.5)
 
 
 def broken(error: MQError) -> bool:

@@ -59,6 +59,7 @@ class QueueManager(Queues):
     """A queue manager: a named root location holding queues. Create one with :meth:`create`, reopen
     it with :meth:`open`. Its put, resolution and live messages are those of :class:`Queues`."""
 
+    @store.connected
     def alter_qmgr(self, **attributes: Any) -> QueueManagerDefinition:
         """Change the queue manager's own attributes (``description``, ``default_reconnect``)."""
         self._definition.altered(**attributes)
@@ -66,6 +67,7 @@ class QueueManager(Queues):
         self._definition = state.qmgr
         return self._definition
 
+    @store.connected
     def define_queue(self, name: str, **attributes: Any) -> QueueDefinition:
         """Define a new queue; raises when the name is taken or an attribute is bad."""
         definition = QueueDefinition.build(name, **attributes)
@@ -82,6 +84,7 @@ class QueueManager(Queues):
         self._catalog.change(apply)
         return definition
 
+    @store.connected
     def alter_queue(self, name: str, **attributes: Any) -> QueueDefinition:
         """Change some attributes of an existing queue."""
         validate_name(name)
@@ -95,6 +98,7 @@ class QueueManager(Queues):
 
         return self._catalog.change(apply).queues[name]
 
+    @store.connected
     def inquire_queue(self, name: str) -> QueueDefinition | AdvertisedQueue:
         """The queue's definition.
 
@@ -108,6 +112,7 @@ class QueueManager(Queues):
         advertised = None if name in state.queues else self._advertised_queue(state, name)
         return advertised or self._definition_in(state, name)
 
+    @store.connected
     def delete_queue(self, name: str, purge: bool = False) -> None:
         """Delete a queue; a queue still holding messages is refused unless ``purge`` is set."""
         validate_name(name)
@@ -151,6 +156,7 @@ class QueueManager(Queues):
                 time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
         raise MQError(f"queue {name}: delete gave up after {PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
+    @store.connected
     def cluster_repository(self, cluster: str) -> str:
         """The repository root of ``cluster``, which this queue manager has joined (see :meth:`Cluster.join`)."""
         validate_name(cluster, "cluster")
@@ -171,6 +177,7 @@ class QueueManager(Queues):
         ]
         return min(replicas, key=lambda advertised: (advertised.qmgr, advertised.cluster), default=None)
 
+    @store.connected
     def depth(self, queue: str, consumer: str | None = None) -> int:
         """MQ's CURDEPTH: the messages still waiting for at least one counted consumer group (see
         :mod:`mqspark.engine.depth`); with ``consumer``, the messages still waiting for that group.
@@ -182,17 +189,20 @@ class QueueManager(Queues):
             validate_name(consumer, "consumer group")
         return self.waiting_count(local, consumer)
 
+    @store.connected
     def consumers(self, queue: str) -> list[str]:
         """The consumer groups that count for the queue's depth, by name: those that have read it, and
         those declared on it."""
         return self._state(self._resolve(queue).name).groups()
 
+    @store.connected
     def declare_consumer(self, queue: str, consumer: str) -> None:
         """Declare consumer group ``consumer`` on ``queue`` before it first reads: from now on, messages
         wait for it (maintenance keeps them) and count in the queue's depth."""
         local = self._resolve(queue).name
         self._state(local).declare(validate_name(consumer, "consumer group"))
 
+    @store.connected
     def delete_consumer(self, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> None:
         """Delete consumer group ``consumer`` of ``queue`` and everything recorded for it: its messages
         no longer wait for it. Refused while a query of the group runs (its lease younger than
@@ -200,6 +210,7 @@ class QueueManager(Queues):
         local = self._resolve(queue).name
         self._state(local).delete(validate_name(consumer, "consumer group"), lease_timeout)
 
+    @store.connected
     def backlog(self, queue: str, consumer: str | None = None, *, oldest: bool = True) -> Backlog:
         """Depth (see :meth:`depth`) and, with ``oldest``, the put time of the oldest waiting message,
         which reads every live message's put_time; for a consumer group also who holds its lease,
@@ -214,6 +225,7 @@ class QueueManager(Queues):
         lease = None if consumer is None else self._state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
         return Backlog(local, consumer, count, first, None if lease is None else lease.owner)
 
+    @store.connected
     def waiting_messages(self, queue: str, consumer: str | None = None, columns: Sequence[str] = ()) -> pa.Table:
         """The live messages that wait, as :meth:`depth` counts them: their identity (``origin``,
         ``row``), ``expiry`` and ``columns``."""
@@ -224,6 +236,7 @@ class QueueManager(Queues):
         _, live = self.live_messages(local, columns)
         return live.filter(pa.array(waiting(live, groups, datetime.now(UTC), consumer)))
 
+    @store.connected
     def maintain(self, queue: str, retention: timedelta = DEFAULT_RETENTION) -> MaintenanceSummary:
         """Run maintenance on ``queue`` (its target, for an alias): remove what every counted group has
         consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping
@@ -231,6 +244,7 @@ class QueueManager(Queues):
         check_retention(retention)
         return maintain(self, self._resolve(queue), retention)
 
+    @store.connected
     def purge(self, queue: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> int:
         """MQ's CLEAR QLOCAL: remove every message of local queue ``queue`` for every consumer group at
         once, and return how many were removed. Refused for an alias queue, and while a query of any
@@ -243,6 +257,7 @@ class QueueManager(Queues):
             )
         return purge(self, queue, lease_timeout)
 
+    @store.connected
     def redrive(
         self,
         queue: str,
@@ -259,6 +274,7 @@ class QueueManager(Queues):
         validate_name(queue)
         return redrive(self, queue, msg_ids=msg_ids, correl_ids=correl_ids, reasons=reasons)
 
+    @store.connected
     def get(
         self,
         queue: str,
@@ -290,6 +306,7 @@ class QueueManager(Queues):
         it raises."""
         return syncpoint_get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
 
+    @store.connected
     def claim(
         self,
         queue: str,
@@ -338,6 +355,7 @@ class QueueManager(Queues):
         )
         return self.browse_with(queue, options, limit=limit, now=now)
 
+    @store.connected
     def browse_with(
         self,
         queue: str,

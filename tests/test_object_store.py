@@ -11,6 +11,8 @@ import base64
 import os
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pyarrow as pa
@@ -20,6 +22,7 @@ from deltalake.exceptions import CommitFailedError
 
 import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
+from mqspark.services.instances import Instance
 from mqspark.store.filesystems import filesystem_of
 
 from .support.samples import spec_example
@@ -168,24 +171,67 @@ def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_
 
 
 @pytest.mark.slow  # stops and starts the emulator's process
-def test_a_call_that_gave_up_while_the_store_was_down_still_broke_the_connection_once_it_answers(azurite, az_root):
-    """delta-rs gives up on a store that does not answer after its own retries; by the time mqspark
-    looks, the store may answer again. The failure is still a broken connection; an answer that
-    is not about reaching the store is not."""
+def test_every_call_on_a_store_that_stopped_answering_fails_with_2009_naming_the_root(azurite, az_root):
+    """An MQ application gets 2009 from any call on a broken connection (2059 when connecting):
+    the facade's calls, a claim and a syncpoint get taken before the store stopped, the block
+    consumer and a service instance. delta-rs gives up on a store that does not answer after its
+    own retries; by the time mqspark looks, the store may answer again: the failure is still a
+    broken connection."""
     options = azurite.storage_options
     qm = QueueManager.create(az_root, "QM1", storage_options=options)
     qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"m1"}, {"payload": b"m2"}])
+    claim = qm.claim("Q", "G")
+    assert claim is not None
+    held = qm.syncpoint_get("Q", "H")
+    held.__enter__()
+    calls = {
+        "open": lambda: QueueManager.open(az_root, storage_options=options),
+        "put": lambda: qm.put("Q", [{"payload": b"m3"}]),
+        "get": lambda: qm.get("Q", "G2"),
+        "syncpoint_get": lambda: qm.syncpoint_get("Q", "G3").__enter__(),
+        "claim": lambda: qm.claim("Q", "G4"),
+        "claim.commit": claim.commit,
+        "syncpoint_get's commit": lambda: held.__exit__(None, None, None),
+        "consumer": lambda: next(iter(qm.consumer("Q", "G5"))),
+        "browse": lambda: qm.browse("Q"),
+        "depth": lambda: qm.depth("Q"),
+        "define_queue": lambda: qm.define_queue("R"),
+        "queues": qm.queues,
+        "instance": lambda: Instance(qm, "Q", "G6").wait_until_active(timeout=5),
+    }
     azurite.stop()
     try:
-        with pytest.raises(OSError) as raised:
-            qm.browse("Q")
+        # Each call gives up after the store clients' retries (about 6 s each here): at once, not in turn.
+        with ThreadPoolExecutor(len(calls)) as pool:
+            outcomes = dict(zip(calls, pool.map(_failure, calls.values()), strict=True))
     finally:
         azurite.start()
+    failures = {name: error for name, error in outcomes.items() if isinstance(error, MQError)}
+    assert failures.keys() == calls.keys(), outcomes
+    reasons = {name: error.reason for name, error in failures.items()}
+    assert reasons == {
+        name: Reason.MQRC_Q_MGR_NOT_AVAILABLE if name == "open" else Reason.MQRC_CONNECTION_BROKEN for name in calls
+    }
+    for name, error in failures.items():
+        assert "\n" not in str(error), name
+        assert str(error).startswith(
+            f"{error.reason.name} ({error.reason.value}): queue manager root {qm.root}: the store did not answer: "
+        ), name
+        assert store.unanswered(error)
     assert store.reachable(qm.root, options)
-    assert store.unanswered(raised.value)
-    assert store.broken(raised.value, qm.root, options)
+    assert store.broken(failures["browse"], qm.root, options)
     assert not store.broken(FileNotFoundError(2, "No such file or directory", "x"), qm.root, options)
     assert not store.broken(MQValidationError("bad"), qm.root, options)
+    assert qm.browse("Q")["payload"].to_pylist() == [b"m1", b"m2"]
+
+
+def _failure(call: Callable[[], object]) -> BaseException | object:
+    """What ``call`` raised, or what it returned."""
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - the test compares it
+        return error
 
 
 @pytest.mark.slow  # stops the emulator's process for OUTAGE seconds

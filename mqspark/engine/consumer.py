@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
+from mqspark import store
 from mqspark.engine.get import Claim, GetRequest, plan_get
 from mqspark.engine.queues import Queues
 from mqspark.errors import MQValidationError
@@ -61,7 +62,8 @@ class Consumer:
                 block, self._block = self._block, None
                 settling = block.acknowledgement() if block is not None else None
                 self._rows, self._handed = [], 0
-                self._block = plan_get(self.qm, self.request, settling)
+                with store.answering(self.qm.root):
+                    self._block = plan_get(self.qm, self.request, settling)
                 if self._block is None:
                     return
                 self._block.hold()

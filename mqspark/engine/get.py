@@ -56,6 +56,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqspark import store
 from mqspark.engine.backout import RELEASED, check_error_text, failure_rows, plan_messages
 from mqspark.engine.consumer_groups import Claims, ConsumerState, Stale
 from mqspark.engine.heartbeat import Heartbeat
@@ -147,11 +148,16 @@ class Claim:
         self.planner, self.plan_id, self.seq, self.plan, self.messages = planner, plan_id, seq, plan, messages
         self._heartbeat: Heartbeat | None = None
 
+    @property
+    def root(self) -> str:
+        return self.planner.qm.root
+
     def hold(self) -> None:
         """Renew the claim in the background (every third of the lock) until it ends."""
         planner = self.planner
         self._heartbeat = Heartbeat(planner.state, planner.consumer, planner.owner, planner.lock, self._renew_on)
 
+    @store.connected
     def renew(self) -> None:
         """Extend the claim's lock to a whole ``lock_duration`` from now; refused (2003) once it passed."""
         self._renew_on(self.planner.state)
@@ -160,10 +166,12 @@ class Claim:
         planner = self.planner
         state.append(event_rows(planner.consumer, planner.owner, "renew", self.plan_id, self.seq), self._held(state))
 
+    @store.connected
     def commit(self) -> None:
         """Consume the claim's messages (MQCMIT), in one state commit; refused (2003) once its lock passed."""
         self._end(self._ending([]))
 
+    @store.connected
     def backout(self, error: str) -> None:
         """Give the messages back as failed (MQBACK): each counts one failed delivery, with ``error``
         as its error, and the queue's retry and backout rules apply. Refused (2003) once the lock passed."""
@@ -174,6 +182,7 @@ class Claim:
         """Give the messages back unprocessed, at once, without counting a failed delivery."""
         self.settle(0)
 
+    @store.connected
     def settle(self, processed: int, error: str | None = None) -> None:
         """End the claim in one commit: its first ``processed`` messages consumed, the next one
         backed out with ``error`` when given (one failed delivery), and the rest given back without
@@ -254,7 +263,8 @@ def syncpoint_get(qm: Queues, request: GetRequest) -> Iterator[pa.Table]:
     """Like :func:`get`, but the messages are consumed only when the ``with`` block succeeds; when it
     raises, they are backed out (one failed delivery each) and the exception goes on. The claim is
     renewed while the block runs."""
-    planned = plan_get(qm, request)
+    with store.answering(qm.root):
+        planned = plan_get(qm, request)
     if planned is None:
         yield BROWSE_SCHEMA.empty_table()
         return

@@ -97,35 +97,40 @@ class Queues:
         if store.is_local_file(location):
             raise MQValidationError(f"queue manager root {location} is a file, not a folder")
         catalog = Catalog(location, storage_options)
-        if _catalog_exists(catalog):
-            existing = catalog.read().qmgr.name
-            raise MQValidationError(f"queue manager {existing} already exists at {location}")
-        dead_letter = QueueDefinition.build(DEAD_LETTER_QUEUE, description="dead-letter queue")
-        create_message_table(store.queue_location(location, DEAD_LETTER_QUEUE), storage_options)
-        catalog.create(QueueManagerDefinition(name=name), [dead_letter])
-        return cls(location, catalog, catalog.read().qmgr)
+        with store.answering(location, Reason.MQRC_Q_MGR_NOT_AVAILABLE):
+            if _catalog_exists(catalog):
+                existing = catalog.read().qmgr.name
+                raise MQValidationError(f"queue manager {existing} already exists at {location}")
+            dead_letter = QueueDefinition.build(DEAD_LETTER_QUEUE, description="dead-letter queue")
+            create_message_table(store.queue_location(location, DEAD_LETTER_QUEUE), storage_options)
+            catalog.create(QueueManagerDefinition(name=name), [dead_letter])
+            return cls(location, catalog, catalog.read().qmgr)
 
     @classmethod
     def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> Self:
         """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
         location = store.normalize_root(root)
         catalog = Catalog(location, storage_options)
-        if not _catalog_exists(catalog):
-            raise MQError(f"no queue manager at {location}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
-        return cls(location, catalog, catalog.read().qmgr)
+        with store.answering(location, Reason.MQRC_Q_MGR_NOT_AVAILABLE):
+            if not _catalog_exists(catalog):
+                raise MQError(f"no queue manager at {location}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
+            return cls(location, catalog, catalog.read().qmgr)
 
     def __repr__(self) -> str:
         return f"QueueManager(name={self.name!r}, root={self.root!r})"
 
+    @store.connected
     def queues(self) -> list[QueueDefinition]:
         """Every queue definition, by name."""
         state = self._catalog.read()
         return [state.queues[name] for name in sorted(state.queues)]
 
+    @store.connected
     def cluster_roots(self) -> list[str]:
         """The repository roots of the clusters this queue manager has joined."""
         return sorted(self._catalog.read().clusters.values())
 
+    @store.connected
     def put(
         self,
         queue: str,
@@ -177,6 +182,7 @@ class Queues:
         if file is not None:
             self.commit_put(queue, [file], groups, definition=definition)
 
+    @store.connected
     def committed_transaction(self, queue: str, producer: str) -> int | None:
         """The last ``batch_id`` producer ``producer`` committed to ``queue`` (None: none)."""
         return self._message_table(self._resolve(queue).name).transaction_version(producer)

@@ -141,7 +141,8 @@ class Instance:
         spark: SparkSession | None = None,
     ) -> None:
         self.qm = qm
-        self.queue = qm.resolve_for_get(queue).name
+        with store.answering(qm.root):
+            self.queue = qm.resolve_for_get(queue).name
         self.consumer = validate_name(consumer, "consumer group")
         self.service = service
         self.lease_timeout = lease_timeout
@@ -162,28 +163,29 @@ class Instance:
         """Stand by until the group's lease is free, then take it for this instance. Raises
         ``MQRC_OBJECT_IN_USE`` (2042) when ``timeout`` seconds pass first, or when :meth:`stop`
         was called."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._warm()
-            self._register()
-            if self.state.lease(self.consumer, self.lease_timeout) is None:
-                try:
-                    self.state.acquire(self.consumer, self.id, self.lease_timeout)
-                except MQError as error:
-                    if error.reason != Reason.MQRC_OBJECT_IN_USE:
-                        raise
-                else:
-                    self.active_since = datetime.now(UTC)
-                    self._register()
-                    return
-            poll = min(self.interval, STANDBY_POLL)
-            wait = poll if deadline is None else min(poll, deadline - time.monotonic())
-            if wait <= 0 or self._stopped.wait(wait):
-                raise MQError(
-                    f"queue {self.queue}: instance {self.id} of consumer group {self.consumer!r} did not become "
-                    "active" + ("" if self._stopped.is_set() else f" within {timeout:g} s"),
-                    Reason.MQRC_OBJECT_IN_USE,
-                )
+        with store.answering(self.qm.root):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                self._warm()
+                self._register()
+                if self.state.lease(self.consumer, self.lease_timeout) is None:
+                    try:
+                        self.state.acquire(self.consumer, self.id, self.lease_timeout)
+                    except MQError as error:
+                        if error.reason != Reason.MQRC_OBJECT_IN_USE:
+                            raise
+                    else:
+                        self.active_since = datetime.now(UTC)
+                        self._register()
+                        return
+                poll = min(self.interval, STANDBY_POLL)
+                wait = poll if deadline is None else min(poll, deadline - time.monotonic())
+                if wait <= 0 or self._stopped.wait(wait):
+                    raise MQError(
+                        f"queue {self.queue}: instance {self.id} of consumer group {self.consumer!r} did not become "
+                        "active" + ("" if self._stopped.is_set() else f" within {timeout:g} s"),
+                        Reason.MQRC_OBJECT_IN_USE,
+                    )
 
     def _warm(self) -> None:
         """With a Spark session, browse one message of the queue now and then while standing by,
@@ -222,7 +224,8 @@ class Instance:
         instance, lease_timeout = self.id, self.lease_timeout
 
         def fenced(batch: DataFrame, batch_id: int) -> None:
-            holder = ConsumerState(root, queue, options).lease(consumer, lease_timeout)
+            with store.answering(root):
+                holder = ConsumerState(root, queue, options).lease(consumer, lease_timeout)
             if holder is None or holder.owner != instance:
                 raise MQError(
                     f"queue {queue}: instance {instance} no longer holds consumer group {consumer!r} "
@@ -239,29 +242,41 @@ class Instance:
 
     def _keep(self, started: list[StreamingQuery]) -> None:
         """Renew the lease and the registry entry until the query (``started[0]``, once started) ends,
-        or, on a switchover, until its planner released the lease at a batch boundary."""
+        or, on a switchover, until its planner released the lease at a batch boundary. A store that
+        does not answer is tried again at the next renewal; the lease may pass meanwhile."""
         state = ConsumerState(self.qm.root, self.queue, self.qm.storage_options)
         while not self._stopped.wait(self.interval):
-            if started and not started[0].isActive:
-                return
-            if state.events(self.consumer, ("switchover",), ["at"], since=self.active_since).num_rows:
-                holder = state.lease(self.consumer, self.lease_timeout)
-                if started and (holder is None or holder.owner != self.id):
-                    _log.info("instance %s handed consumer group %r over", self.id, self.consumer)
-                    self._stopped.set()
-                    started[0].stop()
-                    return
-                continue
             try:
-                # The query's planner renews the lease too once it runs.
-                state.renew(self.consumer, self.id, self.lease_timeout)
-            except MQError as lost:
-                _log.warning("instance %s stops its query: %s", self.id, lost)
+                if self._kept(state, started):
+                    return
+            except Exception as error:
+                if not store.unanswered(error):
+                    raise
+                _log.warning("instance %s could not renew its lease, the store did not answer: %s", self.id, error)
+
+    def _kept(self, state: ConsumerState, started: list[StreamingQuery]) -> bool:
+        """One renewal of :meth:`_keep`; True when keeping ends."""
+        if started and not started[0].isActive:
+            return True
+        if state.events(self.consumer, ("switchover",), ["at"], since=self.active_since).num_rows:
+            holder = state.lease(self.consumer, self.lease_timeout)
+            if started and (holder is None or holder.owner != self.id):
+                _log.info("instance %s handed consumer group %r over", self.id, self.consumer)
                 self._stopped.set()
-                if started:
-                    started[0].stop()
-                return
-            self._register()
+                started[0].stop()
+                return True
+            return False
+        try:
+            # The query's planner renews the lease too once it runs.
+            state.renew(self.consumer, self.id, self.lease_timeout)
+        except MQError as lost:
+            _log.warning("instance %s stops its query: %s", self.id, lost)
+            self._stopped.set()
+            if started:
+                started[0].stop()
+            return True
+        self._register()
+        return False
 
     def _register(self) -> None:
         entry = {

@@ -12,7 +12,9 @@ from mqspark.store.commit import (
     read_back_failed,
 )
 from mqspark.store.faults import (
+    answering,
     broken,
+    connected,
     reachable,
     store_error,
     unanswered,
@@ -105,7 +107,9 @@ __all__ = [
     "StorageOptions",
     "add_missing_columns",
     "add_versions",
+    "answering",
     "broken",
+    "connected",
     "catalog_location",
     "clean_up_log",
     "close_table",

@@ -5,11 +5,17 @@ section 8) or refused (credentials), and the one-line errors mqspark raises for 
 from __future__ import annotations
 
 import errno
+import functools
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
 
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.store.layout import StorageOptions, catalog_location
 from mqspark.store.tables import table_exists
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def reachable(root: str, storage_options: StorageOptions) -> bool:
@@ -69,14 +75,46 @@ def broken(error: BaseException, root: str, storage_options: StorageOptions) -> 
 _REFUSED = ("401 Unauthorized", "403 Forbidden", "AuthenticationFailed", "AuthorizationFailure", "Invalid Access Key")
 
 
-def store_error(root: str, error: OSError) -> MQError:
-    """The error for a queue manager root whose store refused the credentials (2035) or did not
-    answer (2059), with the store's own words (delta-rs's chain of causes, without its markup)."""
+def _words(error: BaseException) -> str:
+    """The store's own words for ``error`` on one line (delta-rs's chain of causes, without its markup)."""
     text = re.sub(r"\x1b\[[0-9;]*m|↳", " ", str(error)).split("<?xml")[0]
     code = re.search(r"<Code>(\w+)</Code>", str(error))
-    detail = " ".join(text.split()) + (f" ({code.group(1)})" if code else "")
+    return " ".join(text.split()) + (f" ({code.group(1)})" if code else "")
+
+
+def store_error(root: str, error: OSError) -> MQError:
+    """The error for a queue manager root whose store refused the credentials (2035) or did not
+    answer (2059), with the store's own words."""
+    detail = _words(error)
     if any(mark in str(error) for mark in _REFUSED):
         return MQError(
             f"queue manager root {root}: the store refused the credentials: {detail}", Reason.MQRC_NOT_AUTHORIZED
         )
     return MQError(f"queue manager root {root}: the store did not answer: {detail}", Reason.MQRC_Q_MGR_NOT_AVAILABLE)
+
+
+@contextmanager
+def answering(root: str, reason: Reason = Reason.MQRC_CONNECTION_BROKEN) -> Iterator[None]:
+    """Inside the block, the store of the queue manager at ``root`` not answering (see
+    :func:`unanswered`) raises ``reason``, 2009 ``MQRC_CONNECTION_BROKEN`` by default (2059 when
+    opening), from the store's error; any other error goes on unchanged."""
+    try:
+        yield
+    except MQError:
+        raise
+    except Exception as error:
+        if not unanswered(error):
+            raise
+        raise MQError(f"queue manager root {root}: the store did not answer: {_words(error)}", reason) from error
+
+
+def connected(method: _Method) -> _Method:
+    """``method`` of a queue manager (anything with its ``root``), raising 2009 when the store does
+    not answer (see :func:`answering`)."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with answering(self.root):
+            return method(self, *args, **kwargs)
+
+    return cast(_Method, call)
