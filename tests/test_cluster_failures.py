@@ -131,7 +131,7 @@ def _query_id(checkpoint: Path) -> str | None:
 # passes the same test but would double the runtime.
 @pytest.mark.parametrize("bind", ["on_group"])
 def test_routed_producer_killed_with_sigkill_puts_each_message_once(bind, tmp_path, record_property):
-    files, rows, kills = 16, 8, 3  # one of each mode below; a run is killed within 4 files
+    files, rows, kills = 8, 8, 3  # one of each mode below; a run is killed within 4 files
     qms = {name: QueueManager.create(tmp_path / name, name) for name in ("QM1", *REPLICAS)}
     cluster = Cluster.create(tmp_path / "cluster", "INV")
     for qm in qms.values():

@@ -565,7 +565,7 @@ def _stop(processes: list) -> None:
 # 1. The soak
 
 SOAK_PRODUCERS = 2
-SOAK_PUTS = 700  # per producer: 2 x 700 puts of ~100 messages, ~140k messages
+SOAK_PUTS = 500  # per producer: 2 x 500 puts of ~100 messages, ~100k messages
 SOAK_PUT_SIZE = 100
 SOAK_BATCH = 2000
 SOAK_RETENTION = timedelta(seconds=2)
