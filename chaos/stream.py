@@ -59,7 +59,7 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
         query.stop()
         instance.stop()
         if failure is not None and "(2042)" not in str(failure):
-            history.record("failure", error=_first_line(failure), documented=documented_failure(str(failure)))
+            history.record("failure", error=first_line(str(failure)), documented=documented_failure(str(failure)))
         instance = None
     spark.stop()
 
@@ -73,14 +73,15 @@ def documented_failure(error: str) -> str | None:
     return None
 
 
-def _first_line(error: BaseException) -> str:
-    """The line of a query's error that says what went wrong: its MQ line, else the last Python error."""
-    lines = [line.strip() for line in str(error).splitlines() if not line.strip().startswith("at ")]
+def first_line(error: str) -> str:
+    """The line of a query's error that says what went wrong: its MQ line, else the last line of a
+    Python traceback, else the error's first line (Spark's own, before its stack and thread dumps)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip() and not line.strip().startswith("at ")]
     mq = [line for line in lines if "MQRC_" in line]
     if mq:
         return mq[0][:500]
     python = [line for line in lines if re.match(r"[\w.]*(Error|Exception): ", line)]
-    return (python or lines or [""])[-1][:500]
+    return (python[-1] if python else lines[0] if lines else "")[:500]
 
 
 def _written(target: str) -> int:

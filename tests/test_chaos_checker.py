@@ -436,3 +436,25 @@ def test_the_streaming_instance_names_the_documented_query_failures() -> None:
         "retention shorter than a micro-batch (docs/limits.md)"
     )
     assert documented_failure("MQRC_BACKED_OUT (2003): queue Q: ...") is None
+
+
+def test_the_streaming_instance_records_the_line_of_a_query_failure_that_says_what_went_wrong() -> None:
+    from chaos.stream import first_line
+
+    spark = (
+        "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: Python worker failed to connect back.\n"
+        "\tat org.apache.spark.api.python.PythonWorkerFactory.createSimpleWorker(PythonWorkerFactory.scala:252)\n"
+        "Caused by: java.net.SocketTimeoutException: Timed out while waiting for the Python worker to connect back\n"
+        '"Executor task launch worker for task 0.0" Thread State: RUNNABLE\n'
+    )
+    assert first_line(spark) == (
+        "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: Python worker failed to connect back."
+    )
+    python = (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] An error\n"
+        'Traceback (most recent call last):\n  File "stream.py", line 3, in deliver\n'
+        "ValueError: the sink refused batch 4\n"
+    )
+    assert first_line(python) == "ValueError: the sink refused batch 4"
+    mq = "StreamingQueryException: x\nmqspark.errors.MQError: MQRC_BACKED_OUT (2003): queue Q: lock passed\n"
+    assert first_line(mq) == "mqspark.errors.MQError: MQRC_BACKED_OUT (2003): queue Q: lock passed"
