@@ -22,7 +22,8 @@ from deltalake.exceptions import CommitFailedError
 
 import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
-from mqspark.services.instances import Instance
+from mqspark.services.instances import Instance, switchover
+from mqspark.services.monitor import Monitor
 from mqspark.store.filesystems import filesystem_of
 
 from .support.samples import spec_example
@@ -174,7 +175,7 @@ def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_
 def test_every_call_on_a_store_that_stopped_answering_fails_with_2009_naming_the_root(azurite, az_root):
     """An MQ application gets 2009 from any call on a broken connection (2059 when connecting):
     the facade's calls, a claim and a syncpoint get taken before the store stopped, the block
-    consumer and a service instance. delta-rs gives up on a store that does not answer after its
+    consumer, a service instance, a switchover, a monitor's point and a request. delta-rs gives up on a store that does not answer after its
     own retries; by the time mqspark looks, the store may answer again: the failure is still a
     broken connection."""
     options = azurite.storage_options
@@ -185,6 +186,8 @@ def test_every_call_on_a_store_that_stopped_answering_fails_with_2009_naming_the
     assert claim is not None
     held = qm.syncpoint_get("Q", "H")
     held.__enter__()
+    qm.define_queue("REPLIES")
+    monitor = Monitor(qm, "Q", "G", watch_interval=1, watch_count=10, expected_count=1)
     calls = {
         "open": lambda: QueueManager.open(az_root, storage_options=options),
         "put": lambda: qm.put("Q", [{"payload": b"m3"}]),
@@ -199,6 +202,9 @@ def test_every_call_on_a_store_that_stopped_answering_fails_with_2009_naming_the
         "define_queue": lambda: qm.define_queue("R"),
         "queues": qm.queues,
         "instance": lambda: Instance(qm, "Q", "G6").wait_until_active(timeout=5),
+        "switchover": lambda: switchover(qm, "Q", "G6"),
+        "monitor": monitor.point,
+        "request": lambda: mqspark.request(qm, "Q", "r1", reply_to="REPLIES", timeout=5),
     }
     azurite.stop()
     try:

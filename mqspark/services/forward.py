@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqspark import store
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.get import GetRequest, get
 from mqspark.engine.state_rows import STATE_SCHEMA
@@ -344,6 +345,7 @@ def reply_state_rows(consumer: str, owner: str, event: str, entry: tuple[str, in
     return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
 
 
+@store.connected
 def request(
     qm: Queues,
     queue: str,

@@ -294,6 +294,7 @@ class Instance:
             out.write(json.dumps(entry).encode())
 
 
+@store.connected
 def switchover(qm: Queues, queue: str, consumer: str) -> None:
     """Ask the active instance of group ``consumer``'s service to hand over (MQ's ``endmqm -s``): at
     its next micro-batch boundary its query records the last batch consumed, releases the lease
@@ -308,6 +309,7 @@ def _file_name(instance: str) -> str:
     return instance.replace("/", "~2F") + ".json"
 
 
+@store.connected
 def instances(
     qm: Queues, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT
 ) -> list[InstanceInfo]:

@@ -239,6 +239,7 @@ class GroupHealth:
     rate_per_s: float | None
 
 
+@store.connected
 def latest_point(qm: Queues, queue: str, consumer: str) -> dict[str, Any] | None:
     """The newest point of the monitor history of ``queue`` and group ``consumer``, or None."""
     table = store.open_table(store.monitor_location(qm.root, queue), qm.storage_options)
@@ -251,6 +252,7 @@ def latest_point(qm: Queues, queue: str, consumer: str) -> dict[str, Any] | None
     return points.slice(pc.index(points["at"], pc.max(points["at"])).as_py(), 1).to_pylist()[0]
 
 
+@store.connected
 def group_health(
     qm: Queues,
     queue: str,
@@ -335,14 +337,16 @@ class Monitor:
             service_interval = validate_watch_interval(service_interval)
         self.depth_high, self.depth_low, self.service_interval = depth_high, depth_low, service_interval
         self.qm = qm
-        self.definition = qm.resolve_for_get(queue)
+        with store.answering(qm.root):
+            self.definition = qm.resolve_for_get(queue)
         self.queue = self.definition.name
         self.consumer = validate_name(consumer, "consumer group")
         self.lease_timeout = lease_timeout
         self.id = f"monitor:{uuid.uuid4().hex[:12]}"
         self.history = store.monitor_location(qm.root, self.queue) if history else None
         self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
-        self.state.all_groups().require(self.queue, self.consumer)
+        with store.answering(qm.root):
+            self.state.all_groups().require(self.queue, self.consumer)
         self._waiting: pa.Table | None = None
         self._last_progress: datetime | None = None
         self._depth_high_raised = False
@@ -355,6 +359,10 @@ class Monitor:
 
     def point(self, now: datetime | None = None) -> MonitorPoint:
         """Measure, judge and record one point; an ``abort`` verdict also stops the group's query."""
+        with store.answering(self.qm.root):
+            return self._point(now)
+
+    def _point(self, now: datetime | None) -> MonitorPoint:
         now = now or datetime.now(UTC)
         parked = parked_messages(self.definition, self.state, self.consumer, now)
         backlog = self.qm.group_backlog(self.queue, self.state.all_groups(), now, self.consumer, parked)

@@ -109,12 +109,12 @@ def answering(root: str, reason: Reason = Reason.MQRC_CONNECTION_BROKEN) -> Iter
 
 
 def connected(method: _Method) -> _Method:
-    """``method`` of a queue manager (anything with its ``root``), raising 2009 when the store does
-    not answer (see :func:`answering`)."""
+    """``method`` of a queue manager, or a function whose first argument is one (anything with its
+    ``root``), raising 2009 when the store does not answer (see :func:`answering`)."""
 
     @functools.wraps(method)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with answering(self.root):
-            return method(self, *args, **kwargs)
+    def call(qm: Any, *args: Any, **kwargs: Any) -> Any:
+        with answering(qm.root):
+            return method(qm, *args, **kwargs)
 
     return cast(_Method, call)
