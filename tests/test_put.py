@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
-from mqspark.model.messages import DEAD_LETTER_FIELDS, MESSAGE_SCHEMA
+from mqspark.model.messages import MESSAGE_SCHEMA, STAMPED_NULL_FIELDS
 
 from .support.error_checks import refused, unchanged
 
@@ -106,7 +106,8 @@ def test_empty_put_writes_nothing(qm: QueueManager) -> None:
 
 
 # Outside the dead-letter queue a message has no dead-letter header.
-NO_DEAD_LETTER_HEADER = dict.fromkeys(DEAD_LETTER_FIELDS)
+# Neither redriven nor dead-lettered: what only mqspark stamps is null.
+NULL_STAMPS = dict.fromkeys(STAMPED_NULL_FIELDS)
 
 
 def test_defaults_are_filled(qm: QueueManager) -> None:
@@ -139,7 +140,7 @@ def test_defaults_are_filled(qm: QueueManager) -> None:
         "top_of_queue": False,
         "before_msg_id": None,
         "put_seq": 0,
-        **NO_DEAD_LETTER_HEADER,
+        **NULL_STAMPS,
     }
 
 
@@ -206,7 +207,7 @@ def test_every_field_round_trips(qm: QueueManager, as_table: bool) -> None:
     assert qm.put("Q", as_arrow(FULL_ROWS) if as_table else FULL_ROWS) == ["M-1", "M-2"]
     browsed = stored(qm, "Q").drop_columns(["put_time"]).to_pylist()
     assert browsed == [
-        {**row, "properties": list(row["properties"].items()), "put_seq": seq, **NO_DEAD_LETTER_HEADER}
+        {**row, "properties": list(row["properties"].items()), "put_seq": seq, **NULL_STAMPS}
         for seq, row in enumerate(FULL_ROWS)
     ]
     for row in browsed:

@@ -52,11 +52,12 @@ maintenance keeps its messages meanwhile. When the target refuses the put (full,
 goes to the dead-letter queue instead. The target does not check the copies' message groups as it
 checks a producer's put: each consumer group that failed a group item moves its own copy there.
 The moved copy carries the dead-letter header (reason, a text with the last error given, original
-queue and queue manager, time) and its ``backout_count``.
+queue and queue manager, the consumer group that moved it, time) and its ``backout_count``.
 
-**Redrive** (:func:`redrive`) moves messages of a backout, error or dead-letter queue back to their
-original queue the same way, under the consumer group :data:`REDRIVER` of that queue, with the
-header cleared and the backout count reset, in the order they arrived there.
+**Redrive** (:mod:`mqspark.engine.redrive`) moves messages of a backout, error or dead-letter queue
+back to their original queue the same way, under the consumer group ``mqspark.redrive`` of that
+queue, with the header cleared and the backout count reset, in the order they arrived there; a
+copy a group moved goes back for that group only (``redriven_for``).
 """
 
 from __future__ import annotations
@@ -357,7 +358,7 @@ class Transfer:
     (see the module doc). ``copy`` turns the messages as stored, with their ``move`` rows, into the
     copies to put. ``group_rules``: whether the target checks the copies' message groups as it checks
     a producer's put (not on a backout, error or dead-letter queue, which holds a copy of the same
-    group item for each consumer group that failed it)."""
+    group item for each consumer group that failed it; nor for a copy redriven for one group)."""
 
     def __init__(
         self,
@@ -465,10 +466,12 @@ class Transfer:
             store.queue_location(self.qm.root, target), messages.to_batches(), QUEUE_TABLE_SCHEMA
         )
         assert data is not None, "a move names at least one message"
+        # A copy redriven for one group is not checked: the queue may still hold the item itself.
+        checked = messages.filter(pc.is_null(messages["redriven_for"])) if self.group_rules else messages.slice(0, 0)
         self.qm.commit_put(
             target,
             [data],
-            group_items(messages if self.group_rules else messages.slice(0, 0)),
+            group_items(checked),
             producer=self.app_id,
             batch_id=version,
             metadata={"mqspark.moved_from": self.queue},
@@ -479,7 +482,7 @@ class Mover:
     """Moves a consumer group's messages that failed too often, exactly once (see the module doc)."""
 
     def __init__(self, qm: Queues, policy: BackoutPolicy, state: ConsumerState, consumer: str, owner: str):
-        self.qm, self.policy = qm, policy
+        self.qm, self.policy, self.consumer = qm, policy, consumer
         app_id = f"mqspark.backout/{policy.qmgr}/{policy.queue}/{consumer}"
         self.transfer = Transfer(qm, policy.queue, state, consumer, owner, app_id, self._copy, group_rules=False)
 
@@ -561,8 +564,12 @@ class Mover:
         return destination
 
     def _copy(self, messages: pa.Table, move: pa.Table) -> pa.Table:
-        """The copy with its dead-letter header and backout count (kept in the move's ``delivery_seq``)."""
+        """The copy with its dead-letter header, naming the group that moved it, and backout count (kept
+        in the move's ``delivery_seq``); on the target it is for every group (a redriven copy that
+        failed again is no longer only for this one)."""
         messages = replace_column(messages, "backout_count", move["delivery_seq"])
+        messages = replace_column(messages, "redriven_for", pa.nulls(messages.num_rows, pa.string()))
+        at = datetime.now(UTC)
         return dead_letter(
-            messages, move["reason"], move["error"], self.policy.queue, self.policy.qmgr, datetime.now(UTC)
+            messages, move["reason"], move["error"], self.policy.queue, self.policy.qmgr, at, self.consumer
         )

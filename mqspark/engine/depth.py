@@ -7,6 +7,8 @@
 - **Counted groups** are those with records in the queue's state table: every group that has read
   the queue, and groups declared on it before they first read. Deleting a group releases its
   messages.
+- A copy that redrive put back for one group (``redriven_for``) waits for that group only: every
+  other group counts it as consumed (see :func:`meant_for`).
 
 A put checks ``max_depth`` against CURDEPTH. It reads only file statistics while the queue's live
 messages (consumed or not) fit under ``max_depth``; otherwise it computes CURDEPTH exactly.
@@ -42,11 +44,11 @@ from mqspark.model.ranges import (
 
 def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
     """The live files of ``table``'s version (see :func:`store.live_files`) and every live message:
-    ``file`` (its number in that list), ``origin`` and ``row`` (its identity), ``expiry``, and the
-    ``extra`` columns, in file order.
+    ``file`` (its number in that list), ``origin`` and ``row`` (its identity), ``expiry``,
+    ``redriven_for``, and the ``extra`` columns, in file order.
 
-    Files a put wrote whose rows are consecutive in one origin and never expire are described by their
-    statistics alone; the others are read (only the columns needed).
+    Files a put wrote whose rows are consecutive in one origin, never expire and hold no redriven copy
+    are described by their statistics alone; the others are read (only the columns needed).
     """
     extra = extra or []
     files = store.live_files(table)
@@ -63,6 +65,7 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
                 np.repeat(version, count),
                 expand_ranges(low, count),
                 pa.nulls(int(count.sum()), TIMESTAMP),
+                pa.nulls(int(count.sum()), pa.string()),
             )
         )
     pieces += _read_identities(table, files, np.flatnonzero(~simple), extra)
@@ -70,15 +73,22 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
 
 
 def _no_identities(extra: list[str]) -> pa.Table:
-    empty = _identities(np.array([], np.int64), np.array([], np.int64), np.array([], np.int64), pa.array([], TIMESTAMP))
+    empty = _identities(
+        np.array([], np.int64),
+        np.array([], np.int64),
+        np.array([], np.int64),
+        pa.array([], TIMESTAMP),
+        pa.array([], pa.string()),
+    )
     for name in extra:
         empty = empty.append_column(name, pa.array([], MESSAGE_SCHEMA.field(name).type))
     return empty
 
 
 def put_files(files: pa.Table) -> np.ndarray:
-    """Which of the live ``files`` a put wrote with rows consecutive in one origin and no expiry: their
-    statistics describe their messages, one range of identities each (see :func:`file_ranges`)."""
+    """Which of the live ``files`` a put wrote with rows consecutive in one origin, no expiry and no
+    redriven copy: their statistics describe their messages, one range of identities each, waiting
+    for every group (see :func:`file_ranges`)."""
     if not files.num_rows:
         return np.zeros(0, dtype=bool)
     low = pc.fill_null(files["min_put_seq"], -1).to_numpy()
@@ -86,6 +96,7 @@ def put_files(files: pa.Table) -> np.ndarray:
     return (
         pc.is_valid(files["version"]).to_numpy(zero_copy_only=False)
         & pc.fill_null(files["never_expire"], False).to_numpy(zero_copy_only=False)
+        & pc.fill_null(files["never_redriven"], False).to_numpy(zero_copy_only=False)
         & (high - low + 1 == files["rows"].to_numpy())
         & (low >> 32 == high >> 32)
     )
@@ -106,12 +117,14 @@ def _read_identities(table: DeltaTable, files: pa.Table, numbers: np.ndarray, ex
     versions = files["version"].to_pylist()
     pieces = []
     for number in numbers:
-        data = store.read_messages(table.table_uri, paths[number], versions[number], ["put_seq", "expiry", *extra])
+        columns = ["put_seq", "expiry", "redriven_for", *extra]
+        data = store.read_messages(table.table_uri, paths[number], versions[number], columns)
         piece = _identities(
             np.full(data.num_rows, number),
             data["commit_version"].to_numpy(),
             data["put_seq"].to_numpy(),
             data["expiry"],
+            data["redriven_for"],
         )
         for name in extra:
             piece = piece.append_column(name, data[name])
@@ -120,7 +133,11 @@ def _read_identities(table: DeltaTable, files: pa.Table, numbers: np.ndarray, ex
 
 
 def _identities(
-    file: np.ndarray, commit_version: np.ndarray, put_seq: np.ndarray, expiry: pa.Array | pa.ChunkedArray
+    file: np.ndarray,
+    commit_version: np.ndarray,
+    put_seq: np.ndarray,
+    expiry: pa.Array | pa.ChunkedArray,
+    redriven_for: pa.Array | pa.ChunkedArray,
 ) -> pa.Table:
     origin, row = identity_columns(commit_version, put_seq)
     return pa.table(
@@ -129,6 +146,7 @@ def _identities(
             "origin": origin,
             "row": row,
             "expiry": expiry.cast(TIMESTAMP),
+            "redriven_for": redriven_for.cast(pa.string()),
         }
     )
 
@@ -149,17 +167,24 @@ def expired(live: pa.Table, at: datetime) -> np.ndarray:
     return pc.fill_null(pc.less_equal(live["expiry"], pa.scalar(at, TIMESTAMP)), False).to_numpy(zero_copy_only=False)
 
 
+def meant_for(live: pa.Table, consumer: str) -> np.ndarray:
+    """Which of the ``live`` messages are for group ``consumer``: all but the copies redrive put back
+    for another group (the group that failed the message and moved it)."""
+    return pc.fill_null(pc.equal(live["redriven_for"], consumer), True).to_numpy(zero_copy_only=False)
+
+
 def waiting(live: pa.Table, groups: GroupsSnapshot, now: datetime, consumer: str | None = None) -> np.ndarray:
     """Which of the ``live`` messages wait: for ``consumer``, or (None) for at least one counted group."""
     unexpired = ~expired(live, now)
     if consumer is not None:
         consumed = groups.consumed.get(consumer)
-        return unexpired if consumed is None else unexpired & ~consumed_by(live, consumed)
+        mine = unexpired & meant_for(live, consumer)
+        return mine if consumed is None else mine & ~consumed_by(live, consumed)
     if not groups.groups:
         return unexpired
     for_someone = np.zeros(live.num_rows, dtype=bool)
     for name in groups.groups:
-        for_someone |= ~consumed_by(live, groups.consumed[name])
+        for_someone |= ~consumed_by(live, groups.consumed[name]) & meant_for(live, name)
     return unexpired & for_someone
 
 
@@ -167,10 +192,10 @@ def waiting_and_depth(live: pa.Table, groups: GroupsSnapshot, now: datetime, con
     """:func:`waiting` for ``consumer``, and CURDEPTH (how many wait for at least one counted
     group), matching each group's consumption against the live messages once."""
     unexpired = ~expired(live, now)
-    left = {name: ~consumed_by(live, groups.consumed[name]) for name in groups.groups}
+    left = {name: ~consumed_by(live, groups.consumed[name]) & meant_for(live, name) for name in groups.groups}
     if consumer not in left and groups.consumed.get(consumer) is not None:
-        left[consumer] = ~consumed_by(live, groups.consumed[consumer])
-    mine = unexpired & left[consumer] if consumer in left else unexpired
+        left[consumer] = ~consumed_by(live, groups.consumed[consumer]) & meant_for(live, consumer)
+    mine = unexpired & (left[consumer] if consumer in left else meant_for(live, consumer))
     if not groups.groups:
         return mine, int(unexpired.sum())
     for_someone = np.logical_or.reduce([left[name] for name in groups.groups])

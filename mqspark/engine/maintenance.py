@@ -6,7 +6,8 @@ of any consumer group holds its lease. Messages put after its commit stay.
 One maintenance run of a queue, under the queue's maintenance lease (at most one at a time: two
 overlapping compactions would duplicate every row):
 
-1. **Removes messages** that every counted consumer group has consumed, and messages expired for
+1. **Removes messages** that every counted consumer group has consumed (a copy redriven for one
+   group: once that group consumed it, or is no longer counted), and messages expired for
    longer than :data:`EXPIRY_GRACE`. Messages of a plan not yet consumed (a batch that a replay may
    still deliver) are never removed.
 2. **Rewrites files**: a file whose messages are all removed is dropped; a file with some removed
@@ -118,7 +119,8 @@ def maintain(
         if groups.groups:
             consumed_by_all[:] = True
             for name in groups.groups:
-                consumed_by_all &= depth.consumed_by(messages, groups.consumed[name])
+                # A copy redriven for another group is not for this one: consumed, as far as it goes.
+                consumed_by_all &= depth.consumed_by(messages, groups.consumed[name]) | ~depth.meant_for(messages, name)
             # A group's consumed items anchor its place in logical order until the group is finished.
             consumed_by_all &= _finished_or_ungrouped(messages, consumed_by_all)
         expired = depth.expired(messages, now - EXPIRY_GRACE)

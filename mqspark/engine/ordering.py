@@ -13,6 +13,12 @@ One engine serves every reader (``qm.browse``, ``spark.read.format("mq")``, the 
 - Items are delivered as a gap-free prefix: item k+1 waits for item k, a segment waits for the one
   before it. ``all_messages_available`` delivers a group only once it is complete;
   ``complete_message`` delivers only whole logical messages, with segments joined into one payload.
+- A copy redrive put back for the group that failed the item (``redriven_for``) is exempt from the
+  sequence rule: its group's items before it were delivered to that group already (and may be gone
+  from the queue), so it may begin the group's run and follows whichever item is before it, just
+  after the original of the same number; the items after it follow it as they would the original.
+  Several redriven items of a group so keep their order, and a group whose remaining items are
+  redriven copies counts as complete.
 - Expired messages (``expiry`` <= now) are discarded and counted; messages with ``available_at`` >
   now are treated as not there yet. Both are judged at one fixed ``now``.
 
@@ -239,9 +245,11 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions, 
     last_segment = table["last_segment"].to_numpy(zero_copy_only=False)
     last_in_group = table["last_in_group"].to_numpy(zero_copy_only=False)
     length = payload_lengths(table)
+    redriven = pc.is_valid(table["redriven_for"]).to_numpy(zero_copy_only=False)
 
-    # Walk each group's items in (msg_seq_number, offset) order; ungrouped rows sort last, unused.
-    order = np.lexsort((offset, seq, group, ~grouped))
+    # Walk each group's items in (msg_seq_number, offset) order, a redriven copy after the original of
+    # its number; ungrouped rows sort last, unused.
+    order = np.lexsort((redriven, offset, seq, group, ~grouped))
     rows = order[grouped[order]]
     g, s, o = group[rows], seq[rows], offset[rows]
     first_of_group = np.ones(len(rows), dtype=bool)
@@ -257,7 +265,8 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions, 
         & (o == offset[previous] + length[previous])
     )
     next_message = (s == seq[previous] + 1) & ends_message & (o == 0) & ~last_in_group[previous]
-    follows = np.where(first_of_group, (s == 1) & (o == 0), same_message | next_message)
+    copy = redriven[rows] & (o == 0)
+    follows = np.where(first_of_group, ((s == 1) | copy) & (o == 0), same_message | next_message | copy & ends_message)
     # The deliverable prefix of a group ends at its first gap.
     breaks = np.cumsum(~follows)
     group_start = np.maximum.accumulate(np.where(first_of_group, np.arange(len(rows)), 0))
@@ -273,7 +282,7 @@ def _logical(table: pa.Table, keys: list[np.ndarray], options: DeliveryOptions, 
     tail_message_complete = ~segmented[tail] | last_segment[tail]
     keep = np.ones(len(prefix_rows), dtype=bool)
     if options.all_messages_available:
-        complete_groups = group[tail][tail_message_complete & last_in_group[tail]]
+        complete_groups = group[tail][tail_message_complete & (last_in_group[tail] | redriven[tail])]
         keep &= np.isin(prefix_group, complete_groups)
     if options.complete_message:
         incomplete = tail[~tail_message_complete]

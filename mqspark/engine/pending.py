@@ -11,6 +11,9 @@ micro-batch costs what the backlog and the new data cost, not what the table's h
 Consumed items of a group that is still in flight stay in the index, marked consumed: the group's
 position in logical order and the next item it expects are decided by its first items.
 
+A copy that redrive put back for another group (``redriven_for``) is never in a group's index: it
+is not the group's to deliver, nor to wait for.
+
 ``msg_id`` is read only once a message of the index names another with ``before_msg_id`` (the only
 use the planner has for it): it is most of the cost of reading the index columns.
 
@@ -50,6 +53,7 @@ INDEX_COLUMNS = [
     "top_of_queue",
     "before_msg_id",
     "put_seq",
+    "redriven_for",
 ]
 INDEX_SCHEMA = pa.schema(
     [
@@ -77,7 +81,8 @@ def message_keys(origin: np.ndarray, row: np.ndarray) -> np.ndarray:
 
 
 class PendingMessages:
-    """The messages of the table at ``location`` not yet consumed by one consumer group.
+    """The messages of the table at ``location`` not yet consumed by consumer group ``consumer`` (None:
+    every live message, for a browse).
 
     ``payload_length`` is exact for segments (the ordering engine needs it) and, with
     ``exact_lengths``, for every message; otherwise it is the data file's size divided by its rows,
@@ -85,9 +90,14 @@ class PendingMessages:
     """
 
     def __init__(
-        self, location: str, storage_options: store.StorageOptions = None, exact_lengths: bool = False
+        self,
+        location: str,
+        storage_options: store.StorageOptions = None,
+        exact_lengths: bool = False,
+        consumer: str | None = None,
     ) -> None:
         self.location = location
+        self.consumer = consumer
         self.storage_options = storage_options
         self.exact_lengths = exact_lengths
         self.version = -1
@@ -366,7 +376,10 @@ class PendingMessages:
         columns["file"] = pa.array(np.full(count, file, np.int32))
         columns["file_row"] = pa.array(np.arange(part.start, part.start + count, dtype=np.int64))
         columns["consumed"] = pa.array(np.zeros(count, dtype=bool))
-        return _lean(pa.table(columns, schema=INDEX_SCHEMA))
+        rows = pa.table(columns, schema=INDEX_SCHEMA)
+        if self.consumer is not None and rows["redriven_for"].null_count < count:
+            rows = rows.filter(pc.fill_null(pc.equal(rows["redriven_for"], self.consumer), True))
+        return _lean(rows)
 
     def keys(self, rows: pa.Table | None = None) -> np.ndarray:
         rows = self.rows if rows is None else rows

@@ -284,7 +284,9 @@ class Planner:
     def load(self) -> None:
         """Build the pending index from the table's snapshot, without what the group consumed."""
         self.flush()
-        self._pending = PendingMessages(self.location, self.qm.storage_options, exact_lengths=self.exact_lengths)
+        self._pending = PendingMessages(
+            self.location, self.qm.storage_options, exact_lengths=self.exact_lengths, consumer=self.consumer
+        )
         self._pending.load(self.state.consumed_ranges(self.consumer), self.up_to, lanes=self.delivery_sequence)
 
     def catch_up(self) -> bool:

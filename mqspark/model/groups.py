@@ -169,13 +169,15 @@ def _check_messages_of_groups(queue: str, items: pa.Table) -> None:
 
 
 def finished_groups(items: pa.Table, consumed: np.ndarray) -> pa.Array:
-    """The groups of ``items`` (with ``group_id``, ``last_in_group``, ``segmented`` and
-    ``last_segment``) that are finished: their last item (the last segment of their last message) is
-    ``consumed``, and so is every other item. A move takes a failed item off out of order: a group
-    whose last item moved while items before it wait is not finished, and its consumed first items
-    keep anchoring it."""
+    """The groups of ``items`` (with ``group_id``, ``last_in_group``, ``segmented``, ``last_segment``
+    and ``redriven_for``) that are finished: their last item (the last segment of their last message)
+    is ``consumed``, or every item is a redriven copy (which needs no anchor, see
+    :mod:`mqspark.engine.ordering`), and every item is ``consumed``. A move takes a failed item off
+    out of order: a group whose last item moved while items before it wait is not finished, and its
+    consumed first items keep anchoring it."""
     group_id = items["group_id"]
     grouped = pc.is_valid(group_id).to_numpy(zero_copy_only=False)
+    redriven = pc.is_valid(items["redriven_for"]).to_numpy(zero_copy_only=False)
     ends = (
         grouped
         & items["last_in_group"].to_numpy(zero_copy_only=False)
@@ -183,6 +185,11 @@ def finished_groups(items: pa.Table, consumed: np.ndarray) -> pa.Array:
         & consumed
     )
     ended = pc.unique(group_id.filter(pa.array(ends)))
+    if redriven.any():
+        copies = pc.unique(group_id.filter(pa.array(grouped & redriven)))
+        originals = pc.unique(group_id.filter(pa.array(grouped & ~redriven)))
+        only_copies = copies.filter(pc.invert(pc.is_in(copies, value_set=originals)))
+        ended = pc.unique(pa.concat_arrays([ended, only_copies]))
     if len(ended) == 0:
         return ended
     # One look-up pass over the rows; only the few rows of the ended groups are copied.

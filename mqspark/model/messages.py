@@ -42,11 +42,15 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("top_of_queue", pa.bool_(), nullable=False),
         pa.field("before_msg_id", pa.string()),
         pa.field("put_seq", pa.int64(), nullable=False),
+        # Set only by redrive: the one consumer group this copy is for (null: every group of the queue).
+        pa.field("redriven_for", pa.string()),
         # The dead-letter header, set only on a message put to a dead-letter queue (spec section 9).
         pa.field("dlq_reason", pa.int32()),
         pa.field("dlq_reason_text", pa.string()),
         pa.field("dlq_original_queue", pa.string()),
         pa.field("dlq_original_qmgr", pa.string()),
+        # The consumer group of ``dlq_original_queue`` that moved the message here (null: no group did).
+        pa.field("dlq_consumer_group", pa.string()),
         pa.field("dlq_time", TIMESTAMP),
     ]
 )
@@ -54,11 +58,20 @@ MESSAGE_SCHEMA = pa.schema(
 # added the file applies), and stamped by maintenance when it rewrites rows into new files, so that
 # physical order and a message's identity (see :func:`origins`) survive the rewrite.
 QUEUE_TABLE_SCHEMA = pa.schema([*MESSAGE_SCHEMA, pa.field("commit_version", pa.int64())])
-DEAD_LETTER_FIELDS = ("dlq_reason", "dlq_reason_text", "dlq_original_queue", "dlq_original_qmgr", "dlq_time")
+DEAD_LETTER_FIELDS = (
+    "dlq_reason",
+    "dlq_reason_text",
+    "dlq_original_queue",
+    "dlq_original_qmgr",
+    "dlq_consumer_group",
+    "dlq_time",
+)
+# What only mqspark stamps: null on a producer's put.
+STAMPED_NULL_FIELDS = ("redriven_for", *DEAD_LETTER_FIELDS)
 
 # What a producer may give; the rest is stamped by the put.
 PRODUCER_FIELDS = tuple(
-    name for name in MESSAGE_SCHEMA.names if name not in ("put_time", "put_seq", *DEAD_LETTER_FIELDS)
+    name for name in MESSAGE_SCHEMA.names if name not in ("put_time", "put_seq", *STAMPED_NULL_FIELDS)
 )
 
 # put_seq is (task partition << 32) + position on the Spark paths, the position on the others.

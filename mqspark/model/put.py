@@ -19,9 +19,9 @@ from mqspark.errors import Reason
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.groups import check_groups, segment_payloads
 from mqspark.model.messages import (
-    DEAD_LETTER_FIELDS,
     MESSAGE_SCHEMA,
     PRODUCER_FIELDS,
+    STAMPED_NULL_FIELDS,
     TIMESTAMP,
     field_error,
     first_bad,
@@ -191,7 +191,7 @@ def prepare_put(
     stamp = datetime.now(UTC)
     table = table.append_column("put_time", pa.repeat(pa.scalar(stamp, TIMESTAMP), table.num_rows))
     table = table.append_column("put_seq", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    for field_name in DEAD_LETTER_FIELDS:
+    for field_name in STAMPED_NULL_FIELDS:
         table = table.append_column(field_name, pa.nulls(table.num_rows, MESSAGE_SCHEMA.field(field_name).type))
     return PreparedPut(table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA), msg_ids)
 

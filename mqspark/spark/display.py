@@ -1,6 +1,6 @@
 """A short view of messages for people: :func:`brief`, for notebooks and ``show()``.
 
-A browse or a streaming get has 29 columns, and ``show()`` prints a binary payload as hex bytes.
+A browse or a streaming get has 31 columns, and ``show()`` prints a binary payload as hex bytes.
 The brief view keeps the columns a person reads first and shows the payload as text.
 """
 

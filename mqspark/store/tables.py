@@ -123,8 +123,9 @@ def live_files(table: DeltaTable) -> pa.Table:
     ``max_commit_version``, ``max_priority``, ``min_put_time`` (rounded down to a millisecond),
     ``any_top`` (a row is ``top_of_queue``), ``never_expire``
     (no row has an expiry), ``never_delayed`` (no row has an ``available_at``), ``never_grouped`` and
-    ``never_before`` (no row has a ``group_id``, a ``before_msg_id``); null where a file has no such
-    statistics."""
+    ``never_before`` (no row has a ``group_id``, a ``before_msg_id``), and ``never_redriven`` (no row
+    has a ``redriven_for``); null where a file has no such statistics. A file with statistics but
+    none of ``redriven_for`` was written before the column existed: it is ``never_redriven``."""
     actions = pa.table(table.get_add_actions(flatten=True))
     paths = actions["path"]
     rows = actions["num_records"]
@@ -153,6 +154,10 @@ def live_files(table: DeltaTable) -> pa.Table:
             "never_delayed": pc.equal(stat("null_count.available_at", pa.int64()), rows),
             "never_grouped": pc.equal(stat("null_count.group_id", pa.int64()), rows),
             "never_before": pc.equal(stat("null_count.before_msg_id", pa.int64()), rows),
+            "never_redriven": pc.coalesce(
+                pc.equal(stat("null_count.redriven_for", pa.int64()), rows),
+                pc.if_else(pc.is_valid(stat("null_count.put_seq", pa.int64())), True, pa.scalar(None, pa.bool_())),
+            ),
         }
     )
 
