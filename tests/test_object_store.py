@@ -175,9 +175,9 @@ def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_
 def test_every_call_on_a_store_that_stopped_answering_fails_with_2009_naming_the_root(azurite, az_root):
     """An MQ application gets 2009 from any call on a broken connection (2059 when connecting):
     the facade's calls, a claim and a syncpoint get taken before the store stopped, the block
-    consumer, a service instance, a switchover, a monitor's point and a request. delta-rs gives up on a store that does not answer after its
-    own retries; by the time mqspark looks, the store may answer again: the failure is still a
-    broken connection."""
+    consumer, a service instance, a switchover, a monitor's point and a request. delta-rs gives up
+    on a store that does not answer after its own retries; by the time mqspark looks, the store may
+    answer again: the failure is still a broken connection."""
     options = azurite.storage_options
     qm = QueueManager.create(az_root, "QM1", storage_options=options)
     qm.define_queue("Q")
