@@ -262,15 +262,15 @@ def test_a_producer_cannot_address_a_message_to_a_group(qm, field):
     assert qm.depth("Q") == 0
 
 
-def _crash_once(monkeypatch, target: object, name: str, when) -> list[str]:
-    """Make ``target.name`` raise once, when ``when(*args)`` holds, as a process killed there would stop."""
+def _fail_once(monkeypatch, target: object, name: str, when) -> list[str]:
+    """Make ``target.name`` raise once, when ``when(*args)`` holds: the redrive stops there, as it would at an error."""
     original = getattr(target, name)
     crashed: list[str] = []
 
     def crashing(*args, **kwargs):
         if not crashed and when(*args):
             crashed.append(name)
-            raise RuntimeError(f"killed in {name}")
+            raise RuntimeError(f"interrupted in {name}")
         return original(*args, **kwargs)
 
     monkeypatch.setattr(target, name, crashing)
@@ -282,13 +282,13 @@ def _is_redrive_consumed(state: ConsumerState, rows: pa.Table, *_: object) -> bo
     return state.queue == "BO" and events["consumer"] == [REDRIVER] and events["event"] == ["consumed"]
 
 
-def test_a_redrive_killed_after_its_put_landed_is_finished_by_the_next_once(qm, monkeypatch):
+def test_a_redrive_interrupted_after_its_put_landed_is_finished_by_the_next_once(qm, monkeypatch):
     _queue(qm, ("A", "B"))
     qm.put("Q", [{"payload": "m1"}])
     assert _fail(qm, "A") == [b"m1"]
     assert _got(qm, "A") == []
-    crashed = _crash_once(monkeypatch, ConsumerState, "append", _is_redrive_consumed)
-    with pytest.raises(RuntimeError, match="killed in append"):
+    crashed = _fail_once(monkeypatch, ConsumerState, "append", _is_redrive_consumed)
+    with pytest.raises(RuntimeError, match="interrupted in append"):
         qm.redrive("BO")
     assert crashed == ["append"]
     assert [row[4] for row in _header(qm, "Q")] == [None, "A"]
@@ -300,13 +300,13 @@ def test_a_redrive_killed_after_its_put_landed_is_finished_by_the_next_once(qm, 
     assert _got(qm, "B") == [(b"m1", 0, None)]
 
 
-def test_a_redrive_killed_before_its_put_is_put_once_by_the_next(qm, monkeypatch):
+def test_a_redrive_interrupted_before_its_put_is_put_once_by_the_next(qm, monkeypatch):
     _queue(qm, ("A",))
     qm.put("Q", [{"payload": "m1"}])
     assert _fail(qm, "A") == [b"m1"]
     assert _got(qm, "A") == []
-    crashed = _crash_once(monkeypatch, QueueManager, "commit_put", lambda _qm, queue, *_: queue == "Q")
-    with pytest.raises(RuntimeError, match="killed in commit_put"):
+    crashed = _fail_once(monkeypatch, QueueManager, "commit_put", lambda _qm, queue, *_: queue == "Q")
+    with pytest.raises(RuntimeError, match="interrupted in commit_put"):
         qm.redrive("BO")
     assert crashed == ["commit_put"]
     assert [row[4] for row in _header(qm, "Q")] == [None]
