@@ -25,6 +25,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,35 @@ class Poisoned(Exception):
     """A getter's block fails on a poison message, as an application would."""
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How fast the producers put (``pace``: their pauses are multiplied by it) and how long a
+    stream instance's lease and a claim's lock last."""
+
+    pace: float
+    lease_timeout: float
+    lock_duration: float
+
+
+# On the object store a get or a lease renewal is a few commits of a dozen requests each, and under
+# the run's load they take seconds (docs/chaos.md): the producers put at a quarter of the pace, and
+# the lease and the lock are three times as long.
+TIMINGS = {"local": Timing(1.0, 10.0, 5.0), "azure": Timing(4.0, 30.0, 15.0)}
+
+
+def _plan(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "plan.json").read_text()))
+
+
 def root(run: Path) -> str:
     """The root of the run's queue manager, as its plan names it (a folder, or a container of the
     object store, whose credentials come from the environment)."""
-    return str(json.loads((run / "plan.json").read_text())["root"])
+    return str(_plan(run)["root"])
+
+
+def timing(run: Path) -> Timing:
+    """The run's timing, by its store."""
+    return TIMINGS[_plan(run)["store"]]
 
 
 def queue_manager(run: Path) -> QueueManager:
@@ -145,6 +171,7 @@ def produce_as_client(run: Path, qm: QueueManager, history: History, rng: random
 
 
 def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: random.Random) -> None:
+    pace = timing(run).pace
     for op, batch in enumerate(puts(history.actor, rng)):
         if stopping(run, "stop-producers"):
             return
@@ -158,7 +185,7 @@ def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: ra
             time.sleep(0.2)
             continue
         history.record("put", phase="ok", op=key)
-        time.sleep(rng.uniform(0.5, 2.0))  # within what three getters keep up with on two cores
+        time.sleep(rng.uniform(0.5, 2.0) * pace)  # within what three getters keep up with on two cores
 
 
 def message_id(payload: bytes) -> str:
@@ -197,6 +224,7 @@ def get(run: Path, qm: QueueManager, history: History, rng: random.Random) -> No
 def request(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     """Requests with ``mqspark.request``, one at a time: its put and the wait for the reply, which the
     forwarder (:mod:`chaos.forward`) gives with the request's payload."""
+    pace = timing(run).pace
     op = 0
     while not stopping(run, "stop-producers"):
         op += 1
@@ -214,7 +242,7 @@ def request(run: Path, qm: QueueManager, history: History, rng: random.Random) -
             continue
         history.record("put", phase="ok", op=key)
         history.record("reply", request=message_id(reply["payload"][0].as_py()), failed=False)
-        time.sleep(rng.uniform(0.0, 1.0))
+        time.sleep(rng.uniform(0.0, 1.0) * pace)
 
 
 def watch(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:

@@ -22,7 +22,16 @@ from typing import Any
 from deltalake import DeltaTable
 
 from chaos import faults, nemesis, stream
-from chaos.actor import BACKOUT_QUEUE, FORWARD_GROUP, PYTHON_GROUP, QUEUE, REPLY_QUEUE, STREAM_GROUP, message_id
+from chaos.actor import (
+    BACKOUT_QUEUE,
+    FORWARD_GROUP,
+    PYTHON_GROUP,
+    QUEUE,
+    REPLY_QUEUE,
+    STREAM_GROUP,
+    TIMINGS,
+    message_id,
+)
 from chaos.checker import Report, Violation, check
 from chaos.history import Final, run_clock, start_clock
 from mqspark import MQError, QueueManager, store
@@ -30,7 +39,6 @@ from mqspark.services.instances import switchover
 from tests.support.azurite import ACCOUNT, Azurite
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
-LOCK_DURATION = 5.0
 BACKOUT_THRESHOLD = 3
 # The actors of every run: kind and name. Maintenance is a target too: a kill mid-commit is its
 # hardest case.
@@ -330,12 +338,12 @@ def start_store(folder: Path, kind: str) -> tuple[str, Azurite | None]:
     return f"abfs://chaos@{ACCOUNT}.dfs.core.windows.net/qm", azurite
 
 
-def set_up(root: str, consumers: dict[str, str]) -> QueueManager:
+def set_up(root: str, consumers: dict[str, str], lock_duration: float) -> QueueManager:
     qm = QueueManager.create(root, "CHAOS")
     qm.define_queue(BACKOUT_QUEUE)
     qm.define_queue(REPLY_QUEUE)
     qm.define_queue(
-        QUEUE, backout_threshold=BACKOUT_THRESHOLD, backout_queue=BACKOUT_QUEUE, lock_duration=LOCK_DURATION
+        QUEUE, backout_threshold=BACKOUT_THRESHOLD, backout_queue=BACKOUT_QUEUE, lock_duration=lock_duration
     )
     for group in consumers:
         qm.declare_consumer(QUEUE, group)
@@ -390,7 +398,7 @@ def run(
     actors = mix(seed)
     root, azurite = start_store(folder, store_kind)
     try:
-        qm = set_up(root, groups(actors))
+        qm = set_up(root, groups(actors), TIMINGS[store_kind].lock_duration)
         chaos = Run(qm, folder, minutes * 60, seed, mean_interval, actors, azurite)
         plan = {
             "seed": seed,
@@ -399,7 +407,7 @@ def run(
             "root": root,
             "actors": [{"kind": kind, "name": name} for kind, name in actors],
             "faults": [fault.as_dict() for fault in chaos.faults],
-            "lock_duration": LOCK_DURATION,
+            "lock_duration": TIMINGS[store_kind].lock_duration,
             "backout_threshold": BACKOUT_THRESHOLD,
             "forwarder_consumer": FORWARD_GROUP if FORWARD_GROUP in chaos.groups else None,
         }

@@ -23,12 +23,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 import mqspark
 from chaos import driver
-from chaos.actor import POISON, QUEUE, STREAM_GROUP, broken, queue_manager, stopping
+from chaos.actor import POISON, QUEUE, STREAM_GROUP, broken, queue_manager, stopping, timing
 from chaos.history import History, run_clock
 from mqspark import MQError, QueueManager, Reason
 from mqspark.services.instances import Instance
 
-LEASE_TIMEOUT = 10
 APP_ID = "chaos-stream"  # the sink's txnAppId
 
 
@@ -42,10 +41,11 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
     with a restart policy would go on), until the run stops."""
     actor = history.actor
     spark = driver.session(actor)
+    lease_timeout = timedelta(seconds=timing(run).lease_timeout)
     instance = None
     while not stopping(run):
         # A new instance after each query: one that stopped standing by cannot stand by again.
-        instance = instance or Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=timedelta(seconds=LEASE_TIMEOUT))
+        instance = instance or Instance(qm, QUEUE, STREAM_GROUP, lease_timeout=lease_timeout)
         try:
             query = instance.run(partial(_start, spark, run, qm, history, instance), timeout=1.0)
         except MQError as error:
@@ -135,7 +135,7 @@ def _start(
         spark.readStream.format("mq")
         .option("queue", QUEUE)
         .option("consumer", STREAM_GROUP)
-        .option("leaseTimeout", LEASE_TIMEOUT)
+        .option("leaseTimeout", timing(run).lease_timeout)
         .option("instance", instance_id)
         .option("maxMessagesPerTrigger", 500)
         .option("reconnect", "qmgr")

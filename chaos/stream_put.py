@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import driver
-from chaos.actor import QUEUE, put_row, puts, root, stopping
+from chaos.actor import QUEUE, put_row, puts, root, stopping, timing
 from chaos.history import History
 
 SCHEMA = "payload string, priority int, group_id string, msg_seq_number int, last_in_group boolean"
@@ -34,6 +34,7 @@ def _json(message: dict[str, Any]) -> str:
 def feed(run: Path, folder: Path, history: History, rng: random.Random) -> None:
     """Write the puts as files into ``folder`` until the producers stop."""
     staging = run / "staging" / history.actor
+    pace = timing(run).pace
     staging.mkdir(parents=True, exist_ok=True)
     for op, batch in enumerate(puts(history.actor, rng)):
         if stopping(run, "stop-producers"):
@@ -44,7 +45,7 @@ def feed(run: Path, folder: Path, history: History, rng: random.Random) -> None:
         (staging / name).write_text("".join(_json(m) + "\n" for m in batch))
         os.replace(staging / name, folder / name)
         history.record("put", phase="ok", op=key)
-        time.sleep(rng.uniform(1.0, 3.0))
+        time.sleep(rng.uniform(1.0, 3.0) * pace)
 
 
 def _caught_up(query: Any) -> bool:
