@@ -504,7 +504,8 @@ def test_browse_shows_the_dead_letter_header_and_depth_shows_failed_messages_bes
     dead_letters(qm, DLQ, [{"payload": "d1", "fields": {"msg_id": "d1"}, "reason": 2362}])
     dead_letters(qm, DLQ, [{"payload": "d2", "fields": {"msg_id": "d2"}, "reason": 2085}], original="OTHER")
 
-    header = ["backout_count", "dlq_reason", "dlq_reason_text", "dlq_original_queue", "dlq_original_qmgr", "dlq_time"]
+    header = ["backout_count", "dlq_reason", "dlq_reason_text", "dlq_original_queue", "dlq_original_qmgr"]
+    header += ["dlq_consumer_group", "dlq_time"]
     plain = ["msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time"]
     columns, rows = parse_table(ok(root, "browse", "BOQ"))
     assert columns == [*plain, *header, "payload"]
