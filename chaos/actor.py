@@ -61,14 +61,14 @@ class Timing:
     stream instance's lease and a claim's lock last."""
 
     pace: float
-    lease_timeout: float
+    lease_timeout: int  # seconds, as the streaming get's option takes it
     lock_duration: float
 
 
 # On the object store a get or a lease renewal is a few commits of a dozen requests each, and under
 # the run's load they take seconds (docs/chaos.md): the producers put at a quarter of the pace, and
 # the lease and the lock are three times as long.
-TIMINGS = {"local": Timing(1.0, 10.0, 5.0), "azure": Timing(4.0, 30.0, 15.0)}
+TIMINGS = {"local": Timing(1.0, 10, 5.0), "azure": Timing(4.0, 30, 15.0)}
 
 
 def _plan(run: Path) -> dict[str, Any]:
