@@ -2,25 +2,31 @@
 back for that group only, exactly once, and a redriven group item is delivered in its group's order.
 
 Python gets on real Delta tables; a failed delivery is a ``syncpoint_get`` whose block raises, and
-``backout_threshold`` 1 moves the message at the group's next get.
+``backout_threshold`` 1 moves the message at the group's next get. Where the streaming get's state
+matters, its planner is called directly, as Spark would (no Spark session).
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+import mqspark
 from mqspark import MQValidationError, QueueManager, store
 from mqspark.cli.main import main
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.redrive import REDRIVER
 from mqspark.model.messages import PRODUCER_FIELDS
 from mqspark.model.ranges import NO_RANGES
+
+from .support.stream_batches import read_batch
 
 OLD_ROOT = Path(__file__).parent / "fixtures" / "qm-before-failure-queue"
 
@@ -133,7 +139,25 @@ def test_maintenance_removes_a_redriven_copy_once_its_group_consumed_it(qm):
     assert _header(qm, "Q") == []
 
 
-def test_maintenance_keeps_a_groups_items_while_its_redriven_item_waits(qm):
+def test_maintenance_keeps_a_groups_items_while_its_redriven_item_and_later_items_wait(qm):
+    _queue(qm, ("A",))
+    qm.put(
+        "Q", [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 3} for n in (1, 2, 3)]
+    )
+    assert _got(qm, "A", max_messages=1) == [(b"g1", 0, None)]
+    assert _fail(qm, "A") == [b"g2"]
+    # A get that matches nothing moves g2 at the threshold and leaves g3 waiting: G is in flight.
+    assert qm.get("Q", consumer="A", msg_id="no-such-message").num_rows == 0
+    assert qm.redrive("BO") == {"Q": 1}
+    # The consumed g1 and g2 anchor the group for A while its redriven g2 and g3 wait.
+    assert qm.maintain("Q", retention=timedelta(0)).removed_consumed == 0
+    assert [row[0] for row in _header(qm, "Q")] == [b"g1", b"g2", b"g3", b"g2"]
+    assert _got(qm, "A") == [(b"g2", 0, "A"), (b"g3", 0, None)]
+    assert qm.maintain("Q", retention=timedelta(0)).removed_consumed == 4
+    assert _header(qm, "Q") == []
+
+
+def test_maintenance_removes_a_finished_groups_items_while_its_redriven_item_waits(qm):
     _queue(qm, ("A",))
     qm.put(
         "Q", [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 3} for n in (1, 2, 3)]
@@ -142,11 +166,11 @@ def test_maintenance_keeps_a_groups_items_while_its_redriven_item_waits(qm):
     assert _fail(qm, "A") == [b"g2"]
     assert _got(qm, "A") == [(b"g3", 0, None)]
     assert qm.redrive("BO") == {"Q": 1}
-    # g1 and g3 anchor the group for A until its redriven g2 is consumed.
-    assert qm.maintain("Q", retention=timedelta(0)).removed_consumed == 0
-    assert [row[0] for row in _header(qm, "Q")] == [b"g1", b"g2", b"g3", b"g2"]
+    # Every item G's producer put is consumed: the copy is a new put and needs none of them to anchor it.
+    assert qm.maintain("Q", retention=timedelta(0)).removed_consumed == 3
+    assert _header(qm, "Q") == [(b"g2", 0, None, None, "A")]
     assert _got(qm, "A") == [(b"g2", 0, "A")]
-    assert qm.maintain("Q", retention=timedelta(0)).removed_consumed == 4
+    assert qm.maintain("Q", retention=timedelta(0)).removed_consumed == 1
     assert _header(qm, "Q") == []
 
 
@@ -183,6 +207,75 @@ def test_a_redriven_item_goes_before_the_items_of_its_group_still_waiting(qm):
     assert [row[0] for row in _header(qm)] == [b"g2"]
     assert qm.redrive("BO") == {"Q": 1}
     assert _got(qm, "A") == [(b"g2", 0, "A"), (b"g3", 0, None)]
+
+
+_GROUP_AND_X = [
+    {"payload": "g1", "group_id": "G", "msg_seq_number": 1},
+    {"payload": "g2", "group_id": "G", "msg_seq_number": 2, "last_in_group": True},
+    {"payload": "x", "correl_id": "cx"},
+]
+
+
+def _fail_all_by_get(qm: QueueManager, new_reader) -> None:
+    """g1, g2 and x fail once in one Python get, and the next get moves them to BO."""
+    with pytest.raises(RuntimeError), qm.syncpoint_get("Q", max_messages=3) as messages:
+        assert messages["payload"].to_pylist() == [b"g1", b"g2", b"x"]
+        raise RuntimeError("down")
+    assert qm.get("Q", max_messages=5).num_rows == 0
+
+
+def _fail_all_by_stream(qm: QueueManager, new_reader) -> None:
+    """g1, g2 and x fail once in a streaming batch (``mqspark.backout`` in foreachBatch, as the Spark
+    round-trip test does), and planning the next batch moves them to BO."""
+    reader = new_reader()
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    delivered = read_batch(reader, start, end)
+    assert delivered == [(0, "g1"), (1, "g2"), (2, "x")]
+    assert mqspark.backout([{"queue": "Q", "delivery_seq": seq} for seq, _ in delivered], "down", root=qm.root) == 3
+    assert reader.latestOffset(end, ReadAllAvailable()) == end
+    reader.stop()
+
+
+def _get_kept(qm: QueueManager, new_reader) -> list[tuple]:
+    return _got(qm, "default")
+
+
+def _get_fresh(qm: QueueManager, new_reader) -> list[tuple]:
+    # Another thread keeps no index of its own: its get reads the queue afresh.
+    with ThreadPoolExecutor(1) as other:
+        return other.submit(_got, qm, "default").result()
+
+
+def _stream(qm: QueueManager, new_reader) -> list[tuple]:
+    reader = new_reader()
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    rows = [row for part in reader.partitions(start, end) for batch in reader.read(part) for row in batch.to_pylist()]
+    reader.commit(end)
+    return [(row["payload"], row["backout_count"], row["redriven_for"]) for row in rows]
+
+
+@pytest.mark.parametrize("fail", [_fail_all_by_get, _fail_all_by_stream])
+@pytest.mark.parametrize("deliver", [_get_kept, _get_fresh, _stream])
+def test_a_finished_groups_copies_go_where_they_were_put_whatever_the_index_held(qm, new_reader, fail, deliver):
+    # A redriven copy is a new put, and MQ places a group at its first item's put: G's copies went
+    # back after x's copy, so x goes first. The consumed originals anchor nothing once G is finished;
+    # an index that dropped them before the copies came (a get's kept index) and one read afresh
+    # with both (a new streaming query) used to disagree: g1, g2, x from the latter.
+    _queue(qm, ())
+    qm.put("Q", _GROUP_AND_X)
+    fail(qm, new_reader)
+    assert _header(qm) == [(payload, 1, "Q", "default", None) for payload in (b"g1", b"g2", b"x")]
+    assert qm.redrive("BO", correl_ids=["cx"]) == {"Q": 1}
+    assert qm.redrive("BO") == {"Q": 2}
+    assert _header(qm, "Q") == [
+        *((payload, 0, None, None, None) for payload in (b"g1", b"g2", b"x")),
+        *((payload, 0, None, None, "default") for payload in (b"x", b"g1", b"g2")),
+    ]
+    assert deliver(qm, new_reader) == [(b"x", 0, "default"), (b"g1", 0, "default"), (b"g2", 0, "default")]
+    assert qm.depth("Q", consumer="default") == 0
+    assert qm.maintain("Q", retention=timedelta(0)).removed_consumed == 6
 
 
 def test_a_queue_table_of_an_earlier_version_redrives_for_its_group(tmp_path):

@@ -54,7 +54,7 @@ from mqspark.engine.heartbeat import Heartbeat
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition
-from mqspark.model.groups import finished_groups
+from mqspark.model.groups import finished_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 
 # Removed files and log entries stay this long by default, for time travel and for readers still
@@ -218,11 +218,10 @@ GROUP_FIELDS = ("group_id", "last_in_group", "segmented", "last_segment")
 
 
 def _finished_or_ungrouped(messages: pa.Table, consumed: np.ndarray) -> np.ndarray:
-    """Which messages are in no group, or in a finished group (see
-    :func:`mqspark.model.groups.finished_groups`)."""
-    group = messages["group_id"]
-    finished = pc.is_in(group, value_set=finished_groups(messages, consumed)).to_numpy(zero_copy_only=False)
-    return ~pc.is_valid(group).to_numpy(zero_copy_only=False) | finished
+    """Which messages are in no group, or consumed items of a finished group (see
+    :func:`mqspark.model.groups.finished_items`)."""
+    grouped = pc.is_valid(messages["group_id"]).to_numpy(zero_copy_only=False)
+    return ~grouped | finished_items(messages, consumed)
 
 
 class Maintenance:

@@ -18,7 +18,9 @@ One engine serves every reader (``qm.browse``, ``spark.read.format("mq")``, the 
   from the queue), so it may begin the group's run and follows whichever item is before it, just
   after the original of the same number; the items after it follow it as they would the original.
   Several redriven items of a group so keep their order, and a group whose remaining items are
-  redriven copies counts as complete.
+  redriven copies counts as complete. A copy is a new put: once the group's original items are
+  finished, a consumer group's index no longer holds them (:func:`mqspark.model.groups.finished_items`),
+  and the copies are placed by the first of them, as MQ places a group by its first item's put.
 - Expired messages (``expiry`` <= now) are discarded and counted; messages with ``available_at`` >
   now are treated as not there yet. Both are judged at one fixed ``now``.
 

@@ -9,7 +9,9 @@ messages; maintenance or purge moves them to other files or removes them. So pla
 micro-batch costs what the backlog and the new data cost, not what the table's history costs.
 
 Consumed items of a group that is still in flight stay in the index, marked consumed: the group's
-position in logical order and the next item it expects are decided by its first items.
+position in logical order and the next item it expects are decided by its first items. Once the
+items its producers put are finished, they go, even while redriven copies of the group wait: a
+copy is a new put, placed by the group's first copy (:func:`mqspark.model.groups.finished_items`).
 
 A copy that redrive put back for another group (``redriven_for``) is never in a group's index: it
 is not the group's to deliver, nor to wait for.
@@ -35,7 +37,7 @@ import pyarrow.compute as pc
 from mqspark import store
 from mqspark.engine.depth import file_ranges, put_files
 from mqspark.engine.unread import Part, UnreadParts
-from mqspark.model.groups import finished_groups
+from mqspark.model.groups import finished_items
 from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
 from mqspark.model.ranges import NO_RANGES, expand_ranges, overlap_counts
 
@@ -397,7 +399,7 @@ class PendingMessages:
 
     def mark_consumed(self, keys: np.ndarray) -> None:
         """Mark messages consumed, and forget those no group in flight still needs (see
-        :func:`mqspark.model.groups.finished_groups`)."""
+        :func:`mqspark.model.groups.finished_items`)."""
         if len(keys) == 0:
             return
         index_keys = self.keys()
@@ -413,13 +415,8 @@ class PendingMessages:
             INDEX_SCHEMA.get_field_index("consumed"), INDEX_SCHEMA.field("consumed"), pa.array(consumed)
         )
         grouped = pc.is_valid(self.rows["group_id"]).to_numpy(zero_copy_only=False)
-        drop = consumed & ~grouped
-        ended = finished_groups(self.rows, consumed)
-        if len(ended):
-            # Only consumed items of groups in flight are in the index: few, whatever the queue holds.
-            held = np.flatnonzero(consumed & grouped)
-            drop[held[pc.is_in(self.rows["group_id"].take(held), ended).to_numpy(zero_copy_only=False)]] = True
-        self._drop(drop)
+        # Only consumed items of groups in flight stay in the index: few, whatever the queue holds.
+        self._drop(consumed & ~grouped | finished_items(self.rows, consumed))
 
     def _drop(self, drop: np.ndarray) -> None:
         """Remove the rows ``drop`` marks, copying only the stretch from the first to the last of them:

@@ -168,18 +168,25 @@ def _check_messages_of_groups(queue: str, items: pa.Table) -> None:
         )
 
 
-def finished_groups(items: pa.Table, consumed: np.ndarray) -> pa.Array:
-    """The groups of ``items`` (with ``group_id``, ``last_in_group``, ``segmented``, ``last_segment``
-    and ``redriven_for``) that are finished: their last item (the last segment of their last message)
-    is ``consumed``, or every item is a redriven copy (which needs no anchor, see
-    :mod:`mqspark.engine.ordering`), and every item is ``consumed``. A move takes a failed item off
-    out of order: a group whose last item moved while items before it wait is not finished, and its
-    consumed first items keep anchoring it."""
+def finished_items(items: pa.Table, consumed: np.ndarray) -> np.ndarray:
+    """Which rows of ``items`` (with ``group_id``, ``last_in_group``, ``segmented``, ``last_segment``
+    and ``redriven_for``) are consumed group items that no longer place their group in logical order,
+    and may go: those of a finished group.
+
+    A group's originals (the items its producers put) are finished once their last item (the last
+    segment of the last message) is consumed and none of them waits. A move takes a failed item off
+    out of order: while items before the moved last item wait, the group is not finished, and its
+    consumed first items keep anchoring it. A redriven copy (:mod:`mqspark.engine.ordering`) is a
+    new put: once the originals are finished, copies still waiting are a run of their own, placed by
+    their first copy, and the consumed originals anchor nothing (as when a get's index dropped them
+    before the copies came: an index read afresh must order the same). Consumed copies go once no
+    copy of their group waits and the originals are finished (or gone)."""
     group_id = items["group_id"]
     grouped = pc.is_valid(group_id).to_numpy(zero_copy_only=False)
     redriven = pc.is_valid(items["redriven_for"]).to_numpy(zero_copy_only=False)
+    original = grouped & ~redriven
     ends = (
-        grouped
+        original
         & items["last_in_group"].to_numpy(zero_copy_only=False)
         & (~items["segmented"].to_numpy(zero_copy_only=False) | items["last_segment"].to_numpy(zero_copy_only=False))
         & consumed
@@ -187,12 +194,19 @@ def finished_groups(items: pa.Table, consumed: np.ndarray) -> pa.Array:
     ended = pc.unique(group_id.filter(pa.array(ends)))
     if redriven.any():
         copies = pc.unique(group_id.filter(pa.array(grouped & redriven)))
-        originals = pc.unique(group_id.filter(pa.array(grouped & ~redriven)))
+        originals = pc.unique(group_id.filter(pa.array(original)))
         only_copies = copies.filter(pc.invert(pc.is_in(copies, value_set=originals)))
         ended = pc.unique(pa.concat_arrays([ended, only_copies]))
+    finished = np.zeros(items.num_rows, dtype=bool)
     if len(ended) == 0:
-        return ended
-    # One look-up pass over the rows; only the few rows of the ended groups are copied.
-    in_ended = pc.fill_null(pc.is_in(group_id, value_set=ended), False).to_numpy(zero_copy_only=False)
-    waiting = pc.unique(group_id.filter(pa.array(in_ended & ~consumed)))
-    return ended.filter(pc.invert(pc.is_in(ended, value_set=waiting)))
+        return finished
+    # One look-up pass over the rows; only the few rows of the ended groups are looked at further.
+    rows = np.flatnonzero(pc.fill_null(pc.is_in(group_id, value_set=ended), False).to_numpy(zero_copy_only=False))
+    groups = group_id.take(pa.array(rows))
+    waiting = ~consumed[rows]
+    waiting_originals = pc.unique(groups.filter(pa.array(waiting & original[rows])))
+    waiting_copies = pc.unique(groups.filter(pa.array(waiting & redriven[rows])))
+    in_flight = pc.is_in(groups, value_set=waiting_originals).to_numpy(zero_copy_only=False)
+    copies_wait = pc.is_in(groups, value_set=waiting_copies).to_numpy(zero_copy_only=False)
+    finished[rows] = ~waiting & ~in_flight & (~redriven[rows] | ~copies_wait)
+    return finished
