@@ -61,6 +61,16 @@ def _depths(qm: QueueManager, groups: tuple[str, ...]) -> dict[str | None, int]:
     return {None: qm.depth("Q"), **{group: qm.depth("Q", consumer=group) for group in groups}}
 
 
+def _g2_failed_by_a(qm: QueueManager) -> None:
+    """Group G of three items on Q, for group A alone: g1 got, g2 failed once (moved at A's next get)."""
+    _queue(qm, ("A",))
+    qm.put(
+        "Q", [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 3} for n in (1, 2, 3)]
+    )
+    assert _got(qm, "A", max_messages=1) == [(b"g1", 0, None)]
+    assert _fail(qm, "A") == [b"g2"]
+
+
 def test_three_groups_failing_a_poison_message_each_get_their_own_copy_back_once(qm):
     groups = ("A", "B", "C", "D")
     _queue(qm, groups)
@@ -140,12 +150,7 @@ def test_maintenance_removes_a_redriven_copy_once_its_group_consumed_it(qm):
 
 
 def test_maintenance_keeps_a_groups_items_while_its_redriven_item_and_later_items_wait(qm):
-    _queue(qm, ("A",))
-    qm.put(
-        "Q", [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 3} for n in (1, 2, 3)]
-    )
-    assert _got(qm, "A", max_messages=1) == [(b"g1", 0, None)]
-    assert _fail(qm, "A") == [b"g2"]
+    _g2_failed_by_a(qm)
     # A get that matches nothing moves g2 at the threshold and leaves g3 waiting: G is in flight.
     assert qm.get("Q", consumer="A", msg_id="no-such-message").num_rows == 0
     assert qm.redrive("BO") == {"Q": 1}
@@ -158,12 +163,7 @@ def test_maintenance_keeps_a_groups_items_while_its_redriven_item_and_later_item
 
 
 def test_maintenance_removes_a_finished_groups_items_while_its_redriven_item_waits(qm):
-    _queue(qm, ("A",))
-    qm.put(
-        "Q", [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 3} for n in (1, 2, 3)]
-    )
-    assert _got(qm, "A", max_messages=1) == [(b"g1", 0, None)]
-    assert _fail(qm, "A") == [b"g2"]
+    _g2_failed_by_a(qm)
     assert _got(qm, "A") == [(b"g3", 0, None)]
     assert qm.redrive("BO") == {"Q": 1}
     # Every item G's producer put is consumed: the copy is a new put and needs none of them to anchor it.
@@ -196,12 +196,7 @@ def test_redriven_items_of_one_group_keep_their_order_whichever_goes_back_first(
 
 
 def test_a_redriven_item_goes_before_the_items_of_its_group_still_waiting(qm):
-    _queue(qm, ("A",))
-    qm.put(
-        "Q", [{"payload": f"g{n}", "group_id": "G", "msg_seq_number": n, "last_in_group": n == 3} for n in (1, 2, 3)]
-    )
-    assert _got(qm, "A", max_messages=1) == [(b"g1", 0, None)]
-    assert _fail(qm, "A") == [b"g2"]
+    _g2_failed_by_a(qm)
     # A get that matches nothing still moves g2 at the threshold, and leaves g3 waiting.
     assert qm.get("Q", consumer="A", msg_id="no-such-message").num_rows == 0
     assert [row[0] for row in _header(qm)] == [b"g2"]
