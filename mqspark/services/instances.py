@@ -156,36 +156,40 @@ class Instance:
         self._warmed = -math.inf
 
     @property
+    def root(self) -> str:
+        return self.qm.root
+
+    @property
     def interval(self) -> float:
         return self.lease_timeout.total_seconds() / 3
 
+    @store.connected
     def wait_until_active(self, timeout: float | None = None) -> None:
         """Stand by until the group's lease is free, then take it for this instance. Raises
         ``MQRC_OBJECT_IN_USE`` (2042) when ``timeout`` seconds pass first, or when :meth:`stop`
         was called."""
-        with store.answering(self.qm.root):
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                self._warm()
-                self._register()
-                if self.state.lease(self.consumer, self.lease_timeout) is None:
-                    try:
-                        self.state.acquire(self.consumer, self.id, self.lease_timeout)
-                    except MQError as error:
-                        if error.reason != Reason.MQRC_OBJECT_IN_USE:
-                            raise
-                    else:
-                        self.active_since = datetime.now(UTC)
-                        self._register()
-                        return
-                poll = min(self.interval, STANDBY_POLL)
-                wait = poll if deadline is None else min(poll, deadline - time.monotonic())
-                if wait <= 0 or self._stopped.wait(wait):
-                    raise MQError(
-                        f"queue {self.queue}: instance {self.id} of consumer group {self.consumer!r} did not become "
-                        "active" + ("" if self._stopped.is_set() else f" within {timeout:g} s"),
-                        Reason.MQRC_OBJECT_IN_USE,
-                    )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._warm()
+            self._register()
+            if self.state.lease(self.consumer, self.lease_timeout) is None:
+                try:
+                    self.state.acquire(self.consumer, self.id, self.lease_timeout)
+                except MQError as error:
+                    if error.reason != Reason.MQRC_OBJECT_IN_USE:
+                        raise
+                else:
+                    self.active_since = datetime.now(UTC)
+                    self._register()
+                    return
+            poll = min(self.interval, STANDBY_POLL)
+            wait = poll if deadline is None else min(poll, deadline - time.monotonic())
+            if wait <= 0 or self._stopped.wait(wait):
+                raise MQError(
+                    f"queue {self.queue}: instance {self.id} of consumer group {self.consumer!r} did not become "
+                    "active" + ("" if self._stopped.is_set() else f" within {timeout:g} s"),
+                    Reason.MQRC_OBJECT_IN_USE,
+                )
 
     def _warm(self) -> None:
         """With a Spark session, browse one message of the queue now and then while standing by,

@@ -357,12 +357,13 @@ class Monitor:
         self.error: MQError | None = None
         self.taken = 0
 
+    @property
+    def root(self) -> str:
+        return self.qm.root
+
+    @store.connected
     def point(self, now: datetime | None = None) -> MonitorPoint:
         """Measure, judge and record one point; an ``abort`` verdict also stops the group's query."""
-        with store.answering(self.qm.root):
-            return self._point(now)
-
-    def _point(self, now: datetime | None) -> MonitorPoint:
         now = now or datetime.now(UTC)
         parked = parked_messages(self.definition, self.state, self.consumer, now)
         backlog = self.qm.group_backlog(self.queue, self.state.all_groups(), now, self.consumer, parked)
