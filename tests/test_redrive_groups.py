@@ -402,3 +402,19 @@ def test_a_redrive_interrupted_before_its_put_is_put_once_by_the_next(qm, monkey
     assert [row[4] for row in _header(qm, "Q")] == [None, "A"]
     assert qm.depth("BO") == 0
     assert _got(qm, "A") == [(b"m1", 0, "A")]
+
+
+def test_what_redrive_took_stays_taken_after_the_backout_queues_state_is_compacted(qm):
+    """Redrive only moves messages: its group has no plans, and compaction once dropped its finished
+    moves with nothing to fold them into, so the next redrive moved every copy again (chaos run)."""
+    _queue(qm, ("A",))
+    qm.put("Q", [{"payload": "m1"}])
+    assert _fail(qm, "A") == [b"m1"]
+    assert _got(qm, "A") == []  # m1 moves at A's next get
+    assert qm.redrive("BO") == {"Q": 1}
+
+    assert ConsumerState(qm.root, "BO", qm.storage_options).compact()
+
+    assert qm.depth("BO") == 0
+    assert qm.redrive("BO") == {}
+    assert _got(qm, "A") == [(b"m1", 0, "A")]

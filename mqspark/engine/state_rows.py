@@ -109,7 +109,8 @@ def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None =
         )
         position = pc.max(folded["seq"]).as_py()
         ranges = None  # the merged ranges of the folded rows, when there are any
-        if folded.num_rows:
+        # A group that only moves messages (redrive) has finished moves and nothing else to fold.
+        if folded.num_rows or finished_moves.num_rows:
             following = pc.if_else(
                 pc.equal(folded["event"], "plan"),
                 pc.add(folded["delivery_seq"], folded["count"]),
