@@ -13,8 +13,14 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
 - ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
   a poison message fails its block (one failed delivery), so it moves at the queue's backout
   threshold;
+- ``replica-getter``: the same, on the queue's second replica (queue manager ``CHAOS2``), which
+  the routed put (:mod:`chaos.stream_put`) puts to as well; its history names the group
+  ``CHAOS2/python``;
 - ``monitor``: the backlog monitor of group ``python``, a point every two seconds;
-- ``maintenance``: ``qm.maintain`` every two seconds, with a retention of five minutes.
+- ``maintenance``: ``qm.maintain`` every two seconds, with a retention of five minutes (on the
+  second replica too, when the run has one);
+- ``redrive``: now and then, some of the backout queue's messages (chosen by msg_id from a browse)
+  redriven to the queue, each for the consumer group that moved it.
 
 The streaming get's instances (:mod:`chaos.stream`) and the forwarder are started the same way.
 """
@@ -42,6 +48,11 @@ PYTHON_GROUP = "python"
 STREAM_GROUP = "stream"
 FORWARD_GROUP = "forward"
 POISON = "poison"
+# The run's queue managers: the main one, which every actor but the routed put and the replica's
+# getter works on; the one that hosts the cluster queue's second replica; and the one the routed put
+# puts from (it hosts no replica: a local one would take every message).
+MAIN, REPLICA, FRONT = "CHAOS", "CHAOS2", "FRONT"
+CLUSTER = "CHAOSCL"
 # Longer than any micro-batch of the run, paused ones included: with a shorter one, a query may read a
 # file maintenance removed and deleted meanwhile (docs/limits.md). With 30 s, on two cores under a
 # load of 8 to 15, every first batch of a streaming instance failed so, again after each restart.
@@ -75,10 +86,10 @@ def _plan(run: Path) -> dict[str, Any]:
     return dict(json.loads((run / "plan.json").read_text()))
 
 
-def root(run: Path) -> str:
-    """The root of the run's queue manager, as its plan names it (a folder, or a container of the
-    object store, whose credentials come from the environment)."""
-    return str(_plan(run)["root"])
+def root(run: Path, qmgr: str = MAIN) -> str:
+    """The root of the run's queue manager ``qmgr``, as its plan names it (a folder, or a container of
+    the object store, whose credentials come from the environment)."""
+    return str(_plan(run)["roots"][qmgr])
 
 
 def timing(run: Path) -> Timing:
@@ -86,11 +97,11 @@ def timing(run: Path) -> Timing:
     return TIMINGS[_plan(run)["store"]]
 
 
-def queue_manager(run: Path) -> QueueManager:
-    """The run's queue manager, once its store answers (an actor may start during an outage)."""
+def queue_manager(run: Path, qmgr: str = MAIN) -> QueueManager:
+    """The run's queue manager ``qmgr``, once its store answers (an actor may start during an outage)."""
     while True:
         try:
-            return QueueManager.open(root(run))
+            return QueueManager.open(root(run, qmgr))
         except MQError as error:
             if error.reason is not Reason.MQRC_Q_MGR_NOT_AVAILABLE:
                 raise
@@ -194,7 +205,13 @@ def message_id(payload: bytes) -> str:
     return text.removeprefix(POISON + ":")
 
 
-def get(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+def replica_group(group: str) -> str:
+    """How the history names consumer group ``group`` of the second replica's queue."""
+    return f"{REPLICA}/{group}"
+
+
+def get(run: Path, qm: QueueManager, history: History, rng: random.Random, label: str = PYTHON_GROUP) -> None:
+    """Competing gets of group ``python`` under syncpoint, recorded as gets of group ``label``."""
     op = 0
     while not stopping(run):
         op += 1
@@ -204,7 +221,7 @@ def get(run: Path, qm: QueueManager, history: History, rng: random.Random) -> No
                 if messages.num_rows == 0:
                     continue
                 payloads = messages["payload"].to_pylist()
-                history.record("get", phase="got", op=key, consumer=PYTHON_GROUP, ids=[message_id(p) for p in payloads])
+                history.record("get", phase="got", op=key, consumer=label, ids=[message_id(p) for p in payloads])
                 time.sleep(rng.uniform(0.0, 0.05))  # the application's work
                 if any(p.startswith(POISON.encode()) for p in payloads):
                     raise Poisoned("a poison message")
@@ -219,6 +236,11 @@ def get(run: Path, qm: QueueManager, history: History, rng: random.Random) -> No
             time.sleep(0.2)
             continue
         history.record("get", phase="ok", op=key)
+
+
+def get_on_replica(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """Gets of group ``python`` on the second replica of the queue, where the routed put puts too."""
+    get(run, queue_manager(run, REPLICA), history, rng, label=replica_group(PYTHON_GROUP))
 
 
 def request(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
@@ -264,15 +286,57 @@ def watch(run: Path, qm: QueueManager, history: History, rng: random.Random) -> 
 
 
 def maintain(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """``qm.maintain`` of the queue every two seconds, and of its second replica's when the run has one."""
+    targets = [qm] + [queue_manager(run, replica) for replica in _plan(run)["replicas"]]
     while not stopping(run):
-        try:
-            summary = qm.maintain(QUEUE, retention=RETENTION)
-            history.record("maintain", removed=summary.removed_consumed)
-        except MQError as error:
-            history.record("maintain", error=str(error))
+        for target in targets:
+            try:
+                summary = target.maintain(QUEUE, retention=RETENTION)
+                history.record("maintain", qmgr=target.name, removed=summary.removed_consumed)
+            except MQError as error:
+                history.record("maintain", qmgr=target.name, error=str(error))
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and not stopping(run):
             time.sleep(0.1)
+
+
+def redrive(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """An operator's redrive of the backout queue every 10 to 30 seconds: of a random part of what it
+    holds, chosen by msg_id from a browse, recorded as ``redrive`` ``invoke`` (each message's id and
+    the consumer group it goes back for), then ``ok`` or ``fail``."""
+    pace = timing(run).pace
+    op = 0
+    while not stopping(run, "stop-producers"):
+        deadline = time.monotonic() + rng.uniform(10.0, 30.0) * pace
+        while time.monotonic() < deadline and not stopping(run, "stop-producers"):
+            time.sleep(0.1)
+        try:
+            # What waits there: a browse shows too what redrive took until maintenance removes it.
+            held = qm.waiting_messages(BACKOUT_QUEUE, columns=["msg_id", "payload", "dlq_consumer_group"])
+        except MQError as error:
+            if not broken(error):
+                raise
+            continue
+        msg_ids = sorted(set(held["msg_id"].to_pylist()))
+        if not msg_ids:
+            continue
+        op += 1
+        key = f"{history.actor}:{op}"
+        # A message several groups failed has a copy for each, with the same msg_id: all go back.
+        chosen = set(rng.sample(msg_ids, rng.randint(1, len(msg_ids))))
+        items = [
+            {"id": message_id(row["payload"]), "consumer": row["dlq_consumer_group"]}
+            for row in held.to_pylist()
+            if row["msg_id"] in chosen
+        ]
+        history.record("redrive", phase="invoke", op=key, queue=BACKOUT_QUEUE, items=items)
+        try:
+            moved = qm.redrive(BACKOUT_QUEUE, msg_ids=sorted(chosen))
+        except MQError as error:
+            if not broken(error):  # else in doubt: the redrive may have moved them or not
+                history.record("redrive", phase="fail", op=key, error=str(error))
+            continue
+        history.record("redrive", phase="ok", op=key, moved=moved)
 
 
 KINDS = {
@@ -280,8 +344,10 @@ KINDS = {
     "client": produce_as_client,
     "requester": request,
     "getter": get,
+    "replica-getter": get_on_replica,
     "monitor": watch,
     "maintenance": maintain,
+    "redrive": redrive,
 }
 
 

@@ -30,7 +30,10 @@ actor is a new incarnation) and ``e``, its kind:
 - ``failure``: a streaming query that failed (its instance starts it again): ``error``, its MQ or
   Python error line, and ``documented``, the name of the documented limit it is, or None.
 - ``monitor``: a backlog monitor's point: ``consumer``, ``backlog`` and ``verdict``.
-- ``maintain``: a maintenance run: ``removed`` (messages removed), or ``error``.
+- ``maintain``: a maintenance run of queue manager ``qmgr``: ``removed`` (messages removed), or ``error``.
+- ``redrive``: a redrive of backout queue ``queue``: ``phase`` ``invoke`` (with ``items``, each the
+  ``id`` of a message chosen and the ``consumer`` group it goes back for), then ``ok`` (with
+  ``moved``, the counts redrive returned) or ``fail`` (with ``error``), all with the same ``op``.
 - ``call``: a forwarder's service called with message ``id`` for consumer group ``consumer``.
 - ``reply``: the forwarder's reply or failure record as the requester read it: ``request`` (the
   request's id) and ``failed`` (a failure record rather than a reply).
@@ -104,7 +107,8 @@ class Final:
     - ``consumers``: each consumer group and how it reads (``syncpoint`` or ``stream``);
     - ``waiting``: per consumer group, the ids of the messages still waiting for it;
     - ``moved``: the messages on backout, error and dead-letter queues: ``id``, ``queue``,
-      ``reason`` (the MQ reason code, None on a backout queue), ``backout_count``, ``original_queue``;
+      ``reason`` (the MQ reason code, None on a backout queue), ``backout_count``, ``original_queue``
+      and ``consumer`` (the consumer group that moved it);
     - ``replies``: the ids of the requests with a reply or failure record on a reply queue, one
       entry per record;
     - ``storage``: per queue, ``files``, ``bytes`` and ``live`` (messages) of its Delta table.

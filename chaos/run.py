@@ -24,17 +24,23 @@ from deltalake import DeltaTable
 from chaos import faults, nemesis, stream
 from chaos.actor import (
     BACKOUT_QUEUE,
+    CLUSTER,
     FORWARD_GROUP,
+    FRONT,
+    MAIN,
     PYTHON_GROUP,
     QUEUE,
+    REPLICA,
     REPLY_QUEUE,
     STREAM_GROUP,
     TIMINGS,
     message_id,
+    replica_group,
 )
 from chaos.checker import Report, Violation, check
 from chaos.history import Final, run_clock, start_clock
 from mqspark import MQError, QueueManager, store
+from mqspark.cluster.repository import Cluster
 from mqspark.services.instances import switchover
 from tests.support.azurite import ACCOUNT, Azurite
 
@@ -44,28 +50,43 @@ BACKOUT_THRESHOLD = 3
 # hardest case.
 ACTORS = [("producer", "P1"), ("client", "P2")]
 ACTORS += [("getter", "G1"), ("getter", "G2"), ("getter", "G3"), ("monitor", "O"), ("maintenance", "M")]
+ACTORS += [("redrive", "D")]
 ACTORS += [("stream", "S1"), ("stream", "S2")]
-# The seed adds one or both of these: at most four Spark drivers on two cores.
+# The seed adds a choice of these: at most four Spark drivers on two cores. The routed put brings
+# the queue's second replica, and a getter there.
 CHOICES = {
     "forwarder": [("requester", "R"), ("forwarder", "F")],
     "stream-put": [("stream-put", "W")],
+    "routed-put": [("routed-put", "W"), ("replica-getter", "G4")],
 }
-# The actors that stop when the producers do, before the consumers drain.
-PRODUCING = ("producer", "client", "requester", "stream-put")
+MIXES = [["forwarder"], ["stream-put"], ["routed-put"], ["forwarder", "stream-put"], ["forwarder", "routed-put"]]
+# The actors that stop when the producers do, before the consumers drain (a poison message redriven
+# then would cycle between the queue and its backout queue for ever).
+PRODUCING = ("producer", "client", "requester", "stream-put", "routed-put", "redrive")
 # The module each kind of actor runs as: ``python -m MODULE RUN KIND NAME INCARNATION SEED``.
-MODULES = {"stream": "chaos.stream", "forwarder": "chaos.forward", "stream-put": "chaos.stream_put"}
+MODULES = {
+    "stream": "chaos.stream",
+    "forwarder": "chaos.forward",
+    "stream-put": "chaos.stream_put",
+    "routed-put": "chaos.stream_put",
+}
 
 
 def mix(seed: int) -> list[tuple[str, str]]:
     """The actors of the run of ``seed``."""
-    chosen = random.Random(f"{seed}/mix").choice([["forwarder"], ["stream-put"], ["forwarder", "stream-put"]])
+    chosen = random.Random(f"{seed}/mix").choice(MIXES)
     return ACTORS + [actor for choice in chosen for actor in CHOICES[choice]]
 
 
 def groups(actors: list[tuple[str, str]]) -> dict[str, str]:
-    """Each consumer group of the queue, and how it reads."""
+    """Each consumer group of the main queue manager's queue, and how it reads."""
     forwarding = any(kind == "forwarder" for kind, _ in actors)
     return {PYTHON_GROUP: "syncpoint", STREAM_GROUP: "stream"} | ({FORWARD_GROUP: "forward"} if forwarding else {})
+
+
+def routed(actors: list[tuple[str, str]]) -> bool:
+    """Whether the run has the routed put, and with it the queue's second replica."""
+    return any(kind == "routed-put" for kind, _ in actors)
 
 
 @dataclass
@@ -97,8 +118,11 @@ class Run:
         mean_interval: float,
         actors: list[tuple[str, str]],
         azurite: Azurite | None = None,
+        replica: QueueManager | None = None,
     ) -> None:
         self.qm = qm
+        # The queue manager of the queue's second replica (with the routed put), read by group python.
+        self.replica = replica
         self.folder = folder
         self.seconds = seconds
         self.seed = seed
@@ -244,10 +268,15 @@ class Run:
                 if actor.disturbed:
                     self._end_faults(actor, now, every=True)
             self._tend(now)
-            if _producers_done(self.actors) and all(self.qm.depth(QUEUE, consumer=g) == 0 for g in self.groups):
+            if _producers_done(self.actors) and self._drained():
                 return True
             time.sleep(0.2)
         return False
+
+    def _drained(self) -> bool:
+        if any(self.qm.depth(QUEUE, consumer=group) for group in self.groups):
+            return False
+        return self.replica is None or self.replica.depth(QUEUE, consumer=PYTHON_GROUP) == 0
 
     def stop(self) -> None:
         (self.folder / "stop").touch()
@@ -326,61 +355,99 @@ def record_stream_output(folder: Path) -> None:
 
 
 def start_store(folder: Path, kind: str) -> tuple[str, Azurite | None]:
-    """The root of the run's queue manager: a folder of the run, or on the object store (``azure``:
-    a container of an Azurite started for the run, its credentials put in the environment the
-    actors inherit), with the emulator."""
+    """Where the run's queue managers and cluster go: a folder of the run, or on the object store
+    (``azure``: a container of an Azurite started for the run, its credentials put in the environment
+    the actors inherit), with the emulator."""
     if kind == "local":
-        return str(folder / "qm"), None
+        return str(folder), None
     azurite = Azurite(folder / "azurite")
     azurite.start()
     os.environ.update(azurite.environment)
     azurite.filesystem().create_dir("chaos")
-    return f"abfs://chaos@{ACCOUNT}.dfs.core.windows.net/qm", azurite
+    return f"abfs://chaos@{ACCOUNT}.dfs.core.windows.net", azurite
 
 
-def set_up(root: str, consumers: dict[str, str], lock_duration: float) -> QueueManager:
-    qm = QueueManager.create(root, "CHAOS")
+def roots(base: str) -> dict[str, str]:
+    """The root of each queue manager of the run, and of its cluster's repository (``cluster``)."""
+    return {MAIN: f"{base}/qm", REPLICA: f"{base}/qm2", FRONT: f"{base}/front", "cluster": f"{base}/cluster"}
+
+
+def _define_queue(qm: QueueManager, consumers: list[str], lock_duration: float) -> None:
     qm.define_queue(BACKOUT_QUEUE)
-    qm.define_queue(REPLY_QUEUE)
     qm.define_queue(
         QUEUE, backout_threshold=BACKOUT_THRESHOLD, backout_queue=BACKOUT_QUEUE, lock_duration=lock_duration
     )
     for group in consumers:
         qm.declare_consumer(QUEUE, group)
-    return qm
 
 
-def final_state(qm: QueueManager, consumers: dict[str, str]) -> Final:
-    """What the queues hold, after two maintenance runs (the second deletes what the first removed)."""
-    for _ in range(2):
-        qm.maintain(QUEUE, retention=timedelta(0))
+def set_up(
+    where: dict[str, str], consumers: dict[str, str], lock_duration: float, cluster: bool
+) -> tuple[QueueManager, QueueManager | None]:
+    """The main queue manager, and with ``cluster`` the second replica's (cluster ``CHAOSCL`` of
+    both, and of the routed put's queue manager, which hosts no replica)."""
+    qm = QueueManager.create(where[MAIN], MAIN)
+    qm.define_queue(REPLY_QUEUE)
+    _define_queue(qm, list(consumers), lock_duration)
+    if not cluster:
+        return qm, None
+    replica = QueueManager.create(where[REPLICA], REPLICA)
+    _define_queue(replica, [PYTHON_GROUP], lock_duration)
+    repository = Cluster.create(where["cluster"], CLUSTER, storage_options=qm.storage_options)
+    for member in (qm, replica, QueueManager.create(where[FRONT], FRONT)):
+        repository.join(member)
+    for member in (qm, replica):
+        repository.advertise(member, QUEUE)
+    return qm, replica
+
+
+def _moved(qm: QueueManager, queues: tuple[str, ...], prefix: str) -> list[dict[str, Any]]:
+    """The messages of ``queues`` of ``qm``, their queue and group named with ``prefix``."""
     moved = []
-    for queue in (BACKOUT_QUEUE, DEAD_LETTER_QUEUE):
-        # In physical order: a message group item moved alone waits there for its group's first item.
-        rows = qm.browse(queue, order="physical")
-        rows = rows.select(["payload", "dlq_reason", "backout_count", "dlq_original_queue"]).to_pylist()
+    columns = ["payload", "dlq_reason", "backout_count", "dlq_original_queue", "dlq_consumer_group"]
+    for queue in queues:
+        # What waits there, in any order: a browse shows too what redrive took until maintenance removes it.
+        rows = qm.waiting_messages(queue, columns=columns)
         moved += [
             {
                 "id": message_id(row["payload"]),
-                "queue": queue,
+                "queue": prefix + queue,
                 "reason": row["dlq_reason"],
                 "backout_count": row["backout_count"],
                 "original_queue": row["dlq_original_queue"],
+                "consumer": None if row["dlq_consumer_group"] is None else prefix + row["dlq_consumer_group"],
             }
-            for row in rows
+            for row in rows.select(columns).to_pylist()
         ]
+    return moved
+
+
+def _holdings(qm: QueueManager, consumers: list[str], prefix: str, final: Final) -> None:
+    """Add what ``qm``'s queue holds to ``final``, after two maintenance runs (the second deletes
+    what the first removed); its groups and queues named with ``prefix``."""
+    for _ in range(2):
+        qm.maintain(QUEUE, retention=timedelta(0))
+    for group in consumers:
+        payloads = qm.waiting_messages(QUEUE, group, ["payload"])["payload"].to_pylist()
+        final.waiting[prefix + group] = [message_id(payload) for payload in payloads]
+    final.moved += _moved(qm, (BACKOUT_QUEUE, DEAD_LETTER_QUEUE), prefix)
     table = DeltaTable(store.queue_location(qm.root, QUEUE), storage_options=qm.storage_options)
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
-    return Final(
-        consumers=consumers,
-        waiting={
-            group: [message_id(p) for p in qm.waiting_messages(QUEUE, group, ["payload"])["payload"].to_pylist()]
-            for group in consumers
-        },
-        moved=moved,
-        replies=[message_id(payload) for payload in qm.browse(REPLY_QUEUE)["payload"].to_pylist()],
-        storage={QUEUE: {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}},
-    )
+    final.storage[prefix + QUEUE] = {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}
+
+
+def final_state(qm: QueueManager, consumers: dict[str, str], replica: QueueManager | None, front: str) -> Final:
+    """What the queues hold at the end: the main queue manager's, and with a cluster the second
+    replica's (its groups and queues named ``CHAOS2/...``) and the dead letters of the routed put's
+    queue manager (``FRONT/...``)."""
+    final = Final(consumers=dict(consumers))
+    _holdings(qm, list(consumers), "", final)
+    final.replies = [message_id(payload) for payload in qm.browse(REPLY_QUEUE)["payload"].to_pylist()]
+    if replica is not None:
+        final.consumers[replica_group(PYTHON_GROUP)] = "syncpoint"
+        _holdings(replica, [PYTHON_GROUP], replica_group(""), final)
+        final.moved += _moved(QueueManager.open(front), (DEAD_LETTER_QUEUE,), f"{FRONT}/")
+    return final
 
 
 def run(
@@ -396,15 +463,19 @@ def run(
     folder.mkdir(parents=True, exist_ok=False)
     start_clock()
     actors = mix(seed)
-    root, azurite = start_store(folder, store_kind)
+    base, azurite = start_store(folder, store_kind)
+    where = roots(base)
     try:
-        qm = set_up(root, groups(actors), TIMINGS[store_kind].lock_duration)
-        chaos = Run(qm, folder, minutes * 60, seed, mean_interval, actors, azurite)
+        qm, replica = set_up(where, groups(actors), TIMINGS[store_kind].lock_duration, routed(actors))
+        chaos = Run(qm, folder, minutes * 60, seed, mean_interval, actors, azurite, replica)
         plan = {
             "seed": seed,
             "minutes": minutes,
             "store": store_kind,
-            "root": root,
+            "qmgr": MAIN,
+            "roots": where,
+            # The groups of the queue's second replica, as the history names them.
+            "replicas": {REPLICA: [replica_group(PYTHON_GROUP)]} if replica is not None else {},
             "actors": [{"kind": kind, "name": name} for kind, name in actors],
             "faults": [fault.as_dict() for fault in chaos.faults],
             "lock_duration": TIMINGS[store_kind].lock_duration,
@@ -417,7 +488,7 @@ def run(
             drained = chaos.drain(drain_timeout)
         finally:
             chaos.stop()
-        final = final_state(qm, chaos.groups)
+        final = final_state(qm, chaos.groups, replica, where[FRONT])
     finally:
         if azurite is not None:
             azurite.stop()

@@ -1,5 +1,9 @@
-"""The streaming put of a chaos run: ``python -m chaos.stream_put RUN stream-put NAME INCARNATION SEED``
-puts what lands in a folder of JSON files on the run's queue with ``writeStream.format("mq")``.
+"""The streaming put of a chaos run: ``python -m chaos.stream_put RUN KIND NAME INCARNATION SEED``
+puts what lands in a folder of JSON files on the run's queue with ``writeStream.format("mq")``:
+kind ``stream-put`` on the main queue manager, kind ``routed-put`` from queue manager ``FRONT``
+through cluster ``CHAOSCL`` (``.option("cluster", ...)``, bind ``on_group``), which routes each
+message or message group to one of the queue's two replicas (the main queue manager's and
+``CHAOS2``'s).
 
 A thread of the same process writes the files (the producer's puts of :mod:`chaos.actor`, one file
 each, moved into the folder whole), and records each as a put: ``invoke`` before the file is
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import driver
-from chaos.actor import QUEUE, put_row, puts, root, stopping, timing
+from chaos.actor import CLUSTER, FRONT, MAIN, QUEUE, put_row, puts, root, stopping, timing
 from chaos.history import History
 
 SCHEMA = "payload string, priority int, group_id string, msg_seq_number int, last_in_group boolean"
@@ -55,13 +59,14 @@ def _caught_up(query: Any) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    run, name, incarnation, seed = Path(argv[0]), argv[2], int(argv[3]), int(argv[4])
+    run, kind, name, incarnation, seed = Path(argv[0]), argv[1], argv[2], int(argv[3]), int(argv[4])
+    routed = kind == "routed-put"
     history = History(run, f"{name}#{incarnation}")
     rng = random.Random(f"{seed}/{name}/{incarnation}")
     folder = run / "input" / name
     folder.mkdir(parents=True, exist_ok=True)
     spark = driver.session(name)
-    query = (
+    writer = (
         spark.readStream.schema(SCHEMA)
         .option("maxFilesPerTrigger", 5)
         .json(str(folder))
@@ -70,8 +75,10 @@ def main(argv: list[str]) -> None:
         .option("reconnect", "qmgr")
         .option("checkpointLocation", str(run / "checkpoints" / name))
         .trigger(processingTime="1 second")
-        .start(root(run))
     )
+    if routed:
+        writer = writer.option("cluster", CLUSTER).option("bind", "on_group")
+    query = writer.start(root(run, FRONT if routed else MAIN))
     feeder = threading.Thread(target=feed, args=(run, folder, history, rng), daemon=True)
     feeder.start()
     quiet = 0

@@ -62,9 +62,11 @@ class Scenario:
         elif outcome == "ok":
             self.events.append((actor, "put", {"t": T0 + at + 0.1, "phase": "ok", "op": op}))
 
-    def get(self, actor: str, op: str, at: float, ids: list[str], outcome: str | None) -> None:
-        """A syncpoint get of group workers; ``outcome`` None: its actor was killed with them in hand."""
-        self.events.append((actor, "get", {"t": T0 + at, "phase": "got", "op": op, "consumer": "workers", "ids": ids}))
+    def get(
+        self, actor: str, op: str, at: float, ids: list[str], outcome: str | None, consumer: str = "workers"
+    ) -> None:
+        """A syncpoint get of group ``consumer``; ``outcome`` None: its actor was killed with them in hand."""
+        self.events.append((actor, "get", {"t": T0 + at, "phase": "got", "op": op, "consumer": consumer, "ids": ids}))
         if outcome is not None:
             self.events.append((actor, "get", {"t": T0 + at + 0.1, "phase": outcome, "op": op}))
 
@@ -114,7 +116,16 @@ def valid() -> Scenario:
     s.final = Final(
         consumers={"workers": "syncpoint", "audit": "stream"},
         waiting={"workers": ["g3"], "audit": ["x1"]},
-        moved=[{"id": "x1", "queue": "Q.BACKOUT", "reason": None, "backout_count": 1, "original_queue": "Q"}],
+        moved=[
+            {
+                "id": "x1",
+                "queue": "Q.BACKOUT",
+                "reason": None,
+                "backout_count": 1,
+                "original_queue": "Q",
+                "consumer": "workers",
+            }
+        ],
         replies=["r1"],
         storage={"Q": {"files": 12, "bytes": 4096, "live": 2}, "Q.BACKOUT": {"files": 1, "bytes": 900, "live": 1}},
     )
@@ -160,6 +171,8 @@ def test_valid_run_has_no_violation_and_exact_counts(tmp_path: Path) -> None:
             "audit": {"kind": "stream", "delivered": 8, "in_doubt": 0, "waiting": 1, "moved": 0},
         },
         "replies": 1,
+        "redrives": 0,
+        "redriven": 0,
         "faults": {"kill": 3, "pause": 1, "skew": 1},
     }
 
@@ -274,13 +287,80 @@ def _deliver_poison(s: Scenario) -> None:
             lambda s: s.final.moved.append(dict(s.final.moved[0])),
             "poison x1: 2 moved records for 1 groups it is not waiting for",
         ),
+        (
+            lambda s: s.final.moved[0].update(consumer="audit"),
+            "poison x1: moved by groups audit, not waiting for workers",
+        ),
     ],
-    ids=["delivered", "backout-count", "original-queue", "moved-twice"],
+    ids=["delivered", "backout-count", "original-queue", "moved-twice", "moved-by-another-group"],
 )
 def test_poison(tmp_path: Path, change: Callable[[Scenario], None], message: str) -> None:
     report = checked(tmp_path, change)
     assert found(report) == [("poison", ["x1"])]
     assert report.violations[0].message == message
+
+
+def _g2_moved_then_redriven(s: Scenario, redriven: bool) -> None:
+    """Group workers fails g2 until it moves, takes g3, and gets g2's copy once redrive gave it back."""
+    s.without("W2#0", "v1")
+    s.get("W2#0", "v1", 12, ["g2"], "backout")
+    s.get("W1#1", "w8", 18, ["g3"], "ok")
+    s.final.waiting["workers"] = []
+    if redriven:
+        items = [{"id": "g2", "consumer": "workers"}]
+        invoke = {"t": T0 + 19, "phase": "invoke", "op": "D#0:1", "queue": "Q.BACKOUT", "items": items}
+        s.events.append(("D#0", "redrive", invoke))
+        s.events.append(("D#0", "redrive", {"t": T0 + 19.5, "phase": "ok", "op": "D#0:1", "moved": {"Q": 1}}))
+    s.get("W2#0", "v2", 25, ["g2"], "ok")
+
+
+def test_a_copy_redriven_for_a_group_is_outside_its_message_groups_order(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: _g2_moved_then_redriven(s, redriven=True))
+    assert found(report) == []
+    assert (report.summary["redrives"], report.summary["redriven"]) == (1, 1)
+
+    # The same deliveries without the redrive: g2 came after g3.
+    report = checked(tmp_path / "not-redriven", lambda s: _g2_moved_then_redriven(s, redriven=False))
+    assert found(report) == [("order", ["g3", "g2"])]
+    assert report.violations[0].message == (
+        "group workers, message group G: g2 (seq 2, by W2#0) delivered after g3 (seq 3, by W1#1)"
+    )
+
+
+def _routed(s: Scenario, on_replica: list[str], on_main: list[str]) -> None:
+    """A second replica whose group ``CHAOS2/workers`` got ``on_replica`` (put by a routed put), and
+    group workers of the main queue manager ``on_main`` as well."""
+    s.plan["replicas"] = {"CHAOS2": ["CHAOS2/workers"]}
+    s.plan["qmgr"] = "CHAOS"
+    s.final.consumers["CHAOS2/workers"] = "syncpoint"
+    s.final.waiting["CHAOS2/workers"] = []
+    s.put("W#0", "u1", 8, ["t1", "t2"], "ok")
+    s.get("G4#0", "z1", 9, on_replica, "ok", consumer="CHAOS2/workers")
+    for number, i in enumerate(on_main):
+        s.get("W1#1", f"m{number}", 19 + number, [i], "ok")
+
+
+def test_a_message_routed_to_the_second_replica_is_judged_by_that_replicas_groups(tmp_path: Path) -> None:
+    report = checked(tmp_path, lambda s: _routed(s, ["t1", "t2"], []))
+    assert found(report) == []
+    assert report.summary["consumers"]["CHAOS2/workers"] == {
+        "kind": "syncpoint",
+        "delivered": 2,
+        "in_doubt": 0,
+        "waiting": 0,
+        "moved": 0,
+    }
+    # Not counted against the main queue manager's groups: their counts are those of the valid run.
+    assert report.summary["consumers"]["audit"]["delivered"] == 8
+
+    # t2 routed to the main queue manager instead: its groups miss it there (audit never got it).
+    report = checked(tmp_path / "main", lambda s: _routed(s, ["t1"], ["t2"]))
+    assert found(report) == [("lost", ["t2"])]
+    assert report.violations[0].message == "group audit: t2 put but neither delivered, in doubt, waiting nor moved"
+
+    report = checked(tmp_path / "twice", lambda s: _routed(s, ["t1", "t2"], ["t2"]))
+    assert found(report) == [("lost", ["t2"]), ("routed_twice", ["t2"])]
+    assert report.violations[1].message == "t2 seen on queue managers CHAOS, CHAOS2"
 
 
 def _request_waiting(s: Scenario) -> None:
@@ -309,7 +389,7 @@ def _forwarded(s: Scenario, called: list[str]) -> None:
     s.plan["forwarder_consumer"] = "fwd"
     s.final.consumers["fwd"] = "forward"
     s.final.waiting["fwd"] = []
-    s.final.moved.append(s.final.moved[0])  # the poison x1 moved for fwd too
+    s.final.moved.append(s.final.moved[0] | {"consumer": "fwd"})  # the poison x1 moved for fwd too
     for i in called:
         s.events.append(("F#0.77", "call", {"t": T0 + 18, "consumer": "fwd", "id": i}))
 
