@@ -1,8 +1,8 @@
 """The chaos run's checker: reads what a run recorded and reports each broken guarantee.
 
-It owns the judgement, and only that: :func:`check` reads a run folder (``history/*.jsonl`` through
-:func:`chaos.history.events`, ``final.json`` through :class:`chaos.history.Final`, ``plan.json``
-and ``faults.jsonl``; the format is described in :mod:`chaos.history`) and returns a
+It owns the judgement, and only that: :func:`check` reads a run folder (through
+:func:`chaos.recorded.load`: ``history/*.jsonl``, ``final.json``, ``plan.json`` and ``faults.jsonl``;
+the format is described in :mod:`chaos.history`) and returns a
 :class:`Report`. It starts no Spark and opens no queue manager, so it can judge a run long after it
 ended, or a history written by hand.
 
@@ -42,34 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.history import Final, events, json_lines
+from chaos.recorded import Delivery, Run, load
 
-Message = dict[str, Any]
 # The documented limit a duplicate is when its first delivery was in a batch the planner gave up.
 GIVEN_UP = "a batch given up after its replay failed, whose sink had written it (docs/failed-messages.md)"
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One message handed to a consumer group: one id of a syncpoint get, or one row of a batch."""
-
-    group: str
-    id: str
-    actor: str
-    t: float  # of the ``got`` or ``batch`` event
-    outcome: str  # "ok" (committed, or a batch row), "backout" or "doubt"
-    key: tuple[float, ...]  # its place among its group's deliveries of the same source
-    source: str  # "get" or "batch"
-    batch: int | None = None  # a batch row's Spark batch id
-
-
-@dataclass(frozen=True)
-class Put:
-    op: str
-    actor: str
-    messages: list[Message]
-    phase: str  # "ok", "fail" or "doubt"
-    queue: str | None
 
 
 @dataclass
@@ -98,182 +74,6 @@ class Report:
             "documented": [v.to_json() for v in self.documented],
             "summary": self.summary,
         }
-
-
-@dataclass
-class Run:
-    """A run's history and final state, indexed the way the checks ask for them."""
-
-    plan: dict[str, Any]
-    final: Final
-    faults: list[dict[str, Any]]
-    puts: list[Put]
-    deliveries: list[Delivery]
-    batches: list[dict[str, Any]]  # the raw batch events, for the priority check
-    reply_requests: list[str]  # the ``request`` of every reply event
-    calls: dict[str, set[str]]  # per consumer group, the ids a forwarder's service was called with
-    given_up: dict[str, set[int]]  # per consumer group, the batches its planner gave up after the sink wrote them
-    failures: list[dict[str, Any]]  # the ``failure`` events
-    redriven: dict[str, set[str]]  # per consumer group, the ids a redrive chose to give back to it
-    redrives: int  # the redrives that returned
-    messages: dict[str, Message] = field(init=False)
-    # Per id, the queue managers it was seen on (None: the main one), and each replica's groups.
-    placed: dict[str, set[str | None]] = field(init=False)
-    replica_groups: dict[str, str] = field(init=False)
-    put_of: dict[str, Put] = field(init=False)
-    seen: set[str] = field(init=False)
-    committed: set[str] = field(init=False)
-    moved: Counter[str] = field(init=False)
-    replies: Counter[str] = field(init=False)
-    _delivered: dict[str, dict[str, list[Delivery]]] = field(init=False)
-    _in_doubt: dict[str, set[str]] = field(init=False)
-    _waiting: dict[str, set[str]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.messages = {m["id"]: m for put in self.puts for m in put.messages}
-        self.put_of = {m["id"]: put for put in self.puts for m in put.messages}
-        self.moved = Counter(record["id"] for record in self.final.moved)
-        self._waiting = {group: set(ids) for group, ids in self.final.waiting.items()}
-        self._delivered, self._in_doubt = defaultdict(lambda: defaultdict(list)), defaultdict(set)
-        for d in self.deliveries:
-            if d.outcome == "ok":
-                self._delivered[d.group][d.id].append(d)
-            elif d.outcome == "doubt":
-                self._in_doubt[d.group].add(d.id)
-        self.replies = Counter(self.final.replies)
-        self.seen = (
-            {d.id for d in self.deliveries}
-            | {i for ids in self.final.waiting.values() for i in ids}
-            | set(self.moved)
-            | set(self.replies)
-            | set(self.reply_requests)
-            | {i for ids in self.calls.values() for i in ids}
-        )
-        self.committed = {
-            m["id"]
-            for put in self.puts
-            if put.phase == "ok" or (put.phase == "doubt" and all(m["id"] in self.seen for m in put.messages))
-            for m in put.messages
-        }
-        self.replica_groups = {g: qmgr for qmgr, names in self.plan.get("replicas", {}).items() for g in names}
-        self.placed = defaultdict(set)
-        sightings: list[tuple[str, str | None]] = [(d.id, d.group) for d in self.deliveries]
-        sightings += [(i, group) for group, ids in self.final.waiting.items() for i in ids]
-        sightings += [(record["id"], record.get("consumer")) for record in self.final.moved]
-        sightings += [(i, group) for group, ids in self.calls.items() for i in ids]
-        for i, group in sightings:
-            self.placed[i].add(self.replica_groups.get(group) if group is not None else None)
-
-    def groups_of(self, i: str) -> list[str]:
-        """The consumer groups of the queue manager message ``i`` is on."""
-        replicas = self.placed.get(i, set()) - {None}
-        replica = next(iter(replicas)) if len(replicas) == 1 and None not in self.placed[i] else None
-        return [g for g in self.final.consumers if self.replica_groups.get(g) == replica]
-
-    def committed_for(self, group: str) -> set[str]:
-        """The committed ids on the queue manager of consumer group ``group``."""
-        return {i for i in self.committed if group in self.groups_of(i)}
-
-    def groups(self) -> list[str]:
-        """Every consumer group: those final.json names, then any other one a delivery names."""
-        named = list(self.final.consumers)
-        return named + sorted({d.group for d in self.deliveries} - set(named))
-
-    def waiting(self, group: str) -> set[str]:
-        return self._waiting.get(group, set())
-
-    def delivered(self, group: str) -> dict[str, list[Delivery]]:
-        """The committed deliveries to ``group``, by id, in the order the history lists them."""
-        return self._delivered.get(group, {})
-
-    def called(self, group: str) -> set[str]:
-        return self.calls.get(group, set())
-
-    def in_doubt(self, group: str) -> set[str]:
-        return self._in_doubt.get(group, set())
-
-    def involving(self, ids: Iterable[str], group: str | None = None) -> list[Delivery]:
-        """Every delivery (any outcome) of these ids, to ``group`` or to any group."""
-        wanted = set(ids)
-        return [d for d in self.deliveries if d.id in wanted and group in (None, d.group)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a run folder
-
-
-def load(run: Path) -> Run:
-    plan_path = run / "plan.json"
-    plan: dict[str, Any] = json.loads(plan_path.read_text()) if plan_path.exists() else {}
-    puts: dict[tuple[str, str], dict[str, Any]] = {}
-    gets: dict[tuple[str, str], dict[str, Any]] = {}
-    deliveries: list[Delivery] = []
-    batches: list[dict[str, Any]] = []
-    reply_requests: list[str] = []
-    calls: dict[str, set[str]] = defaultdict(set)
-    given_up: dict[str, set[int]] = defaultdict(set)
-    failures: list[dict[str, Any]] = []
-    redriven: dict[str, set[str]] = defaultdict(set)
-    redrives = 0
-    for event in events(run):
-        kind, actor = event["e"], event["actor"]
-        t = event["t"]
-        if kind == "put":
-            puts.setdefault((actor, event["op"]), {"actor": actor, "op": event["op"]})[event["phase"]] = event
-        elif kind == "get":
-            gets.setdefault((actor, event["op"]), {})[event["phase"]] = {**event, "t": t}
-        elif kind == "batch":
-            batches.append({**event, "t": t})
-            consumer, batch = event["consumer"], event["batch"]
-            for row in event["rows"]:
-                key = (float(row["delivery_seq"]),)
-                deliveries.append(Delivery(consumer, row["id"], actor, t, "ok", key, "batch", batch))
-        elif kind == "reply":
-            reply_requests.append(event["request"])
-        elif kind == "given_up":
-            given_up[event["consumer"]].add(event["batch"])
-        elif kind == "call":
-            calls[event["consumer"]].add(event["id"])
-        elif kind == "failure":
-            failures.append(event)
-        elif kind == "redrive" and event["phase"] == "invoke":
-            for item in event["items"]:
-                redriven[item["consumer"]].add(item["id"])
-        elif kind == "redrive" and event["phase"] == "ok":
-            redrives += 1
-    for phases in gets.values():
-        deliveries.extend(_get_deliveries(phases))
-    return Run(
-        plan=plan,
-        final=Final.load(run),
-        faults=list(json_lines(run / "faults.jsonl")),
-        puts=[_put(phases) for phases in puts.values() if "invoke" in phases],
-        deliveries=deliveries,
-        batches=batches,
-        reply_requests=reply_requests,
-        calls=calls,
-        given_up=given_up,
-        failures=failures,
-        redriven=redriven,
-        redrives=redrives,
-    )
-
-
-def _put(phases: dict[str, Any]) -> Put:
-    invoke = phases["invoke"]
-    phase = "ok" if "ok" in phases else "fail" if "fail" in phases else "doubt"
-    return Put(phases["op"], phases["actor"], invoke["messages"], phase, invoke.get("queue"))
-
-
-def _get_deliveries(phases: dict[str, dict[str, Any]]) -> list[Delivery]:
-    got = phases.get("got")
-    if got is None:  # an ok or backout whose got line was lost: nothing was recorded in hand
-        return []
-    outcome = "ok" if "ok" in phases else "backout" if "backout" in phases else "doubt"
-    return [
-        Delivery(got["consumer"], i, got["actor"], got["t"], outcome, (got["t"], float(position)), "get")
-        for position, i in enumerate(got["ids"])
-    ]
 
 
 # ---------------------------------------------------------------------------------------------
