@@ -15,13 +15,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from deltalake import DeltaTable
-
-from chaos import faults, nemesis, stream
+from chaos import faults, nemesis
 from chaos.actor import (
     BACKOUT_QUEUE,
     CLUSTER,
@@ -34,17 +31,16 @@ from chaos.actor import (
     REPLY_QUEUE,
     STREAM_GROUP,
     TIMINGS,
-    message_id,
     replica_group,
 )
 from chaos.checker import Report, Violation, check
-from chaos.history import Final, run_clock, start_clock
-from mqspark import MQError, QueueManager, store
+from chaos.final import final_state, record_stream_output
+from chaos.history import run_clock, start_clock
+from mqspark import MQError, QueueManager
 from mqspark.cluster.repository import Cluster
 from mqspark.services.instances import switchover
 from tests.support.azurite import ACCOUNT, Azurite
 
-DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 BACKOUT_THRESHOLD = 3
 # The actors of every run: kind and name. Maintenance is a target too: a kill mid-commit is its
 # hardest case.
@@ -323,37 +319,6 @@ def _environment() -> dict[str, str]:
     }
 
 
-def record_stream_output(folder: Path) -> None:
-    """The streaming get's Delta output as ``batch`` events of the instance that wrote each batch."""
-    location = stream.output(folder)
-    if not DeltaTable.is_deltatable(location):
-        return
-    rows = DeltaTable(location).to_pyarrow_table().to_pylist()
-    batches: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        batches.setdefault((row["batch"], row["instance"]), []).append(row)
-    with (folder / "history" / "stream-output.jsonl").open("w") as output:
-        for (batch, instance), written in sorted(batches.items()):
-            event = {
-                "t": max(row["at"] for row in written) / 1e6,
-                "actor": instance,
-                "e": "batch",
-                "consumer": STREAM_GROUP,
-                "batch": batch,
-                "rows": [
-                    {
-                        "id": message_id(row["id"].encode()),
-                        "delivery_seq": row["delivery_seq"],
-                        "priority": row["priority"],
-                        "group": row["group_id"],
-                        "seq": row["msg_seq_number"],
-                    }
-                    for row in written
-                ],
-            }
-            output.write(json.dumps(event) + "\n")
-
-
 def start_store(folder: Path, kind: str) -> tuple[str, Azurite | None]:
     """Where the run's queue managers and cluster go: a folder of the run, or on the object store
     (``azure``: a container of an Azurite started for the run, its credentials put in the environment
@@ -399,55 +364,6 @@ def set_up(
     for member in (qm, replica):
         repository.advertise(member, QUEUE)
     return qm, replica
-
-
-def _moved(qm: QueueManager, queues: tuple[str, ...], prefix: str) -> list[dict[str, Any]]:
-    """The messages of ``queues`` of ``qm``, their queue and group named with ``prefix``."""
-    moved = []
-    columns = ["payload", "dlq_reason", "backout_count", "dlq_original_queue", "dlq_consumer_group"]
-    for queue in queues:
-        # What waits there, in any order: a browse shows too what redrive took until maintenance removes it.
-        rows = qm.waiting_messages(queue, columns=columns)
-        moved += [
-            {
-                "id": message_id(row["payload"]),
-                "queue": prefix + queue,
-                "reason": row["dlq_reason"],
-                "backout_count": row["backout_count"],
-                "original_queue": row["dlq_original_queue"],
-                "consumer": None if row["dlq_consumer_group"] is None else prefix + row["dlq_consumer_group"],
-            }
-            for row in rows.select(columns).to_pylist()
-        ]
-    return moved
-
-
-def _holdings(qm: QueueManager, consumers: list[str], prefix: str, final: Final) -> None:
-    """Add what ``qm``'s queue holds to ``final``, after two maintenance runs (the second deletes
-    what the first removed); its groups and queues named with ``prefix``."""
-    for _ in range(2):
-        qm.maintain(QUEUE, retention=timedelta(0))
-    for group in consumers:
-        payloads = qm.waiting_messages(QUEUE, group, ["payload"])["payload"].to_pylist()
-        final.waiting[prefix + group] = [message_id(payload) for payload in payloads]
-    final.moved += _moved(qm, (BACKOUT_QUEUE, DEAD_LETTER_QUEUE), prefix)
-    table = DeltaTable(store.queue_location(qm.root, QUEUE), storage_options=qm.storage_options)
-    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
-    final.storage[prefix + QUEUE] = {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}
-
-
-def final_state(qm: QueueManager, consumers: dict[str, str], replica: QueueManager | None, front: str) -> Final:
-    """What the queues hold at the end: the main queue manager's, and with a cluster the second
-    replica's (its groups and queues named ``CHAOS2/...``) and the dead letters of the routed put's
-    queue manager (``FRONT/...``)."""
-    final = Final(consumers=dict(consumers))
-    _holdings(qm, list(consumers), "", final)
-    final.replies = [message_id(payload) for payload in qm.browse(REPLY_QUEUE)["payload"].to_pylist()]
-    if replica is not None:
-        final.consumers[replica_group(PYTHON_GROUP)] = "syncpoint"
-        _holdings(replica, [PYTHON_GROUP], replica_group(""), final)
-        final.moved += _moved(QueueManager.open(front), (DEAD_LETTER_QUEUE,), f"{FRONT}/")
-    return final
 
 
 def run(
