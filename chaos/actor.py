@@ -19,7 +19,7 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
 - ``monitor``: the backlog monitor of group ``python``, a point every two seconds;
 - ``maintenance``: ``qm.maintain`` every two seconds, with a retention of five minutes (on the
   second replica too, when the run has one);
-- ``redrive``: now and then, some of the backout queue's messages (chosen by msg_id from a browse)
+- ``redrive``: now and then, some of the messages that wait on the backout queue (chosen by msg_id)
   redriven to the queue, each for the consumer group that moved it.
 
 The streaming get's instances (:mod:`chaos.stream`) and the forwarder are started the same way.
@@ -301,9 +301,9 @@ def maintain(run: Path, qm: QueueManager, history: History, rng: random.Random) 
 
 
 def redrive(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
-    """An operator's redrive of the backout queue every 10 to 30 seconds: of a random part of what it
-    holds, chosen by msg_id from a browse, recorded as ``redrive`` ``invoke`` (each message's id and
-    the consumer group it goes back for), then ``ok`` or ``fail``."""
+    """An operator's redrive of the backout queue every 10 to 30 seconds: of a random part of what
+    waits there, chosen by msg_id, recorded as ``redrive`` ``invoke`` (each message's id and the
+    consumer group it goes back for), then ``ok`` or ``fail``."""
     pace = timing(run).pace
     op = 0
     while not stopping(run, "stop-producers"):
