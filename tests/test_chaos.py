@@ -1,6 +1,7 @@
-"""A three-minute chaos run (``./dev.sh chaos``): producers, a requester, competing syncpoint getters,
-active and standby instances of a streaming get, a forwarder and maintenance, as real processes
-under SIGKILL and SIGSTOP, judged by every check of ``chaos/checker.py``.
+"""A three-minute chaos run (``./dev.sh chaos``): producers, competing syncpoint getters, active and
+standby instances of a streaming get, maintenance, a redrive and the monitor, with a streaming or
+routed put or a forwarder and its requester as the seed chooses, as real processes under SIGKILL,
+SIGSTOP, clock skew and a slow disk, judged by every check of ``chaos/checker.py``.
 
 The seed is fixed unless ``MQSPARK_CHAOS_SEED`` gives one (CI gives a fresh one each run). The seed
 and the run's folder are printed; the folder keeps the history, the faults and every process's log.
@@ -35,8 +36,10 @@ def test_a_three_minute_chaos_run_breaks_no_guarantee():
     # The run did what it is for: faults hit, and every group got and moved messages.
     assert summary["faults"].get("kill", 0) + summary["faults"].get("pause", 0) >= 10, summary["faults"]
     assert summary["messages_put"] >= 200, summary
-    for group in summary["consumers"]:
-        assert summary["consumers"][group]["delivered"] >= 100, summary["consumers"]
+    for group, counts in summary["consumers"].items():
+        # The second replica's groups (named CHAOS2/...) get only the routed put's share.
+        assert counts["delivered"] >= (10 if "/" in group else 100), summary["consumers"]
+    assert summary["redrives"] >= 1, summary
     if "forward" in summary["consumers"]:
         assert summary["replies"] >= 1, summary
     if not report.documented:  # kept otherwise, to be looked at
