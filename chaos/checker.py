@@ -20,9 +20,11 @@ Words used below:
   least once, so only replies are counted: exactly one per request consumed);
 - *seen* means delivered, got (any outcome), called, waiting, moved, or named by a reply.
 - with the routed put, the queue has a second replica on another queue manager, whose consumer
-  groups the plan's ``replicas`` names (``CHAOS2/python``): a message is *on* a replica when it was
-  seen by that replica's groups (or moved by them), else on the main queue manager, and is judged
-  only for the groups of the queue manager it is on. A message seen on both was routed twice.
+  groups the plan's ``replicas`` names (``CHAOS2/python``): a message the routed put put is *on*
+  the queue manager whose groups saw it (or moved it; a dead letter of the plan's ``front``, the
+  routed put's own queue manager, is on that one), any other message on the main queue manager;
+  each is judged only for the groups of the queue manager it is on (``routing`` checks the
+  placement itself).
 
 An event's time is its ``t``, on the run's clock (:func:`chaos.history.run_clock`, which a skewed
 actor's clock does not change), both to order a syncpoint group's gets and to match a documented
@@ -149,24 +151,28 @@ def check_order(run: Run) -> list[Violation]:
     found = []
     for group in run.groups():
         waiting = run.waiting(group)
-        # A poison message moved off the queue for this group no longer holds its message group back,
-        # and a copy redriven for the group is outside its message group's order (docs/failed-messages.md).
+        # A poison message moved off the queue for this group no longer holds its message group back.
         skipped = {i for i, m in run.messages.items() if m.get("poison") and i in run.moved and i not in waiting}
-        skipped |= run.redriven.get(group, set())
+        # A copy redriven for the group comes back outside its message group's run (docs/failed-messages.md).
+        redriven = run.redriven.get(group, {})
         for source in ("get", "batch"):
-            found += _order_of_deliveries(run, group, source, skipped)
-        found += _order_of_waiting(run, group, waiting - skipped)
+            found += _order_of_deliveries(run, group, source, skipped, redriven)
+        found += _order_of_waiting(run, group, waiting - skipped - set(redriven))
     return found
 
 
-def _order_of_deliveries(run: Run, group: str, source: str, skipped: set[str]) -> list[Violation]:
+def _order_of_deliveries(
+    run: Run, group: str, source: str, skipped: set[str], redriven: dict[str, float]
+) -> list[Violation]:
     """A message group's items delivered with strictly increasing ``seq`` (each id's first delivery:
-    a second one is a duplicate, reported as such)."""
+    a second one is a duplicate, reported as such), leaving out deliveries of redriven copies."""
     streams: dict[str, list[Delivery]] = defaultdict(list)
     firsts: set[str] = set()
     for d in sorted(run.deliveries, key=lambda d: d.key):
         message = run.messages.get(d.id)
         if d.group != group or d.source != source or d.outcome != "ok" or d.id in firsts or d.id in skipped:
+            continue
+        if d.id in redriven and d.t >= redriven[d.id]:
             continue
         firsts.add(d.id)
         if message is not None and message.get("group") is not None:
@@ -236,10 +242,10 @@ def check_poison(run: Run) -> list[Violation]:
                 delivered += times
                 problems.append(f"delivered to {group} by {', '.join(sorted({d.actor for d in times}))}")
         gone = [g for g in groups if i not in run.waiting(g)]
-        movers = [str(r["consumer"]) for r in run.final.moved if r["id"] == i and r.get("consumer")]
+        movers = [str(r.get("consumer")) for r in run.final.moved if r["id"] == i]
         if run.moved[i] != len(gone):
             problems.append(f"{run.moved[i]} moved records for {len(gone)} groups it is not waiting for")
-        elif len(movers) == len(gone) and sorted(movers) != sorted(gone):  # each record names its group
+        elif sorted(movers) != sorted(gone):  # each record names the group that moved it
             problems.append(f"moved by groups {', '.join(sorted(movers))}, not waiting for {', '.join(sorted(gone))}")
         queue = run.put_of[i].queue
         for record in (r for r in run.final.moved if r["id"] == i):
@@ -276,12 +282,31 @@ def check_replies(run: Run) -> list[Violation]:
     return found
 
 
-def check_routed_once(run: Run) -> list[Violation]:
-    """Every message is on one replica of the queue (a routed put chooses one)."""
+def check_routing(run: Run) -> list[Violation]:
+    """A routed message is on one replica of the queue, and a routed message group on one replica
+    (bind ``on_group``); a message put on the main queue manager is there only; the routed put
+    dead-letters nothing (every replica qualifies all along)."""
     found = []
-    for i in sorted(i for i, where in run.placed.items() if len(where) > 1):
-        names = ", ".join(sorted(qmgr or str(run.plan.get("qmgr", "main")) for qmgr in run.placed[i]))
-        found.append(Violation("routed_twice", f"{i} seen on queue managers {names}", [i], run.involving([i])))
+    main, front = str(run.plan.get("qmgr", "main")), run.plan.get("front")
+    for i in sorted(run.placed):
+        where = run.placed[i]
+        names = ", ".join(sorted(qmgr or main for qmgr in where))
+        if not run.routed(i) and where != {None}:
+            found.append(Violation("misplaced", f"{i} put on {main} but seen on {names}", [i], run.involving([i])))
+        elif len(where) > 1:
+            found.append(Violation("routed_twice", f"{i} seen on queue managers {names}", [i], run.involving([i])))
+        elif front is not None and where == {front}:
+            found.append(Violation("dead_lettered", f"{i} dead-lettered on {front} by the routed put", [i]))
+    placements: dict[str, set[str | None]] = defaultdict(set)
+    for i in run.placed:
+        message = run.messages.get(i)
+        if run.routed(i) and message is not None and message.get("group") is not None:
+            placements[message["group"]] |= run.placed[i]
+    for name, where in sorted(placements.items()):
+        if len(where) > 1:
+            names = ", ".join(sorted(qmgr or main for qmgr in where))
+            text = f"message group {name} put with bind on_group is on queue managers {names}"
+            found.append(Violation("group_split", text, []))
     return found
 
 
@@ -313,7 +338,7 @@ CHECKS = (
     check_priority,
     check_poison,
     check_replies,
-    check_routed_once,
+    check_routing,
     check_storage,
     check_failures,
 )

@@ -106,12 +106,15 @@ class Final:
 
     - ``consumers``: each consumer group and how it reads (``syncpoint`` or ``stream``);
     - ``waiting``: per consumer group, the ids of the messages still waiting for it;
-    - ``moved``: the messages on backout, error and dead-letter queues: ``id``, ``queue``,
+    - ``moved``: the messages waiting on backout, error and dead-letter queues: ``id``, ``queue``,
       ``reason`` (the MQ reason code, None on a backout queue), ``backout_count``, ``original_queue``
       and ``consumer`` (the consumer group that moved it);
     - ``replies``: the ids of the requests with a reply or failure record on a reply queue, one
       entry per record;
     - ``storage``: per queue, ``files``, ``bytes`` and ``live`` (messages) of its Delta table.
+
+    With the routed put, the second replica's groups and queues are named ``CHAOS2/...`` and the
+    dead letters of the routed put's queue manager ``FRONT/...`` (``consumer`` None).
     """
 
     consumers: dict[str, str] = field(default_factory=dict)

@@ -55,12 +55,14 @@ class Run:
     calls: dict[str, set[str]]  # per consumer group, the ids a forwarder's service was called with
     given_up: dict[str, set[int]]  # per consumer group, the batches its planner gave up after the sink wrote them
     failures: list[dict[str, Any]]  # the ``failure`` events
-    redriven: dict[str, set[str]]  # per consumer group, the ids a redrive chose to give back to it
+    # Per consumer group, the ids a redrive that did not fail gave back to it, with its time.
+    redriven: dict[str, dict[str, float]]
     redrives: int  # the redrives that returned
     messages: dict[str, Message] = field(init=False)
     # Per id, the queue managers it was seen on (None: the main one), and each replica's groups.
     placed: dict[str, set[str | None]] = field(init=False)
     replica_groups: dict[str, str] = field(init=False)
+    routers: set[str] = field(init=False)  # the actors that put through the cluster
     put_of: dict[str, Put] = field(init=False)
     seen: set[str] = field(init=False)
     committed: set[str] = field(init=False)
@@ -97,19 +99,36 @@ class Run:
             for m in put.messages
         }
         self.replica_groups = {g: qmgr for qmgr, names in self.plan.get("replicas", {}).items() for g in names}
+        self.routers = {actor["name"] for actor in self.plan.get("actors", []) if actor["kind"] == "routed-put"}
         self.placed = defaultdict(set)
-        sightings: list[tuple[str, str | None]] = [(d.id, d.group) for d in self.deliveries]
-        sightings += [(i, group) for group, ids in self.final.waiting.items() for i in ids]
-        sightings += [(record["id"], record.get("consumer")) for record in self.final.moved]
-        sightings += [(i, group) for group, ids in self.calls.items() for i in ids]
-        for i, group in sightings:
-            self.placed[i].add(self.replica_groups.get(group) if group is not None else None)
+        front = self.plan.get("front")
+        sightings: list[tuple[str, str | None]] = [(d.id, self.replica_groups.get(d.group)) for d in self.deliveries]
+        sightings += [(i, self.replica_groups.get(g)) for g, ids in self.final.waiting.items() for i in ids]
+        sightings += [(i, self.replica_groups.get(g)) for g, ids in self.calls.items() for i in ids]
+        for record in self.final.moved:
+            # A dead letter of the routed put's own queue manager (no replica qualified) is on it.
+            on_front = front is not None and str(record["queue"]).startswith(f"{front}/")
+            sightings.append(
+                (record["id"], front if on_front else self.replica_groups.get(record.get("consumer") or ""))
+            )
+        for i, qmgr in sightings:
+            self.placed[i].add(qmgr)
+
+    def routed(self, i: str) -> bool:
+        """Whether message ``i`` was put through the cluster (and may be on any replica)."""
+        put = self.put_of.get(i)
+        return put is not None and put.actor.split("#")[0] in self.routers
+
+    def on(self, i: str) -> str | None:
+        """The queue manager message ``i`` is on (None: the main one): the one it was seen on, for a
+        routed message seen on one only."""
+        where = self.placed.get(i, set())
+        return next(iter(where)) if self.routed(i) and len(where) == 1 else None
 
     def groups_of(self, i: str) -> list[str]:
         """The consumer groups of the queue manager message ``i`` is on."""
-        replicas = self.placed.get(i, set()) - {None}
-        replica = next(iter(replicas)) if len(replicas) == 1 and None not in self.placed[i] else None
-        return [g for g in self.final.consumers if self.replica_groups.get(g) == replica]
+        qmgr = self.on(i)
+        return [g for g in self.final.consumers if self.replica_groups.get(g) == qmgr]
 
     def committed_for(self, group: str) -> set[str]:
         """The committed ids on the queue manager of consumer group ``group``."""
@@ -150,8 +169,7 @@ def load(run: Path) -> Run:
     calls: dict[str, set[str]] = defaultdict(set)
     given_up: dict[str, set[int]] = defaultdict(set)
     failures: list[dict[str, Any]] = []
-    redriven: dict[str, set[str]] = defaultdict(set)
-    redrives = 0
+    redrives: dict[tuple[str, str], dict[str, Any]] = {}
     for event in events(run):
         kind, actor = event["e"], event["actor"]
         t = event["t"]
@@ -173,11 +191,8 @@ def load(run: Path) -> Run:
             calls[event["consumer"]].add(event["id"])
         elif kind == "failure":
             failures.append(event)
-        elif kind == "redrive" and event["phase"] == "invoke":
-            for item in event["items"]:
-                redriven[item["consumer"]].add(item["id"])
-        elif kind == "redrive" and event["phase"] == "ok":
-            redrives += 1
+        elif kind == "redrive":
+            redrives.setdefault((actor, event["op"]), {})[event["phase"]] = event
     for phases in gets.values():
         deliveries.extend(_get_deliveries(phases))
     return Run(
@@ -191,9 +206,23 @@ def load(run: Path) -> Run:
         calls=calls,
         given_up=given_up,
         failures=failures,
-        redriven=redriven,
-        redrives=redrives,
+        redriven=_redriven(redrives.values()),
+        redrives=sum(1 for phases in redrives.values() if "ok" in phases),
     )
+
+
+def _redriven(redrives: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per consumer group, each id a redrive gave back to it (or may have: one killed meanwhile),
+    with the time of the first such redrive; a redrive that failed gave nothing back."""
+    redriven: dict[str, dict[str, float]] = defaultdict(dict)
+    for phases in redrives:
+        invoke = phases.get("invoke")
+        if invoke is None or "fail" in phases:
+            continue
+        for item in invoke["items"]:
+            since = redriven[item["consumer"]]
+            since[item["id"]] = min(since.get(item["id"], invoke["t"]), invoke["t"])
+    return redriven
 
 
 def _put(phases: dict[str, Any]) -> Put:

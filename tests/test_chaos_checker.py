@@ -291,8 +291,12 @@ def _deliver_poison(s: Scenario) -> None:
             lambda s: s.final.moved[0].update(consumer="audit"),
             "poison x1: moved by groups audit, not waiting for workers",
         ),
+        (
+            lambda s: s.final.moved[0].update(consumer=None),
+            "poison x1: moved by groups None, not waiting for workers",
+        ),
     ],
-    ids=["delivered", "backout-count", "original-queue", "moved-twice", "moved-by-another-group"],
+    ids=["delivered", "backout-count", "original-queue", "moved-twice", "moved-by-another-group", "no-group"],
 )
 def test_poison(tmp_path: Path, change: Callable[[Scenario], None], message: str) -> None:
     report = checked(tmp_path, change)
@@ -300,38 +304,40 @@ def test_poison(tmp_path: Path, change: Callable[[Scenario], None], message: str
     assert report.violations[0].message == message
 
 
-def _g2_moved_then_redriven(s: Scenario, redriven: bool) -> None:
-    """Group workers fails g2 until it moves, takes g3, and gets g2's copy once redrive gave it back."""
+def _g2_moved_then_redriven(s: Scenario, outcome: str | None, at: float = 19) -> None:
+    """Group workers fails g2 until it moves, takes g3, and gets g2 at 25; a redrive of g2 for
+    workers at ``at`` ended with ``outcome`` (None: no redrive)."""
     s.without("W2#0", "v1")
     s.get("W2#0", "v1", 12, ["g2"], "backout")
     s.get("W1#1", "w8", 18, ["g3"], "ok")
     s.final.waiting["workers"] = []
-    if redriven:
+    if outcome is not None:
         items = [{"id": "g2", "consumer": "workers"}]
-        invoke = {"t": T0 + 19, "phase": "invoke", "op": "D#0:1", "queue": "Q.BACKOUT", "items": items}
+        invoke = {"t": T0 + at, "phase": "invoke", "op": "D#0:1", "queue": "Q.BACKOUT", "items": items}
         s.events.append(("D#0", "redrive", invoke))
-        s.events.append(("D#0", "redrive", {"t": T0 + 19.5, "phase": "ok", "op": "D#0:1", "moved": {"Q": 1}}))
+        s.events.append(("D#0", "redrive", {"t": T0 + at + 0.5, "phase": outcome, "op": "D#0:1", "moved": {"Q": 1}}))
     s.get("W2#0", "v2", 25, ["g2"], "ok")
 
 
 def test_a_copy_redriven_for_a_group_is_outside_its_message_groups_order(tmp_path: Path) -> None:
-    report = checked(tmp_path, lambda s: _g2_moved_then_redriven(s, redriven=True))
+    report = checked(tmp_path, lambda s: _g2_moved_then_redriven(s, "ok"))
     assert found(report) == []
     assert (report.summary["redrives"], report.summary["redriven"]) == (1, 1)
 
-    # The same deliveries without the redrive: g2 came after g3.
-    report = checked(tmp_path / "not-redriven", lambda s: _g2_moved_then_redriven(s, redriven=False))
-    assert found(report) == [("order", ["g3", "g2"])]
-    assert report.violations[0].message == (
-        "group workers, message group G: g2 (seq 2, by W2#0) delivered after g3 (seq 3, by W1#1)"
-    )
+    # The same deliveries without a redrive, after one that failed, and before one: g2 came after g3.
+    for name, outcome, at in (("none", None, 19), ("failed", "fail", 19), ("later", "ok", 30)):
+        report = checked(tmp_path / name, lambda s, o=outcome, t=at: _g2_moved_then_redriven(s, o, t))
+        assert found(report) == [("order", ["g3", "g2"])], name
+        assert report.violations[0].message == (
+            "group workers, message group G: g2 (seq 2, by W2#0) delivered after g3 (seq 3, by W1#1)"
+        )
 
 
 def _routed(s: Scenario, on_replica: list[str], on_main: list[str]) -> None:
     """A second replica whose group ``CHAOS2/workers`` got ``on_replica`` (put by a routed put), and
     group workers of the main queue manager ``on_main`` as well."""
-    s.plan["replicas"] = {"CHAOS2": ["CHAOS2/workers"]}
-    s.plan["qmgr"] = "CHAOS"
+    s.plan |= {"replicas": {"CHAOS2": ["CHAOS2/workers"]}, "qmgr": "CHAOS", "front": "FRONT"}
+    s.plan["actors"] = [{"kind": "routed-put", "name": "W"}]
     s.final.consumers["CHAOS2/workers"] = "syncpoint"
     s.final.waiting["CHAOS2/workers"] = []
     s.put("W#0", "u1", 8, ["t1", "t2"], "ok")
@@ -361,6 +367,47 @@ def test_a_message_routed_to_the_second_replica_is_judged_by_that_replicas_group
     report = checked(tmp_path / "twice", lambda s: _routed(s, ["t1", "t2"], ["t2"]))
     assert found(report) == [("lost", ["t2"]), ("routed_twice", ["t2"])]
     assert report.violations[1].message == "t2 seen on queue managers CHAOS, CHAOS2"
+
+
+def _dead_lettered_on_front(s: Scenario) -> None:
+    _routed(s, ["t1"], [])
+    record = {"id": "t2", "queue": "FRONT/SYSTEM.DEAD.LETTER.QUEUE", "reason": 2085, "backout_count": 0}
+    s.final.moved.append(record | {"original_queue": "Q", "consumer": None})
+
+
+def _put_on_main_seen_on_the_replica(s: Scenario) -> None:
+    _routed(s, ["t1", "t2"], [])
+    s.get("G4#0", "z2", 24, ["a1"], "backout", consumer="CHAOS2/workers")
+
+
+def _group_split(s: Scenario) -> None:
+    """Message group G put by the routed put: g1 on CHAOS2, g2 and g3 on the main queue manager."""
+    _routed(s, ["t1", "t2"], [])
+    s.events = [e for e in s.events if not (e[1] == "put" and e[2]["op"] == "p2")]
+    s.put("W#0", "u2", 2, ["g1", "g2", "g3"], "ok")
+    s.without("W1#0", "w2")
+    s.events = [e for e in s.events if e[1] != "batch" or e[2]["batch"] != 0]
+    s.batch("S1#0", 20, 0, [("a1", 1), ("a2", 2)])
+    s.get("G4#0", "z3", 11, ["g1"], "ok", consumer="CHAOS2/workers")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected", "message"),
+    [
+        (_dead_lettered_on_front, [("dead_lettered", ["t2"])], "t2 dead-lettered on FRONT by the routed put"),
+        (_put_on_main_seen_on_the_replica, [("misplaced", ["a1"])], "a1 put on CHAOS but seen on CHAOS, CHAOS2"),
+        (
+            _group_split,
+            [("group_split", [])],
+            "message group G put with bind on_group is on queue managers CHAOS, CHAOS2",
+        ),
+    ],
+    ids=["dead-lettered", "misplaced", "group-split"],
+)
+def test_routing(tmp_path: Path, change: Callable[[Scenario], None], expected: list, message: str) -> None:
+    report = checked(tmp_path, change)
+    assert found(report) == expected
+    assert report.violations[-1].message == message
 
 
 def _request_waiting(s: Scenario) -> None:

@@ -370,7 +370,9 @@ def _is_redrive_consumed(state: ConsumerState, rows: pa.Table, *_: object) -> bo
     return state.queue == "BO" and events["consumer"] == [REDRIVER] and events["event"] == ["consumed"]
 
 
-def test_a_redrive_interrupted_after_its_put_landed_is_finished_by_the_next_once(qm, monkeypatch):
+# The next redrive finishes the interrupted one whatever it selects, even nothing.
+@pytest.mark.parametrize("selector", [{}, {"msg_ids": ["no such message"]}], ids=["all", "nothing"])
+def test_a_redrive_interrupted_after_its_put_landed_is_finished_by_the_next_once(qm, monkeypatch, selector):
     _queue(qm, ("A", "B"))
     qm.put("Q", [{"payload": "m1"}])
     assert _fail(qm, "A") == [b"m1"]
@@ -381,7 +383,7 @@ def test_a_redrive_interrupted_after_its_put_landed_is_finished_by_the_next_once
     assert crashed == ["append"]
     assert [row[4] for row in _header(qm, "Q")] == [None, "A"]
     # The next redrive finishes the move without putting it again; nothing else is chosen.
-    assert qm.redrive("BO") == {}
+    assert qm.redrive("BO", **selector) == {}
     assert qm.depth("BO") == 0
     assert [row[4] for row in _header(qm, "Q")] == [None, "A"]
     assert _got(qm, "A") == [(b"m1", 0, "A")]
@@ -418,3 +420,4 @@ def test_what_redrive_took_stays_taken_after_the_backout_queues_state_is_compact
     assert qm.depth("BO") == 0
     assert qm.redrive("BO") == {}
     assert _got(qm, "A") == [(b"m1", 0, "A")]
+

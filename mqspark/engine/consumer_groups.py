@@ -7,8 +7,9 @@
   ``delivery_seq``, ``delivery_seq`` + 1, ... (null: expired messages the batch discards).
   Recorded before the batch runs, so a replay after a crash delivers the same messages.
 - ``consumed``: the plan ``plan_id`` has been processed; its messages are gone for the group.
-- ``checkpoint``: what compaction folded the group's consumed plans into: ranges of consumed
-  messages, with the group's position (``seq``, next ``delivery_seq``) on every row.
+- ``checkpoint``: what compaction folded the group's consumed plans and finished moves into: ranges
+  of consumed messages, with the group's position (``seq``, next ``delivery_seq``) on every row
+  (null for a group that only moves messages, as redrive's does).
 - ``lease`` / ``release``: the query (``owner``) reading for the group, renewed while it runs.
 - ``declare``: the group was declared on the queue before it first read, so it counts already.
 - ``abort``: the backlog monitor stopped the group's reader (its ``reason`` and ``error`` text); a
