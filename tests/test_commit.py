@@ -144,3 +144,25 @@ def test_a_log_listing_with_a_gap_is_recognised_and_a_commit_found_by_its_id(qm,
     with pytest.raises(DeltaError) as raised:
         DeltaTable(str(copy))
     assert listing_raced(raised.value), str(raised.value)
+
+
+def test_a_commit_deletes_no_log_entry_only_maintenance_and_compaction_clean_the_log(tmp_path):
+    """delta-rs deletes expired log entries after a commit that checkpoints; two processes doing so at
+    once failed the second commit with FileNotFoundError after it landed (a chaos run's gets, once
+    the state table's hour of log retention began to expire)."""
+    location = str(tmp_path / "t")
+    schema = pa.schema([("n", pa.int64())])
+    configuration = {"delta.logRetentionDuration": "interval 0 seconds", "delta.checkpointInterval": "5"}
+    table = store.create_table(location, schema, None, configuration=configuration)
+    for n in range(12):
+        file = store.write_data_file(location, pa.table({"n": [n]}, schema=schema).to_batches(), schema)
+        assert store.commit_files(table, [file], schema) == n + 1
+        table.update_incremental()
+
+    log = os.listdir(f"{location}/_delta_log")
+    # delta-rs checkpointed (every fifth commit), and every entry, expired at once, is still there.
+    assert sorted(name for name in log if name.endswith(".checkpoint.parquet")) == [
+        f"{version:020d}.checkpoint.parquet" for version in (4, 9)
+    ]
+    assert sorted(name for name in log if name.endswith(".json")) == [f"{version:020d}.json" for version in range(13)]
+    assert sorted(DeltaTable(location).to_pyarrow_table()["n"].to_pylist()) == list(range(12))

@@ -420,4 +420,3 @@ def test_what_redrive_took_stays_taken_after_the_backout_queues_state_is_compact
     assert qm.depth("BO") == 0
     assert qm.redrive("BO") == {}
     assert _got(qm, "A") == [(b"m1", 0, "A")]
-

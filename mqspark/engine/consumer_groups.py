@@ -548,8 +548,11 @@ class ConsumerState:
         if table is None:
             return True  # deleted with its queue since: nothing is left to clean up
         table.create_checkpoint()
-        table.cleanup_metadata()
-        table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+        try:
+            table.cleanup_metadata()
+            table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+        except FileNotFoundError:
+            pass  # a compaction beside this one deleted some of the same first; the next takes the rest
         return True
 
     def _overwrite(self, table: DeltaTable, rows: pa.Table, operation: str) -> bool:

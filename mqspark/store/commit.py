@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import RemoveAction
 
@@ -20,6 +20,14 @@ from mqspark.store.files import DataFile, remove_data_files
 from mqspark.store.layout import StorageOptions
 from mqspark.store.log import COMMIT_ID, LogEntryGone, commit_info
 from mqspark.store.tables import listing_raced, log_file_gone, open_table, table_options
+
+
+# After a commit, delta-rs checkpoints now and then and, by default, deletes the log entries older
+# than the log retention. Two processes doing so at once delete the same entries, and the second
+# fails with FileNotFoundError after its commit landed: a put or a get reported failed though it
+# happened (a chaos run's getters and maintenance failed so once the state table's log, kept an
+# hour, began to expire). The log is cleaned up by maintenance and by state compaction only.
+POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
 def commit_files(
@@ -57,6 +65,7 @@ def commit_files(
                 app_transactions=transactions,
                 custom_metadata={**(metadata or {}), COMMIT_ID: commit_id},
             ),
+            post_commithook_properties=POST_COMMIT,
         )
     except DeltaError as error:
         if listing_raced(error):
