@@ -76,10 +76,13 @@ class Timing:
     lock_duration: float
 
 
-# On the object store a get or a lease renewal is a few commits of a dozen requests each, and under
-# the run's load they take seconds (docs/chaos.md): the producers put at a quarter of the pace, and
-# the lease and the lock are three times as long.
-TIMINGS = {"local": Timing(1.0, 10, 5.0), "azure": Timing(4.0, 30, 15.0)}
+# Locally the producers put a third of what they could: at full pace (pauses of 0.5 to 2 s) a
+# 60-minute run's backlog grew from its first minutes, and with it the cost of every maintenance
+# run and monitor point, until the python gets fell from 1,146 to about 120 in five minutes
+# (docs/chaos.md). On the object store a get or a lease renewal is a few commits of a dozen requests
+# each, and under the run's load they take seconds: the producers put at a quarter of the full pace
+# (sized for three-minute runs), and the lease and the lock are three times as long.
+TIMINGS = {"local": Timing(3.0, 10, 5.0), "azure": Timing(4.0, 30, 15.0)}
 
 
 def _plan(run: Path) -> dict[str, Any]:
@@ -196,7 +199,7 @@ def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: ra
             time.sleep(0.2)
             continue
         history.record("put", phase="ok", op=key)
-        time.sleep(rng.uniform(0.5, 2.0) * pace)  # within what three getters keep up with on two cores
+        time.sleep(rng.uniform(0.5, 2.0) * pace)
 
 
 def message_id(payload: bytes) -> str:
@@ -304,10 +307,9 @@ def redrive(run: Path, qm: QueueManager, history: History, rng: random.Random) -
     """An operator's redrive of the backout queue every 10 to 30 seconds: of a random part of what
     waits there, chosen by msg_id, recorded as ``redrive`` ``invoke`` (each message's id and the
     consumer group it goes back for), then ``ok`` or ``fail``."""
-    pace = timing(run).pace
     op = 0
     while not stopping(run, "stop-producers"):
-        deadline = time.monotonic() + rng.uniform(10.0, 30.0) * pace
+        deadline = time.monotonic() + rng.uniform(10.0, 30.0)
         while time.monotonic() < deadline and not stopping(run, "stop-producers"):
             time.sleep(0.1)
         try:

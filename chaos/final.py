@@ -61,7 +61,9 @@ def final_state(qm: QueueManager, consumers: dict[str, str], replica: QueueManag
     queue manager (``FRONT/...``)."""
     final = Final(consumers=dict(consumers))
     _holdings(qm, list(consumers), "", final)
-    final.replies = [message_id(payload) for payload in qm.browse(REPLY_QUEUE)["payload"].to_pylist()]
+    # Those no requester read: one it read may be gone, removed by maintenance of the reply queue.
+    waiting = qm.waiting_messages(REPLY_QUEUE, columns=["payload"])
+    final.replies = [message_id(payload) for payload in waiting["payload"].to_pylist()]
     if replica is not None:
         final.consumers[replica_group(PYTHON_GROUP)] = "syncpoint"
         _holdings(replica, [PYTHON_GROUP], replica_group(""), final)

@@ -109,8 +109,8 @@ class Final:
     - ``moved``: the messages waiting on backout, error and dead-letter queues: ``id``, ``queue``,
       ``reason`` (the MQ reason code, None on a backout queue), ``backout_count``, ``original_queue``
       and ``consumer`` (the consumer group that moved it);
-    - ``replies``: the ids of the requests with a reply or failure record on a reply queue, one
-      entry per record;
+    - ``replies``: the ids of the requests with a reply or failure record waiting on a reply queue
+      (no requester read it), one entry per record;
     - ``storage``: per queue, ``files``, ``bytes`` and ``live`` (messages) of its Delta table.
 
     With the routed put, the second replica's groups and queues are named ``CHAOS2/...`` and the

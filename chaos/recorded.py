@@ -83,7 +83,8 @@ class Run:
                 self._delivered[d.group][d.id].append(d)
             elif d.outcome == "doubt":
                 self._in_doubt[d.group].add(d.id)
-        self.replies = Counter(self.final.replies)
+        # Each reply or failure record: read by its requester, or still waiting on the reply queue.
+        self.replies = Counter(self.final.replies) + Counter(self.reply_requests)
         self.seen = (
             {d.id for d in self.deliveries}
             | {i for ids in self.final.waiting.values() for i in ids}
