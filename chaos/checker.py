@@ -142,8 +142,10 @@ def check_duplicates(run: Run) -> list[Violation]:
                 given_up = times[0].batch in run.given_up.get(group, set())
                 found.append(Violation("duplicate", message, [i], times, documented=GIVEN_UP if given_up else None))
             if i in waiting:
+                # A batch given up waits to be delivered again: at the end of a run not drained.
+                documented = GIVEN_UP if times[-1].batch in run.given_up.get(group, set()) else None
                 message = f"group {group}: {i} delivered (by {times[0].actor}) and still waiting"
-                found.append(Violation("delivered_and_waiting", message, [i], times))
+                found.append(Violation("delivered_and_waiting", message, [i], times, documented=documented))
     return found
 
 
@@ -209,7 +211,8 @@ def _order_of_waiting(run: Run, group: str, waiting: set[str]) -> list[Violation
                 f"group {group}, message group {message['group']}: {i} (seq {message['seq']}) waiting "
                 f"but {best.id} (seq {run.messages[best.id]['seq']}) delivered by {best.actor}"
             )
-            found.append(Violation("order", text, [i, best.id], [best]))
+            documented = GIVEN_UP if best.batch in run.given_up.get(group, set()) else None
+            found.append(Violation("order", text, [i, best.id], [best], documented=documented))
     return found
 
 

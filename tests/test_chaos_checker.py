@@ -605,3 +605,22 @@ def test_the_streaming_instance_records_the_line_of_a_query_failure_that_says_wh
     assert first_line(python) == "ValueError: the sink refused batch 4"
     mq = "StreamingQueryException: x\nmqspark.errors.MQError: MQRC_BACKED_OUT (2003): queue Q: lock passed\n"
     assert first_line(mq) == "mqspark.errors.MQError: MQRC_BACKED_OUT (2003): queue Q: lock passed"
+
+
+@pytest.mark.parametrize("given_up", [True, False], ids=["given-up", "not-given-up"])
+def test_items_of_a_given_up_batch_still_waiting_when_the_run_ended_are_documented(
+    tmp_path: Path, given_up: bool
+) -> None:
+    """A given-up batch waits to be delivered again; a run that ended before that (not drained)
+    finds its items delivered and waiting, and a group's first item waiting behind its second."""
+
+    def batch_1_waits_again(s: Scenario) -> None:
+        s.final.waiting["audit"] = ["g2", "g3", "x1"]
+        if given_up:
+            s.events.append(("S1#0", "given_up", {"t": T0 + 24, "consumer": "audit", "batch": 1}))
+
+    report = checked(tmp_path, batch_1_waits_again)
+    kinds = [("delivered_and_waiting", ["g2"]), ("delivered_and_waiting", ["g3"]), ("order", ["g2", "g3"])]
+    assert (found(report), [(v.kind, v.ids) for v in report.documented]) == (
+        ([], kinds) if given_up else (kinds, [])
+    )
