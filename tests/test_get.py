@@ -178,6 +178,41 @@ def test_a_move_another_get_finished_and_compaction_folded_meanwhile_makes_a_mov
     assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
 
 
+def test_a_move_another_get_has_under_way_makes_a_move_of_the_same_message_stale(qm, monkeypatch):
+    # Found by a 60-minute chaos run: two competing getters moved a message 0.9 s apart. The second
+    # planned before the first recorded its move, and read the move ids and the backout queue's
+    # version after the first had put its copy but before it recorded the move consumed.
+    qm.define_queue("Q.BACKOUT")
+    qm.define_queue("Q", backout_threshold=1, backout_queue="Q.BACKOUT")
+    qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
+    with pytest.raises(ValueError):
+        with qm.syncpoint_get("Q"):
+            raise ValueError("cannot parse")
+    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    looked = failures(state, "default")  # what the second get planned on: "one" failed, due to move
+    real_append = ConsumerState.append
+
+    def stopped_after_the_put(self, rows, check=None):
+        if rows["event"].to_pylist() == ["consumed"] and self.queue == "Q":
+            raise RuntimeError("stopped before the move was recorded consumed")
+        return real_append(self, rows, check)
+
+    monkeypatch.setattr(ConsumerState, "append", stopped_after_the_put)
+    with pytest.raises(RuntimeError, match="stopped before the move"):
+        qm.get("Q")  # the first get: its move recorded, its copy put
+    monkeypatch.setattr(ConsumerState, "append", real_append)
+    assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
+
+    transfer = Transfer(qm, "Q", state, "default", "late", "mqspark.backout/QM1/Q/default", None, group_rules=False)
+    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
+    check = transfer._alone("Q.BACKOUT", table.transaction_version("mqspark.backout/QM1/Q/default"), looked)
+    with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
+        check()
+    # The next get finishes the first one's move, and moves nothing again.
+    assert _payloads(qm.get("Q")) == ["two"]
+    assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
+
+
 def test_get_refuses_while_a_streaming_query_reads_the_group_and_a_query_continues_after_gets(spark, qm, tmp_path):
     qm.define_queue("Q")
     qm.put("Q", [{"payload": f"m{i}"} for i in range(6)])

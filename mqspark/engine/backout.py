@@ -81,7 +81,7 @@ from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
 from mqspark.model.groups import group_items
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA, TIMESTAMP, replace_column
-from mqspark.model.ranges import expand_ranges, overlap_counts, single_ranges
+from mqspark.model.ranges import RANGE_COLUMNS, expand_ranges, overlap_counts, single_ranges
 
 if TYPE_CHECKING:
     from mqspark.engine.pending import PendingMessages
@@ -422,9 +422,11 @@ class Transfer:
         """A check that no other move of the group was recorded since ``target``'s ``txn`` version was
         read as ``committed``: moves of competing gets go one at a time, each with its own version,
         and none moves a message another moved meanwhile (:class:`Stale` otherwise). Moves are told
-        by their ids, and the messages ``chosen`` must not be consumed: a compaction folds finished
-        moves into the group's consumed ranges, so a move by another process that finished and was
-        folded meanwhile shows only as its messages consumed."""
+        by their ids, and the messages ``chosen`` must be neither consumed nor in another move under
+        way: a compaction folds finished moves into the group's consumed ranges, so a move by another
+        process that finished and was folded meanwhile shows only as its messages consumed; and a
+        get that planned before another recorded its move may read the move ids and ``committed``
+        after that move's put, before its ``consumed`` record."""
         seen = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
         wanted = single_ranges(chosen)
 
@@ -433,10 +435,18 @@ class Transfer:
             table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
             now = table.transaction_version(self.app_id) if table is not None else None
             taken = overlap_counts(wanted, self.state.consumed_ranges(self.consumer)).any()
+            taken = taken or overlap_counts(wanted, self._under_way()).any()
             if moves - seen or now != committed or taken:
                 raise Stale(f"queue {self.queue}: consumer group {self.consumer!r} moved messages since")
 
         return check
+
+    def _under_way(self) -> pa.Table:
+        """The ranges of the group's moves neither finished nor abandoned."""
+        rows = self.state.events(self.consumer, ("move", "consumed", "abandoned"), ["event", "plan_id", *RANGE_COLUMNS])
+        ended = rows.filter(pc.invert(pc.equal(rows["event"], "move")))["plan_id"]
+        moves = pc.and_(pc.equal(rows["event"], "move"), pc.invert(pc.is_in(rows["plan_id"], value_set=ended)))
+        return rows.filter(moves).select(RANGE_COLUMNS)
 
     def _put(self, move: pa.Table, pending: PendingMessages) -> None:
         """Put the copies a ``move`` record names on its target, once (the ``txn`` check)."""
