@@ -86,9 +86,10 @@ def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table
 
 def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
     """The compact form of a state table's rows, per consumer group: one checkpoint of merged
-    ranges for everything consumed, finished moves included (and the group's position, if it planned), the plans that may still run (those
-    after the last consumed one, and Python gets' claims with their renewals), and the newest lease,
-    abort and switchover records. Rolled-back plans are dropped.
+    ranges for everything consumed, finished moves included (and the group's position, if it
+    planned), the plans that may still run (those after the last consumed one, and Python gets'
+    claims with their renewals), and the newest lease, abort and switchover records. Rolled-back
+    plans are dropped.
 
     ``forget`` marks merged ranges to leave out (messages no longer in the queue table). A group
     whose every range goes keeps one checkpoint row without a range, for its position."""
