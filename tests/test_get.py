@@ -157,22 +157,32 @@ def test_a_compaction_between_a_moves_look_and_its_record_does_not_make_the_move
         check()
 
 
-def test_a_move_another_get_finished_and_compaction_folded_meanwhile_makes_a_move_of_the_same_message_stale(qm):
-    # Found by a chaos run: two competing getters moved the same message to the backout queue, half a
-    # second apart, once the first one's move had been folded into the group's checkpoint.
+def _one_failed(qm) -> ConsumerState:
+    """Q with backout threshold 1 holding "one", failed once (due to move), and "two"."""
     qm.define_queue("Q.BACKOUT")
     qm.define_queue("Q", backout_threshold=1, backout_queue="Q.BACKOUT")
     qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
     with pytest.raises(ValueError):
         with qm.syncpoint_get("Q"):
             raise ValueError("cannot parse")
-    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    return ConsumerState(qm.root, "Q", qm.storage_options)
+
+
+def _late_move_check(qm, state: ConsumerState, looked):
+    """The check of a move of ``looked`` by a get that reads the backout queue's version now."""
+    transfer = Transfer(qm, "Q", state, "default", "late", "mqspark.backout/QM1/Q/default", None, group_rules=False)
+    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
+    return transfer._alone("Q.BACKOUT", table.transaction_version("mqspark.backout/QM1/Q/default"), looked)
+
+
+def test_a_move_another_get_finished_and_compaction_folded_meanwhile_makes_a_move_of_the_same_message_stale(qm):
+    # Found by a chaos run: two competing getters moved the same message to the backout queue, half a
+    # second apart, once the first one's move had been folded into the group's checkpoint.
+    state = _one_failed(qm)
     looked = failures(state, "default")  # what the second get saw: "one" failed, due to move
     assert _payloads(qm.get("Q")) == ["two"]  # the first get moved "one", and took "two"
     assert ConsumerState(qm.root, "Q", qm.storage_options).compact()
-    transfer = Transfer(qm, "Q", state, "default", "late", "mqspark.backout/QM1/Q/default", None, group_rules=False)
-    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
-    check = transfer._alone("Q.BACKOUT", table.transaction_version("mqspark.backout/QM1/Q/default"), looked)
+    check = _late_move_check(qm, state, looked)
     with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
         check()
     assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
@@ -182,13 +192,7 @@ def test_a_move_another_get_has_under_way_makes_a_move_of_the_same_message_stale
     # Found by a 60-minute chaos run: two competing getters moved a message 0.9 s apart. The second
     # planned before the first recorded its move, and read the move ids and the backout queue's
     # version after the first had put its copy but before it recorded the move consumed.
-    qm.define_queue("Q.BACKOUT")
-    qm.define_queue("Q", backout_threshold=1, backout_queue="Q.BACKOUT")
-    qm.put("Q", [{"payload": "one"}, {"payload": "two"}])
-    with pytest.raises(ValueError):
-        with qm.syncpoint_get("Q"):
-            raise ValueError("cannot parse")
-    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state = _one_failed(qm)
     looked = failures(state, "default")  # what the second get planned on: "one" failed, due to move
     real_append = ConsumerState.append
 
@@ -203,9 +207,7 @@ def test_a_move_another_get_has_under_way_makes_a_move_of_the_same_message_stale
     monkeypatch.setattr(ConsumerState, "append", real_append)
     assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
 
-    transfer = Transfer(qm, "Q", state, "default", "late", "mqspark.backout/QM1/Q/default", None, group_rules=False)
-    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
-    check = transfer._alone("Q.BACKOUT", table.transaction_version("mqspark.backout/QM1/Q/default"), looked)
+    check = _late_move_check(qm, state, looked)
     with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
         check()
     # The next get finishes the first one's move, and moves nothing again.
