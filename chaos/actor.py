@@ -76,8 +76,9 @@ class Timing:
     lock_duration: float
 
 
-# Locally the producers put a third of what they could: at full pace (pauses of 0.5 to 2 s) a
-# 60-minute run's backlog grew from its first minutes, and with it the cost of every maintenance
+# Locally the producers put a third of what they could (and still, after ten minutes, the getters
+# fall back: docs/chaos.md): at full pace (pauses of 0.5 to 2 s) a 60-minute run's backlog grew
+# from its first minutes, and with it the cost of every maintenance
 # run and monitor point, until the python gets fell from 1,146 to about 120 in five minutes
 # (docs/chaos.md). On the object store a get or a lease renewal is a few commits of a dozen requests
 # each, and under the run's load they take seconds: the producers put at a quarter of the full pace
