@@ -17,9 +17,6 @@ from chaos.actor import BACKOUT_QUEUE, FRONT, PYTHON_GROUP, QUEUE, REPLY_QUEUE, 
 from chaos.history import Final
 from mqspark import QueueManager, store
 
-DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
-
-
 def _moved(qm: QueueManager, queues: tuple[str, ...], prefix: str) -> list[dict[str, Any]]:
     """The messages of ``queues`` of ``qm``, their queue and group named with ``prefix``."""
     moved = []
@@ -49,7 +46,7 @@ def _holdings(qm: QueueManager, consumers: list[str], prefix: str, final: Final)
     for group in consumers:
         payloads = qm.waiting_messages(QUEUE, group, ["payload"])["payload"].to_pylist()
         final.waiting[prefix + group] = [message_id(payload) for payload in payloads]
-    final.moved += _moved(qm, (BACKOUT_QUEUE, DEAD_LETTER_QUEUE), prefix)
+    final.moved += _moved(qm, (BACKOUT_QUEUE, qm.dead_letter_queue), prefix)
     table = DeltaTable(store.queue_location(qm.root, QUEUE), storage_options=qm.storage_options)
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     final.storage[prefix + QUEUE] = {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}
@@ -67,7 +64,8 @@ def final_state(qm: QueueManager, consumers: dict[str, str], replica: QueueManag
     if replica is not None:
         final.consumers[replica_group(PYTHON_GROUP)] = "syncpoint"
         _holdings(replica, [PYTHON_GROUP], replica_group(""), final)
-        final.moved += _moved(QueueManager.open(front), (DEAD_LETTER_QUEUE,), f"{FRONT}/")
+        front_qm = QueueManager.open(front)
+        final.moved += _moved(front_qm, (front_qm.dead_letter_queue,), f"{FRONT}/")
     return final
 
 
