@@ -17,6 +17,7 @@ from chaos.actor import BACKOUT_QUEUE, FRONT, PYTHON_GROUP, QUEUE, REPLY_QUEUE, 
 from chaos.history import Final
 from mqspark import QueueManager, store
 
+
 def _moved(qm: QueueManager, queues: tuple[str, ...], prefix: str) -> list[dict[str, Any]]:
     """The messages of ``queues`` of ``qm``, their queue and group named with ``prefix``."""
     moved = []

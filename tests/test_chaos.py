@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest

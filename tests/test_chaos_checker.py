@@ -621,6 +621,4 @@ def test_items_of_a_given_up_batch_still_waiting_when_the_run_ended_are_document
 
     report = checked(tmp_path, batch_1_waits_again)
     kinds = [("delivered_and_waiting", ["g2"]), ("delivered_and_waiting", ["g3"]), ("order", ["g2", "g3"])]
-    assert (found(report), [(v.kind, v.ids) for v in report.documented]) == (
-        ([], kinds) if given_up else (kinds, [])
-    )
+    assert (found(report), [(v.kind, v.ids) for v in report.documented]) == (([], kinds) if given_up else (kinds, []))

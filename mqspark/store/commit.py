@@ -21,7 +21,6 @@ from mqspark.store.layout import StorageOptions
 from mqspark.store.log import COMMIT_ID, LogEntryGone, commit_info
 from mqspark.store.tables import listing_raced, log_file_gone, open_table, table_options
 
-
 # After a commit, delta-rs checkpoints now and then and, by default, deletes the log entries older
 # than the log retention. Two processes doing so at once delete the same entries, and the second
 # fails with FileNotFoundError after its commit landed: a put or a get reported failed though it
