@@ -21,6 +21,7 @@ from . import (
     object_store,
     python_mq,
     python_put,
+    state_log,
     stream_get,
     stream_put,
 )
@@ -58,6 +59,8 @@ BENCHMARKS = {
     "object_store_put": lambda: object_store.run(),
     "cluster_drain": lambda: cluster_drain.run(),
     "backlog": lambda: backlog.run(),
+    "state_log": lambda: state_log.run(),
+    "state_log_quick": lambda: state_log.run(entries=2_000, gets=40),
 }
 # Benchmarks that take arguments: called with every argument after their name.
 WITH_ARGUMENTS = {"backlog": backlog.main}

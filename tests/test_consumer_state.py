@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
+from chaos.faults import Control, build
 from mqspark import MQError, QueueManager, Reason
 from mqspark.engine import consumer_groups
 from mqspark.engine.consumer_groups import ConsumerState
@@ -108,3 +115,57 @@ def test_a_compaction_by_another_reader_is_not_a_rewrite_but_a_deleted_group_is(
     for _ in range(2 * consumer_groups.COMPACT_EVERY + 1):
         other.append(event_rows("g", "", "declare"))
     assert (mine.groups(), mine.rewrites) == (["g"], 2)
+
+
+def _age(paths: list[Path], seconds: float) -> None:
+    """Make files look written ``seconds`` ago: the clean-up judges their age by the store's times."""
+    then = time.time() - seconds
+    for path in paths:
+        os.utime(path, (then, then))
+
+
+# Records ``count`` declarations on queue Q's state table, compacting as a getter does.
+RECORD = """
+import sys
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.state_rows import event_rows
+state = ConsumerState(sys.argv[1], "Q")
+for _ in range(int(sys.argv[2])):
+    state.append(event_rows("g", "", "declare"))
+"""
+
+
+def test_a_compaction_keeps_the_state_tables_log_and_files_to_what_readers_may_still_need(
+    qm: QueueManager, tmp_path: Path
+) -> None:
+    qm.define_queue("Q")
+    state = ConsumerState(qm.root, "Q")
+    # Recorded and compacted by a process whose clock runs behind by more than the files' retention:
+    # what its compactions removed was removed that long ago.
+    behind = consumer_groups.STATE_FILE_RETENTION.total_seconds() + 120
+    control = Control(tmp_path / "behind.control")
+    control.set(skew=-behind)
+    subprocess.run(
+        [sys.executable, "-c", RECORD, str(qm.root), str(3 * consumer_groups.COMPACT_EVERY)],
+        env={**os.environ, **control.environment(build(tmp_path))},
+        check=True,
+    )
+    location = Path(state.location)
+    old_entries = sorted((location / "_delta_log").glob("*.json"))
+    checkpoints = sorted((location / "_delta_log").glob("*.checkpoint.parquet"))
+    live = {Path(uri).name for uri in DeltaTable(state.location).file_uris()}
+    removed = [path for path in location.glob("*.parquet") if path.name not in live]
+    assert len(old_entries) > 2 * consumer_groups.COMPACT_EVERY and len(checkpoints) >= 2 and removed
+    # The store stamped the files with its own clock: as old as that process thought.
+    _age([*old_entries, *checkpoints, *removed], behind)
+    state.append(event_rows("h", "", "declare"))
+    assert state.compact()
+    # What reads the versions since the newest checkpoint that old stays (time travel within the
+    # retention, as in Delta); nothing older, and no file removed that long ago.
+    newest_old_checkpoint = int(checkpoints[-1].name.split(".")[0])
+    kept = [int(path.name.split(".")[0]) for path in old_entries if path.exists()]
+    assert kept == list(range(newest_old_checkpoint, len(old_entries)))
+    assert [path.name for path in removed if path.exists()] == []
+    assert state.groups() == ["g", "h"]
+    # Read afresh, the table holds all it said.
+    assert ConsumerState(qm.root, "Q").groups() == ["g", "h"]

@@ -60,11 +60,17 @@ from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS
 
-# Old log entries and removed files are kept this long for readers still on an older version: a
-# commit whose snapshot is older reads the entries since to check for conflicts.
+# Old log entries are kept this long for readers still on an older version: a reader whose entries
+# went opens the table afresh, and a commit is made at exactly the next version or not at all. Every
+# look lists the log, and the getters of a busy queue commit several times a second: kept an hour,
+# the log had 15,000 entries and a get took twice as long.
+STATE_RETENTION = timedelta(minutes=2)
+# Removed files are kept longer: a reader may be reading the files of the version it looked at, and
+# a file written for a commit still under way must not look like one left behind.
+STATE_FILE_RETENTION = store.VACUUM_FLOOR
 STATE_TABLE_CONFIGURATION = {
-    "delta.logRetentionDuration": "interval 1 hours",
-    "delta.deletedFileRetentionDuration": "interval 1 hours",
+    "delta.logRetentionDuration": f"interval {int(STATE_RETENTION.total_seconds())} seconds",
+    "delta.deletedFileRetentionDuration": f"interval {int(STATE_FILE_RETENTION.total_seconds())} seconds",
 }
 # Compaction runs when the table has grown this many versions since the last one: a commit costs
 # more with each file the table holds.
@@ -529,8 +535,8 @@ class ConsumerState:
 
         With ``live`` (the origins of the queue's live messages at version ``seen_version``), consumed
         ranges of messages no longer in the queue table are dropped: maintenance removed them, so
-        they can never be delivered again. Files and log entries it replaces stay an hour for readers
-        still on an older version."""
+        they can never be delivered again. Log entries and files it replaces stay for readers still on
+        an older version (:data:`STATE_RETENTION`, :data:`STATE_FILE_RETENTION`)."""
         table = self.table()
         if table is None:
             return False
@@ -547,10 +553,8 @@ class ConsumerState:
         table = self.table()
         if table is None:
             return True  # deleted with its queue since: nothing is left to clean up
-        table.create_checkpoint()
         try:
-            table.cleanup_metadata()
-            table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+            store.trim_history(table, table.version(), int(STATE_RETENTION.total_seconds()))
         except FileNotFoundError:
             pass  # a compaction beside this one deleted some of the same first; the next takes the rest
         return True

@@ -65,6 +65,7 @@ from mqspark.store.log import (
 )
 from mqspark.store.tables import (
     CLOSED_PROPERTY,
+    VACUUM_FLOOR,
     add_missing_columns,
     close_table,
     create_table,
@@ -150,6 +151,7 @@ __all__ = [
     "store_error",
     "table_dataset",
     "table_exists",
+    "VACUUM_FLOOR",
     "trim_history",
     "unanswered",
     "version_exists",

@@ -6,6 +6,7 @@ pyarrow dataset, and trimming history.
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -204,21 +205,23 @@ def read_messages(
 
 
 # A file a small table's writer wrote is committed within moments; vacuum never deletes younger ones.
-_VACUUM_FLOOR_SECONDS = 600
+VACUUM_FLOOR = timedelta(minutes=10)
 
 
 def trim_history(table: DeltaTable, keep_from: int, retention_seconds: int) -> tuple[int, int]:
-    """Bound the history of a small table rewritten in place (a cluster repository): checkpoint at
-    version ``keep_from``, clean up the log entries before it that are older than the retention, and
-    vacuum files removed longer ago than the retention (at least ten minutes, so a file written for
-    a commit still under way is never deleted). Versions from ``keep_from`` on stay readable.
+    """Bound the history of a small table rewritten in place (a cluster repository, a queue's state
+    table): checkpoint at version ``keep_from``, clean up the log entries before it that are older
+    than the retention, and vacuum files no version references that were written longer ago than the
+    retention (at least :data:`VACUUM_FLOOR`, so a file written for a commit still under way is never
+    deleted). Versions from ``keep_from`` on stay readable.
     Returns the log entries and files removed."""
     location = table.table_uri
+    files_seconds = max(retention_seconds, int(VACUUM_FLOOR.total_seconds()))
     set_properties(
         table,
         {
             "delta.logRetentionDuration": f"interval {retention_seconds} seconds",
-            "delta.deletedFileRetentionDuration": f"interval {max(retention_seconds, _VACUUM_FLOOR_SECONDS)} seconds",
+            "delta.deletedFileRetentionDuration": f"interval {files_seconds} seconds",
         },
     )
     options = table_options(table)
