@@ -27,8 +27,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("mqspark.cluster.",),
     ("mqspark.services.",),
     ("mqspark.qmgr", "mqspark.reconnect"),
+    ("mqspark.status",),
     ("mqspark.spark.", "mqspark.jobs."),
-    ("mqspark.cli", "mqspark.cli."),
+    ("mqspark.cli", "mqspark.cli.", "mqspark.console."),
     ("mqspark.demo", "mqspark"),
 ]
 # pyspark is imported only here (the package's own __init__ loads Spark lazily, on first use).

@@ -6,18 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tomllib
-from datetime import UTC, datetime
 from typing import Any
 
 from mqspark.cli.parser import Commands, add_attribute_options
 from mqspark.errors import MQError
 from mqspark.model.definitions import ATTRIBUTE_NAMES, RECONNECT_MODES, QueueDefinition
 from mqspark.qmgr import QueueManager
-from mqspark.services.monitor import group_health
-
-# Shown by depth beside each source queue: its failure queues and its failed messages waiting there.
-_FAILURE_KEYS = ("backout_queue", "backed_out", "error_queue", "errors", "dead_letters")
-_HEALTH_KEYS = ("status", "claimable_age_s", "rate_per_s", "held_by")
+from mqspark.status import FAILURE_KEYS, HEALTH_KEYS, depths
 
 
 def add_qmgr(commands: Commands, output: argparse.ArgumentParser) -> None:
@@ -168,74 +163,15 @@ def add_depth(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _depth(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = _depths(QueueManager.open(args.root), args.queue)
+    rows = depths(QueueManager.open(args.root), args.queue)
     if args.json:
         return rows
     hidden: set[str] = set()
     if not any(row["consumer"] for row in rows):
-        hidden.update(_HEALTH_KEYS)
+        hidden.update(HEALTH_KEYS)
     if not any(row["backout_queue"] or row["error_queue"] or row["dead_letters"] for row in rows):
-        hidden.update(_FAILURE_KEYS)
+        hidden.update(FAILURE_KEYS)
     return [{key: value for key, value in row.items() if key not in hidden} for row in rows]
-
-
-def _depths(qm: QueueManager, queue: str | None) -> list[dict[str, Any]]:
-    """``depth``: each queue's depth and oldest age, in all and per consumer group, with each group's
-    health (:func:`mqspark.services.monitor.group_health`: status, oldest claimable age, rate); beside
-    each source queue, how many of its failed messages wait on its backout queue, its error queue and
-    the dead-letter queue (``--json`` always has these keys; the table shows them when one is set or
-    a dead letter waits)."""
-    queues = {q.name: q for q in qm.queues() if q.type == "local"}
-    names = [queue] if queue else list(queues)
-    from_queue: dict[str, dict[str, int]] = {}
-
-    def failed_on(failure_queue: str | None, source: str) -> int | None:
-        if failure_queue is None or failure_queue not in queues:
-            return None
-        if failure_queue not in from_queue:
-            from_queue[failure_queue] = qm.depth_by_original_queue(failure_queue)
-        return from_queue[failure_queue].get(source, 0)
-
-    rows = []
-    now = datetime.now(UTC)
-    for name in names:
-        definition = queues.get(name)
-        for consumer in [None, *qm.consumers(name)]:
-            backlog = qm.backlog(name, consumer)
-            row = {
-                "queue": name,
-                "consumer": consumer,
-                "depth": backlog.depth,
-                "oldest_age_s": _rounded(backlog.oldest_age(now)),
-                **dict.fromkeys(_HEALTH_KEYS),
-                **dict.fromkeys(_FAILURE_KEYS),
-            }
-            if consumer is not None:
-                health = group_health(qm, name, consumer, now)
-                row.update(
-                    {
-                        "status": None if health.status is None else health.status.value,
-                        "claimable_age_s": _rounded(health.oldest_claimable_age_s),
-                        "rate_per_s": _rounded(health.rate_per_s),
-                        "held_by": health.held_by,
-                    }
-                )
-            if consumer is None and definition is not None and name != qm.dead_letter_queue:
-                row.update(
-                    {
-                        "backout_queue": definition.backout_queue,
-                        "backed_out": failed_on(definition.backout_queue, name),
-                        "error_queue": definition.error_queue,
-                        "errors": failed_on(definition.error_queue, name),
-                        "dead_letters": failed_on(qm.dead_letter_queue, name),
-                    }
-                )
-            rows.append(row)
-    return rows
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
 
 
 def add_apply(commands: Commands, output: argparse.ArgumentParser) -> None:
