@@ -277,6 +277,11 @@ class Queues:
         """The local queue a put to ``queue`` lands on; raises when it is unknown or put-inhibited."""
         return self._resolve(queue, for_put=True)
 
+    def resolve(self, queue: str) -> QueueDefinition:
+        """The local queue behind ``queue`` (itself, or an alias's target), whatever it inhibits: to
+        look at it (depth, health, a monitor), not to put or get."""
+        return self._resolve(queue)
+
     def resolve_for_get(self, queue: str) -> QueueDefinition:
         """The local queue a get from ``queue`` reads; raises when it is unknown or get-inhibited."""
         return self._resolve(queue, for_get=True)

@@ -270,7 +270,7 @@ def group_health(
     None when no monitor recorded one. The rate is that point's rate.
     """
     now = now or datetime.now(UTC)
-    definition = qm.resolve_for_get(queue)
+    definition = qm.resolve(queue)
     consumer = validate_name(consumer, "consumer group")
     state = ConsumerState(qm.root, definition.name, qm.storage_options)
     parked = parked_messages(definition, state, consumer, now)
@@ -338,7 +338,7 @@ class Monitor:
         self.depth_high, self.depth_low, self.service_interval = depth_high, depth_low, service_interval
         self.qm = qm
         with store.answering(qm.root):
-            self.definition = qm.resolve_for_get(queue)
+            self.definition = qm.resolve(queue)
         self.queue = self.definition.name
         self.consumer = validate_name(consumer, "consumer group")
         self.lease_timeout = lease_timeout
