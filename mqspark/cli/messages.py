@@ -5,7 +5,6 @@ applies)."""
 from __future__ import annotations
 
 import argparse
-import base64
 import sys
 from typing import Any
 
@@ -17,12 +16,11 @@ from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA, DEAD_LETTER_FIELDS
 from mqspark.qmgr import QueueManager
+from mqspark.status import PAYLOAD_VIEWS, holds_failed_messages, payload_view
 
 # The block consumer's prefetch for ``get --count``: Kafka's default max.poll.records.
 _COUNT_PREFETCH = 500
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
-# How browse and get print payloads (--payload).
-PAYLOAD_VIEWS = ("text", "hex", "base64")
 # Shown by browse for the queues failed messages go to, before the payload: MQ's dead-letter header.
 _HEADER_COLUMNS = ("backout_count", *DEAD_LETTER_FIELDS)
 
@@ -187,45 +185,9 @@ def _messages(qm: QueueManager, args: argparse.Namespace, table: pa.Table) -> pa
     if args.json:
         return table.append_column("payload_encoding", encoding)
     columns = list(_BROWSE_COLUMNS)
-    if _holds_failed_messages(qm, args.queue, table):
+    if holds_failed_messages(qm, args.queue, table):
         columns[-1:-1] = _HEADER_COLUMNS
     return table.select(columns)
-
-
-def payload_view(payloads: list[bytes | None], view: str, lossless: bool) -> tuple[pa.Array, pa.Array]:
-    """``payloads`` as text for printing, and each one's encoding: ``hex``, ``base64``, or ``text``
-    (UTF-8; one that is not UTF-8 is base64 when ``lossless``, else text with its bytes escaped)."""
-    texts: list[str | None] = []
-    encodings: list[str | None] = []
-    for payload in payloads:
-        text: str | None
-        encoding: str | None = view
-        if payload is None:
-            text, encoding = None, None
-        elif view == "hex":
-            text = payload.hex()
-        elif view == "base64":
-            text = base64.b64encode(payload).decode("ascii")
-        else:
-            try:
-                text = payload.decode("utf-8")
-            except UnicodeDecodeError:
-                encoding = "base64" if lossless else "text"
-                escaped = payload.decode("utf-8", "backslashreplace")
-                text = base64.b64encode(payload).decode("ascii") if lossless else escaped
-        texts.append(text)
-        encodings.append(encoding)
-    return pa.array(texts, pa.string()), pa.array(encodings, pa.string())
-
-
-def _holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> bool:
-    """Whether browse shows the dead-letter header: for the dead-letter queue, a queue some queue
-    names as its backout or error queue, and any queue holding messages that carry a header."""
-    queues = qm.queues()
-    failure_queues = {qm.dead_letter_queue}
-    failure_queues |= {q.backout_queue for q in queues if q.backout_queue}
-    failure_queues |= {q.error_queue for q in queues if q.error_queue}
-    return qm.inquire_queue(queue).name in failure_queues or browsed["dlq_reason"].null_count < browsed.num_rows
 
 
 def add_maintain(commands: Commands, output: argparse.ArgumentParser) -> None:
