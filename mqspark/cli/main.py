@@ -11,7 +11,7 @@ import sys
 import tomllib
 from collections.abc import Sequence
 
-from mqspark.cli import cluster, messages, monitor, queues, services
+from mqspark.cli import cluster, console, messages, monitor, queues, services
 from mqspark.cli.parser import AddCommand, build_parser
 from mqspark.cli.render import render
 from mqspark.errors import MQError
@@ -35,6 +35,7 @@ COMMANDS: tuple[AddCommand, ...] = (
     queues.add_consumer,
     services.add_instance,
     cluster.add_cluster,
+    console.add_console,
 )
 
 

@@ -1,0 +1,38 @@
+"""The ``mqspark console`` command: the operator console and REST API (:mod:`mqspark.console`) over
+one or more queue manager roots, until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mqspark.cli.parser import Commands
+from mqspark.console.app import serve
+from mqspark.console.security import new_token
+
+
+def add_console(commands: Commands, output: argparse.ArgumentParser) -> None:
+    """``console``: its roots, address and admin token."""
+    console = commands.add_parser(
+        "console", help="serve the operator console and the REST API (http://127.0.0.1:8080 by default)"
+    )
+    console.add_argument(
+        "--root", action="append", dest="roots", metavar="ROOT", help="a queue manager root to serve (repeatable)"
+    )
+    console.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    console.add_argument("--port", type=int, default=8080)
+    console.add_argument("--admin", action="store_true", help="allow writes (put, get, redrive, admin) with the token")
+    console.add_argument("--token", help="the admin token (default: generated, and printed once)")
+    console.set_defaults(handler=_console)
+
+
+def _console(args: argparse.Namespace) -> None:
+    roots = args.roots or [args.root]
+    token = args.token
+    if args.admin and not token:
+        token = new_token()
+        print(f"mqspark console: admin token {token}", file=sys.stderr, flush=True)
+    print(f"mqspark console: serving {', '.join(roots)} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    serve(roots, args.host, args.port, args.admin, token)

@@ -1,0 +1,63 @@
+"""The console application: the REST API, the pages, the sign-in and the vendored static files in
+one Starlette app, with headers that keep a page from running anything but the console's own
+scripts; and :func:`serve`, which runs it with uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+
+from mqspark.console import api, pages
+from mqspark.console.managers import Managers
+from mqspark.console.reads import Reads
+from mqspark.console.security import Security
+
+STATIC = Path(__file__).with_name("static")
+# Only the console's own scripts, styles and images run on its pages: a payload that slipped
+# through escaping still could not run.
+_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
+
+
+class _SecurityHeaders(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await call_next(request)
+        for name, value in _HEADERS.items():
+            if name == "cache-control" and request.url.path.startswith("/static/"):
+                continue
+            response.headers.setdefault(name, value)
+        return response
+
+
+def build_app(roots: Sequence[str], admin: bool = False, token: str | None = None) -> Starlette:
+    """The console over the queue managers at ``roots``; writes need ``admin`` and ``token``."""
+    reads = Reads(Managers(roots))
+    security = Security(admin=admin, token=token)
+    routes = [
+        *api.routes(reads, security),
+        *pages.routes(reads, security),
+        Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(_SecurityHeaders)])
+
+
+def serve(roots: Sequence[str], host: str, port: int, admin: bool, token: str | None) -> None:
+    """Serve the console until interrupted."""
+    uvicorn.run(build_app(roots, admin, token), host=host, port=port, log_level="warning")
