@@ -16,7 +16,8 @@ from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from mqspark.console import api, pages
+from mqspark.console import api, dead_letters, pages
+from mqspark.console.jobs import Redrives
 from mqspark.console.managers import Managers
 from mqspark.console.reads import Reads
 from mqspark.console.security import Security
@@ -50,9 +51,11 @@ def build_app(roots: Sequence[str], admin: bool = False, token: str | None = Non
     """The console over the queue managers at ``roots``; writes need ``admin`` and ``token``."""
     reads = Reads(Managers(roots))
     security = Security(admin=admin, token=token)
+    redrives = Redrives(reads.managers)
     routes = [
         *api.routes(reads, security),
         *pages.routes(reads, security),
+        *dead_letters.routes(reads, security, redrives, pages.renderer(security)),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(_SecurityHeaders)])

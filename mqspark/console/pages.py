@@ -5,6 +5,7 @@ an admin's browser. The overview's table refreshes itself through htmx, from the
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -22,13 +23,20 @@ TEMPLATES = Environment(loader=PackageLoader("mqspark.console"), autoescape=sele
 SORTS = ("qmgr", "name", "type", "depth", "oldest_age_s")
 
 
-def routes(reads: Reads, security: Security) -> list[Route]:
-    """The pages' routes over ``reads``; ``security`` says who signed in."""
+def renderer(security: Security) -> Callable[..., HTMLResponse]:
+    """Renders a template for a request, with what every page shows of who is signed in."""
 
     def render(request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
         values.update(admin=security.admin, signed_in=security.signed_in(request))
         values.update(csrf_token=security.csrf_token(request), csrf_field=CSRF_FIELD)
         return HTMLResponse(TEMPLATES.get_template(template).render(**values), status_code=status)
+
+    return render
+
+
+def routes(reads: Reads, security: Security) -> list[Route]:
+    """The pages' routes over ``reads``; ``security`` says who signed in."""
+    render = renderer(security)
 
     def failed(request: Request, error: MQError) -> HTMLResponse:
         status = error_response(error).status_code

@@ -142,6 +142,26 @@ class Reads:
 
         return self._cached(("queue", qmgr, queue), compute)
 
+    def failure_queues(self, qmgr: str) -> list[dict[str, Any]]:
+        """The queues failed messages of ``qmgr`` go to: its dead-letter queue, and every queue some
+        queue names as its backout or error queue, each with its role and depth."""
+
+        def compute() -> list[dict[str, Any]]:
+            qm = self.managers.get(qmgr)
+            defined = {q.name: q for q in qm.queues()}
+            roles: dict[str, list[str]] = {qm.dead_letter_queue: ["dead-letter queue"]}
+            for definition in defined.values():
+                for attribute, role in (("backout_queue", "backout queue"), ("error_queue", "error queue")):
+                    target = getattr(definition, attribute, None)
+                    if target:
+                        roles.setdefault(target, []).append(f"{role} of {definition.name}")
+            return [
+                {"name": name, "roles": roles[name], "depth": qm.depth(name) if name in defined else None}
+                for name in sorted(roles)
+            ]
+
+        return self._cached(("failure_queues", qmgr), compute)
+
     def messages(
         self, qmgr: str, queue: str, selected: MessageFilter, offset: int = 0, limit: int = PAGE
     ) -> dict[str, Any]:

@@ -81,6 +81,14 @@ class Security:
                 "console: the request's CSRF token or origin is not this console's", Reason.MQRC_NOT_AUTHORIZED
             )
 
+    def who(self, request: Request) -> str:
+        """Who made a write, as the audit records it: the token's holder, or a signed-in browser
+        (named by its CSRF token's first characters, never by its session)."""
+        if request.headers.get("authorization", "").lower().startswith("bearer "):
+            return f"token ({request.client.host if request.client else 'unknown'})"
+        csrf = self.csrf_token(request)
+        return f"browser {csrf[:8]} ({request.client.host if request.client else 'unknown'})" if csrf else "unknown"
+
     def _check_admin(self) -> None:
         if not self.admin:
             raise MQError("console: writes need a console started with --admin", Reason.MQRC_NOT_AUTHORIZED)

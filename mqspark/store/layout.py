@@ -16,6 +16,7 @@ FORWARD_DIR = "forward"
 MONITOR_DIR = "monitor"
 INSTANCES_DIR = "instances"
 QUEUES_DIR = "queues"
+AUDIT_DIR = "audit"
 
 StorageOptions = dict[str, str] | None
 
@@ -67,3 +68,8 @@ def forward_location(root: str, queue: str, consumer: str) -> str:
 def monitor_location(root: str, queue: str) -> str:
     """The backlog monitor's history of ``queue``: a point per row, every group's."""
     return f"{root}/{MONITOR_DIR}/{queue_dir_name(queue)}"
+
+
+def audit_location(root: str) -> str:
+    """The console's audit table of the queue manager: who did what to it, when, with what result."""
+    return f"{root}/{AUDIT_DIR}"

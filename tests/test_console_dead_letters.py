@@ -1,0 +1,118 @@
+"""Failed messages in the console: the dead-letters page with MQ's header, and redrive from the page
+and from the REST API, at a rate, with its progress and its audit record."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from starlette.testclient import TestClient
+
+from mqspark import QueueManager
+from mqspark.console import audit
+from mqspark.console.app import build_app
+
+TOKEN = "dl-token"
+ADMIN = {"authorization": f"Bearer {TOKEN}"}
+
+
+def _fail(qm: QueueManager, count: int) -> None:
+    """``count`` messages of Q fail once each for group g and go to Q.BACKOUT (threshold 1)."""
+    qm.define_queue("Q.BACKOUT")
+    qm.define_queue("Q", backout_queue="Q.BACKOUT", backout_threshold=1)
+    qm.put("Q", [{"payload": f"m{number}".encode()} for number in range(count)])
+    for number in range(count):
+        with pytest.raises(RuntimeError), qm.syncpoint_get("Q", "g"):
+            raise RuntimeError(f"<b>failure {number}</b>")
+    assert qm.get("Q", "g").num_rows == 0
+    assert qm.depth("Q.BACKOUT") == count
+
+
+def _until_ended(client: TestClient, url: str) -> dict:
+    deadline = time.monotonic() + 60
+    while True:
+        state = client.get(url).json()
+        if state["state"] != "running" or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)
+
+
+def test_the_page_shows_each_failure_queue_and_the_dead_letter_header(qm: QueueManager) -> None:
+    _fail(qm, 2)
+    client = TestClient(build_app([qm.root]))
+    html = client.get("/qmgr/QM1/dead-letters", params={"queue": "Q.BACKOUT"}).text
+    queues = html.split('id="failure-queues"')[1].split("</table>")[0]
+    assert re.findall(r"<td>([^<]*)</td>", queues) == ["backout queue of Q", "dead-letter queue"]
+    rows = re.findall(r"<tr>\s*<td><input(.*?)</tr>", html, re.S)
+    assert len(rows) == 2
+    assert "last error: RuntimeError: &lt;b&gt;failure 0&lt;/b&gt;" in rows[0] and "<b>" not in html
+    assert re.findall(r'<td class="number">(\d+)</td>', rows[0]) == ["2362", "1"]
+    assert "Redrive needs a console started with --admin." in html
+
+
+def test_a_redrive_from_the_page_moves_the_selected_messages_back_at_its_rate(qm: QueueManager) -> None:
+    _fail(qm, 3)
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://console.test")
+    client.post("/sign-in", data={"token": TOKEN})
+    html = client.get("/qmgr/QM1/dead-letters", params={"queue": "Q.BACKOUT"}).text
+    csrf = re.findall(r'name="csrf_token" value="([^"]+)"', html)[0]
+    chosen = re.findall(r'name="msg_id" value="([^"]+)"', html)[:2]
+    form = {"csrf_token": csrf, "msg_id": chosen, "rate": "1"}
+    started = time.monotonic()
+    answer = client.post(
+        "/qmgr/QM1/dead-letters/Q.BACKOUT/redrive",
+        data=form,
+        headers={"origin": "http://console.test"},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303
+    progress = answer.headers["location"]
+    state = _until_ended(client, "/api/v1/admin" + progress)
+    assert (state["state"], state["done"], state["moved"]) == ("done", 2, {"Q": 2})
+    # One message a second: the second went a second after the first.
+    assert time.monotonic() - started >= 1.0
+    final = client.get(progress, headers={"hx-request": "true"})
+    assert final.status_code == 286 and "2 of 2 selected messages, 1 a second: done" in final.text
+    assert sorted(qm.get("Q", "g", max_messages=5)["msg_id"].to_pylist()) == sorted(chosen)
+    assert qm.depth("Q.BACKOUT") == 1
+    actions = audit.read(qm)
+    assert [(a["action"], a["queue"], a["ok"], json.loads(a["result"])) for a in actions][0][:3] == (
+        "redrive",
+        "Q.BACKOUT",
+        True,
+    )
+    assert json.loads(actions[0]["result"])["moved"] == {"Q": 2} and json.loads(actions[1]["result"]) == "started"
+
+
+def test_a_redrive_of_all_through_the_api(qm: QueueManager) -> None:
+    _fail(qm, 3)
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN))
+    url = "/api/v1/admin/qmgr/QM1/queue/Q.BACKOUT/redrive"
+    answer = client.post(url, json={"rate": 1000}, headers=ADMIN)
+    assert answer.status_code == 202 and answer.json()["selected"] == 3
+    state = _until_ended(client, f"/api/v1/admin/redrive/{answer.json()['id']}")
+    assert (state["state"], state["moved"]) == ("done", {"Q": 3})
+    assert sorted(qm.get("Q", "g", max_messages=5)["payload"].to_pylist()) == [b"m0", b"m1", b"m2"]
+    assert audit.read(qm)[0]["who"].startswith("token (")
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "text"),
+    [
+        ({"rate": 0}, ADMIN, 400, "redrive: option rate must be 1-1000 messages a second, got 0"),
+        ({"msg_ids": "abc"}, ADMIN, 400, "redrive: msg_ids must be a list of msg_ids, got 'abc'"),
+        ({}, {}, 401, "a write needs the admin token"),
+    ],
+)
+def test_a_bad_redrive_is_refused_and_moves_nothing(
+    qm: QueueManager, body: dict, headers: dict, status: int, text: str
+) -> None:
+    _fail(qm, 1)
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN))
+    answer = client.post("/api/v1/admin/qmgr/QM1/queue/Q.BACKOUT/redrive", json=body, headers=headers)
+    assert answer.status_code == status and text in answer.json()["error"]["text"]
+    assert qm.depth("Q.BACKOUT") == 1 and audit.read(qm) == []
+    missing = client.get("/api/v1/admin/redrive/nope")
+    assert (missing.status_code, missing.json()["error"]["reason"]) == (404, 2085)
