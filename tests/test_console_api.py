@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 from mqspark import MQError, QueueManager
 from mqspark.console.app import build_app
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.services.monitor import Monitor
 
 TOKEN = "s3cret-token"
 ADMIN = {"authorization": f"Bearer {TOKEN}"}
@@ -239,3 +240,25 @@ def test_delete_gets_competing_with_a_python_get_deliver_each_message_once(
     by_python = out.splitlines()
     assert sorted(rest + by_python) == sorted(payloads)
     assert rest and by_python
+
+
+def test_the_monitor_history_of_a_queue_per_group_with_its_warn_verdicts(qm: QueueManager, client: TestClient) -> None:
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"x"}] * 5)
+    qm.declare_consumer("Q", "g")
+    monitor = Monitor(qm, "Q", "g", watch_interval=1, watch_count=1, expected_count=10)
+    start = datetime.now(UTC) - timedelta(minutes=5)
+    verdicts = [monitor.point(start + timedelta(seconds=second)).judgement.verdict for second in range(3)]
+    assert verdicts == ["continue", "warn", "warn"]
+    old = Monitor(qm, "Q", "g", watch_interval=1, watch_count=1, expected_count=10)
+    old.point(start - timedelta(hours=2))
+    history = client.get("/api/v1/qmgr/QM1/queue/Q/history", params={"minutes": "60"}).json()
+    group = history["groups"]["g"]
+    times = [(start + timedelta(seconds=second)).timestamp() for second in range(3)]
+    assert (group["at"], group["depth"], group["rate_per_s"]) == (times, [5, 5, 5], [None, 0.0, 0.0])
+    assert (group["warn"], group["abort"]) == (times[1:], [])
+    assert (
+        len(client.get("/api/v1/qmgr/QM1/queue/Q/history", params={"minutes": "180"}).json()["groups"]["g"]["at"]) == 4
+    )
+    refused = client.get("/api/v1/qmgr/QM1/queue/Q/history", params={"minutes": "0"})
+    assert (refused.status_code, refused.json()["error"]["text"]) == (400, "option minutes must be 1-10080, got 0")

@@ -80,6 +80,10 @@ def routes(reads: Reads, security: Security) -> list[Route]:
     def queue(request: Request) -> dict[str, Any]:
         return reads.queue(request.path_params["qmgr"], request.path_params["queue"])
 
+    def history(request: Request) -> dict[str, Any]:
+        minutes = _integer(request.query_params, "minutes", 60)
+        return reads.history(request.path_params["qmgr"], request.path_params["queue"], minutes)
+
     def browse(request: Request) -> dict[str, Any]:
         query = request.query_params
         return reads.messages(
@@ -122,6 +126,7 @@ def routes(reads: Reads, security: Security) -> list[Route]:
         Route("/api/v1/qmgr", _json(qmgrs), methods=["GET"]),
         Route("/api/v1/qmgr/{qmgr}/queue", _json(queues), methods=["GET"]),
         Route("/api/v1/qmgr/{qmgr}/queue/{queue}", _json(queue), methods=["GET"]),
+        Route("/api/v1/qmgr/{qmgr}/queue/{queue}/history", _json(history), methods=["GET"]),
         Route(
             "/api/v1/qmgr/{qmgr}/queue/{queue}/message", _message(browse, put, get), methods=["GET", "POST", "DELETE"]
         ),

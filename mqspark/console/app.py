@@ -17,6 +17,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
 from mqspark.console import api, dead_letters, pages
+from mqspark.console.admin import routes as admin_routes
 from mqspark.console.jobs import Redrives
 from mqspark.console.managers import Managers
 from mqspark.console.reads import Reads
@@ -56,6 +57,7 @@ def build_app(roots: Sequence[str], admin: bool = False, token: str | None = Non
         *api.routes(reads, security),
         *pages.routes(reads, security),
         *dead_letters.routes(reads, security, redrives, pages.renderer(security)),
+        *admin_routes(reads, security, pages.renderer(security)),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(_SecurityHeaders)])

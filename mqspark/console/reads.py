@@ -9,7 +9,7 @@ import base64
 import dataclasses
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import cachetools
@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from mqspark.console.managers import Managers
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQValidationError
+from mqspark.services.monitor import history_points
 from mqspark.status import depths, holds_failed_messages, payload_view, rounded
 
 # How long an answer many clients poll for is served again: the overview refreshes every few seconds.
@@ -30,6 +31,9 @@ MAX_PAGE = 500
 LIST_PAYLOAD_BYTES = 120
 PREVIEW_BYTES = 64 * 1024
 _T = TypeVar("_T")
+# What the charts draw from the monitor history, and how far back they may look.
+HISTORY_SERIES = ("depth", "oldest_claimable_age_s", "rate_per_s")
+MAX_HISTORY_MINUTES = 7 * 24 * 60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,32 @@ class Reads:
             }
 
         return self._cached(("queue", qmgr, queue), compute)
+
+    def history(self, qmgr: str, queue: str, minutes: int) -> dict[str, Any]:
+        """The monitor history of ``queue`` over the last ``minutes``, per consumer group, as the
+        charts draw it: the points' times (epoch seconds) and depth, oldest claimable age and rate,
+        and the times of the warn and abort verdicts."""
+        if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= MAX_HISTORY_MINUTES:
+            raise MQValidationError(f"option minutes must be 1-{MAX_HISTORY_MINUTES}, got {minutes!r}")
+
+        def compute() -> dict[str, Any]:
+            qm = self.managers.get(qmgr)
+            name = qm.resolve(queue).name
+            since = datetime.now(UTC) - timedelta(minutes=minutes)
+            points = history_points(qm, name, since, [*HISTORY_SERIES, "verdict"])
+            groups: dict[str, Any] = {}
+            for consumer in sorted(set(points["consumer"].to_pylist())):
+                mine = points.filter(pc.equal(points["consumer"], consumer))
+                at = [moment.timestamp() for moment in mine["at"].to_pylist()]
+                verdicts = mine["verdict"].to_pylist()
+                groups[consumer] = {
+                    "at": at,
+                    **{series: mine[series].to_pylist() for series in HISTORY_SERIES},
+                    **{kind: [t for t, v in zip(at, verdicts, strict=True) if v == kind] for kind in ("warn", "abort")},
+                }
+            return {"qmgr": qmgr, "queue": name, "minutes": minutes, "groups": groups}
+
+        return self._cached(("history", qmgr, queue, minutes), compute)
 
     def failure_queues(self, qmgr: str) -> list[dict[str, Any]]:
         """The queues failed messages of ``qmgr`` go to: its dead-letter queue, and every queue some

@@ -252,6 +252,17 @@ def latest_point(qm: Queues, queue: str, consumer: str) -> dict[str, Any] | None
     return points.slice(pc.index(points["at"], pc.max(points["at"])).as_py(), 1).to_pylist()[0]
 
 
+def history_points(qm: Queues, queue: str, since: datetime, columns: list[str]) -> pa.Table:
+    """The points of the monitor history of ``queue`` (every group's) taken at or after ``since``,
+    with ``at``, ``consumer`` and ``columns``, oldest first; none without a history."""
+    table = store.open_table(store.monitor_location(qm.root, queue), qm.storage_options)
+    names = ["at", "consumer", *(name for name in columns if name not in ("at", "consumer"))]
+    if table is None:
+        return HISTORY_SCHEMA.empty_table().select(names)
+    match = (pc.field("queue") == queue) & (pc.field("at") >= pa.scalar(since, TIMESTAMP))
+    return store.table_dataset(table).to_table(filter=match, columns=names).sort_by("at")
+
+
 @store.connected
 def group_health(
     qm: Queues,
