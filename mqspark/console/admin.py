@@ -21,8 +21,9 @@ from mqspark.console.security import CSRF_FIELD, Security
 from mqspark.errors import MQError, MQValidationError
 from mqspark.model.definitions import ATTRIBUTE_NAMES, QueueDefinition
 from mqspark.qmgr import QueueManager
+from mqspark.services.instances import switchover
 
-ACTIONS = ("put", "purge", "inhibit_put", "allow_put", "inhibit_get", "allow_get", "alter")
+ACTIONS = ("put", "purge", "inhibit_put", "allow_put", "inhibit_get", "allow_get", "alter", "switchover")
 # The attributes an admin may alter from the page (type and cluster membership need the CLI).
 ALTERABLE = tuple(name for name in ATTRIBUTE_NAMES if name not in ("type", "target_queue", "cluster"))
 
@@ -54,6 +55,12 @@ def act(qm: QueueManager, queue: str, action: str, values: dict[str, Any]) -> An
             raise MQValidationError(f"alter: queue {queue}: attribute {unknown[0]!r} cannot be altered here")
         definition = qm.alter_queue(queue, **attributes)
         return {name: getattr(definition, name) for name in attributes}
+    if action == "switchover":
+        consumer = values.get("consumer")
+        if not isinstance(consumer, str) or not consumer:
+            raise MQValidationError(f"switchover: queue {queue}: field consumer must name the consumer group")
+        switchover(qm, queue, consumer)
+        return {"switchover": consumer}
     raise MQValidationError(f"admin: action must be one of {', '.join(ACTIONS)}, got {action!r}")
 
 
@@ -134,6 +141,8 @@ def _form_values(action: str, form: FormData) -> dict[str, Any]:
     """What a page's form gives an action: the test message, or the attributes it changes."""
     if action == "put":
         return {"payload": form.get("payload"), "priority": form.get("priority")}
+    if action == "switchover":
+        return {"consumer": form.get("consumer")}
     if action != "alter":
         return {}
     defaults = QueueDefinition(name="DEFAULTS")

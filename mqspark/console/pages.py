@@ -102,6 +102,15 @@ def routes(reads: Reads, security: Security) -> list[Route]:
             request, "message.html", qmgr=qmgr, queue=name, message=shown, view=view, preview_bytes=PREVIEW_BYTES
         )
 
+    def instances_page(request: Request) -> Response:
+        qmgr = request.path_params["qmgr"]
+        try:
+            return render(
+                request, "instances.html", qmgr=qmgr, groups=reads.instances(qmgr), clusters=reads.clusters(qmgr)
+            )
+        except MQError as error:
+            return failed(request, error)
+
     async def sign_in(request: Request) -> Response:
         form = await request.form()
         token = form.get("token")
@@ -118,6 +127,7 @@ def routes(reads: Reads, security: Security) -> list[Route]:
         Route("/qmgr/{qmgr}/queue/{queue}", queue, methods=["GET"]),
         Route("/qmgr/{qmgr}/queue/{queue}/messages", messages, methods=["GET"]),
         Route("/qmgr/{qmgr}/queue/{queue}/messages/{msg_id}", message, methods=["GET"]),
+        Route("/qmgr/{qmgr}/instances", instances_page, methods=["GET"]),
         Route("/sign-in", sign_in, methods=["POST"]),
     ]
 

@@ -16,9 +16,12 @@ import cachetools
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqspark.cluster.repository import Cluster
 from mqspark.console.managers import Managers
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
-from mqspark.errors import MQValidationError
+from mqspark.errors import MQError, MQValidationError
+from mqspark.qmgr import QueueManager
+from mqspark.services.instances import instances
 from mqspark.services.monitor import history_points
 from mqspark.status import depths, holds_failed_messages, payload_view, rounded
 
@@ -172,6 +175,50 @@ class Reads:
 
         return self._cached(("history", qmgr, queue, minutes), compute)
 
+    def instances(self, qmgr: str) -> list[dict[str, Any]]:
+        """The instances of every consumer group's service of ``qmgr``'s local queues (active and
+        standby, with their last heartbeat), by queue and group; groups without instances left out."""
+
+        def compute() -> list[dict[str, Any]]:
+            qm = self.managers.get(qmgr)
+            rows = []
+            for definition in qm.queues():
+                if definition.type != "local":
+                    continue
+                for consumer in qm.consumers(definition.name):
+                    found = [info.as_dict() for info in instances(qm, definition.name, consumer)]
+                    if found:
+                        rows.append({"queue": definition.name, "consumer": consumer, "instances": found})
+            return rows
+
+        return self._cached(("instances", qmgr), compute)
+
+    def clusters(self, qmgr: str) -> list[dict[str, Any]]:
+        """The clusters ``qmgr`` joined: their members (replicas) with route state and last use, the
+        queues they advertise with each replica's depth, and the routing bindings."""
+
+        def compute() -> list[dict[str, Any]]:
+            qm = self.managers.get(qmgr)
+            found = []
+            for root in qm.cluster_roots():
+                snapshot = Cluster.open(root, storage_options=qm.storage_options).snapshot()
+                roots = {member.qmgr: member.root for member in snapshot.members}
+                found.append(
+                    {
+                        "cluster": snapshot.cluster,
+                        "version": snapshot.version,
+                        "members": [_json_record(member) for member in snapshot.members],
+                        "queues": [
+                            {**_json_record(queue), "depth": _replica_depth(roots.get(queue.qmgr), queue.name, qm)}
+                            for queue in snapshot.queues
+                        ],
+                        "bindings": [_json_record(binding) for binding in snapshot.bindings],
+                    }
+                )
+            return found
+
+        return self._cached(("clusters", qmgr), compute)
+
     def failure_queues(self, qmgr: str) -> list[dict[str, Any]]:
         """The queues failed messages of ``qmgr`` go to: its dead-letter queue, and every queue some
         queue names as its backout or error queue, each with its role and depth."""
@@ -216,6 +263,22 @@ class Reads:
             "dead_letter_header": header,
             "messages": message_rows(page, LIST_PAYLOAD_BYTES),
         }
+
+
+def _json_record(record: Any) -> dict[str, Any]:
+    return {key: _json(value) for key, value in dataclasses.asdict(record).items()}
+
+
+def _replica_depth(root: str | None, queue: str, local: QueueManager) -> int | str | None:
+    """How many messages wait on a replica of a cluster queue: what it took and still holds; the
+    error's text when its queue manager cannot be read from here."""
+    if root is None:
+        return None
+    try:
+        qm = local if root == local.root else QueueManager.open(root, storage_options=local.storage_options)
+        return qm.depth(queue)
+    except (MQError, OSError) as error:
+        return f"unreadable: {error}"
 
 
 def _narrowed(browsed: pa.Table, selected: MessageFilter) -> pa.Table:

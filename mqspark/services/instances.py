@@ -320,7 +320,7 @@ def instances(
     """The instances of group ``consumer``'s service on ``queue``: the one holding the group's lease
     is active, the others whose heartbeat is within ``lease_timeout`` stand by. Entries older than a
     day are removed."""
-    local = qm.resolve_for_get(queue).name
+    local = qm.resolve(queue).name
     holder = ConsumerState(qm.root, local, qm.storage_options).lease(consumer, lease_timeout)
     filesystem, path = store.filesystem_of(registry_location(qm.root, local, consumer))
     selector = pafs.FileSelector(path, allow_not_found=True)
