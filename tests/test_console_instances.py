@@ -3,7 +3,9 @@ advertised queues with what each replica holds, routing bindings)."""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -44,6 +46,9 @@ def test_the_active_and_standby_instances_and_a_switchover(qm: QueueManager) -> 
             ("Q", "G", active.id, "active"),
             ("Q", "G", standby.id, "standby"),
         ]
+        here = f"{socket.gethostname()}:{os.getpid()}"
+        group = _rows(client.get("/qmgr/QM1/queue/Q").text, "groups")[0]
+        assert (group[0], group[-1]) == ("G", f"active {here}, standby {here}")
         csrf = html.split('name="csrf-token" content="')[1].split('"')[0]
         done = client.post(
             "/qmgr/QM1/queue/Q/admin/switchover",

@@ -143,7 +143,13 @@ class Reads:
                 "attributes": attributes,
                 "depth": total["depth"],
                 "oldest_age_s": total["oldest_age_s"],
-                "groups": [{key: value for key, value in row.items() if key not in failures} for row in groups],
+                "groups": [
+                    {
+                        **{key: value for key, value in row.items() if key not in failures},
+                        "instances": [info.as_dict() for info in instances(qm, definition.name, row["consumer"])],
+                    }
+                    for row in groups
+                ],
                 "failures": failures,
             }
 
