@@ -171,6 +171,11 @@ def test_writes_answer_with_their_reason_and_status(qm: QueueManager, client: Te
     )
     assert _error(client.post(url, content=b"x", headers={**ADMIN, "mq-priority": "12"}))[:2] == (400, 2050)
     assert qm.depth("Q") == 0
+    qm.alter_queue("Q", max_depth=1, max_message_length=4)
+    assert _error(client.post(url, content=b"too long", headers=ADMIN))[:2] == (413, 2030)
+    assert client.post(url, content=b"fits", headers=ADMIN).status_code == 201
+    status, reason, text = _error(client.post(url, content=b"full", headers=ADMIN))
+    assert (status, reason, text) == (503, 2053, "MQRC_Q_FULL (2053): queue Q is full (max_depth 1, depth 1, put of 1)")
 
 
 def test_writes_need_admin_and_its_token(qm: QueueManager, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from mqspark.console.security import Security
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.status import PAYLOAD_VIEWS
 
-# The HTTP status of each reason code; a validation error is 400, any other reason 500.
+# The HTTP status of each reason code; any other validation error is 400, any other error 500.
 STATUS = {
     Reason.MQRC_UNKNOWN_OBJECT_NAME: 404,
     Reason.MQRC_Q_DELETED: 404,
@@ -51,12 +51,12 @@ MAX_WAIT = 60.0
 def error_response(error: MQError) -> JSONResponse:
     """``error`` as the API answers it: its reason code and text, with the matching HTTP status."""
     reason = error.reason
-    if isinstance(error, MQValidationError):
-        status = 400
-    elif error.reason == Reason.MQRC_NOT_AUTHORIZED and "--admin" in str(error):
+    if reason == Reason.MQRC_NOT_AUTHORIZED and "--admin" in str(error):
         status = 403
+    elif reason in STATUS:
+        status = STATUS[reason]
     else:
-        status = STATUS.get(reason, 500) if reason is not None else 500
+        status = 400 if isinstance(error, MQValidationError) else 500
     body = {
         "error": {
             "reason": None if reason is None else int(reason),
