@@ -14,6 +14,7 @@ from . import (
     browse,
     cluster_drain,
     cluster_put,
+    console,
     forward,
     instances,
     maintenance,
@@ -60,6 +61,8 @@ BENCHMARKS = {
     "cluster_drain": lambda: cluster_drain.run(),
     "backlog": lambda: backlog.run(),
     "state_log": lambda: state_log.run(),
+    "console": lambda: console.run(),
+    "console_quick": lambda: console.run(minutes=2, messages=50_000),
     "state_log_quick": lambda: state_log.run(entries=2_000, gets=40),
 }
 # Benchmarks that take arguments: called with every argument after their name.

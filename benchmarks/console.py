@@ -1,0 +1,182 @@
+"""The console under load: 50 clients each polling the overview and a queue page every second, at
+100 queues, while a producer puts and a streaming get drains a backlog. Reports the pages' p50 and
+p99, the streaming get's throughput against the same drain without the console (the anchor, in the
+same run), and the console process's memory over the run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+
+import mqspark
+from mqspark import QueueManager
+
+# Runs ``clients`` pollers for ``seconds``: each asks for the overview and then one queue's page,
+# once a second; prints the latencies (ms) of each page kind, and the failures, as one JSON line.
+CLIENTS = """
+import asyncio, json, sys, time
+import httpx2 as httpx
+base, seconds, clients, queues = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+latencies = {"overview": [], "queue": []}
+failures = []
+async def poll(client, number):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.monotonic()
+        for kind, url in (("overview", "/"), ("queue", f"/qmgr/BENCH/queue/Q{number % queues:03d}")):
+            t = time.perf_counter()
+            try:
+                answer = await client.get(base + url)
+                if answer.status_code != 200:
+                    failures.append(f"{url}: {answer.status_code}")
+            except Exception as error:
+                failures.append(f"{url}: {error!r}")
+            latencies[kind].append((time.perf_counter() - t) * 1000)
+        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+async def main():
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        await asyncio.gather(*(poll(client, n) for n in range(clients)))
+asyncio.run(main())
+print(json.dumps({"latencies": latencies, "failures": failures[:20], "failed": len(failures)}), flush=True)
+"""
+# Puts 10 messages to a queue every 100 ms until killed.
+PRODUCER = """
+import sys, time
+from mqspark import QueueManager
+qm = QueueManager.open(sys.argv[1])
+queues = int(sys.argv[2])
+number = 0
+while True:
+    qm.put(f"Q{number % queues:03d}", [{"payload": b"x" * 100}] * 10)
+    number += 1
+    time.sleep(0.1)
+"""
+
+
+def run(minutes: float = 30.0, clients: int = 50, queues: int = 100, messages: int = 200_000) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
+    try:
+        return _measure(root, minutes, clients, queues, messages)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(root: Path, minutes: float, clients: int, queues: int, messages: int) -> dict:
+    qm = QueueManager.create(root / "qm", "BENCH")
+    for number in range(queues):
+        qm.define_queue(f"Q{number:03d}")
+        qm.declare_consumer(f"Q{number:03d}", "app")
+    qm.define_queue("GET")
+    batch = pa.table({"payload": [b"m" * 1000] * (messages // 20)})
+    for _ in range(20):
+        qm.put("GET", batch)
+    spark = mqspark.session(app_name="mqspark-bench", master="local[2]", **{"spark.ui.showConsoleProgress": "false"})
+    producer = subprocess.Popen([sys.executable, "-c", PRODUCER, qm.root, str(queues)])
+    console = None
+    try:
+        _drain(spark, qm.root, root / "warm", "warm", 1000)
+        anchor = _drain(spark, qm.root, root / "anchor", "anchor", messages)
+        port = _free_port()
+        console = subprocess.Popen(
+            [sys.executable, "-m", "mqspark.cli", "console", "--root", qm.root, "--port", str(port)],
+            stderr=subprocess.DEVNULL,
+        )
+        base = f"http://127.0.0.1:{port}"
+        _wait_answering(base)
+        seconds = minutes * 60
+        load = subprocess.Popen(
+            [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues)], stdout=subprocess.PIPE
+        )
+        time.sleep(5)  # the pollers have started
+        loaded = _drain(spark, qm.root, root / "loaded", "loaded", messages)
+        memory = []
+        while load.poll() is None:
+            memory.append(_rss_mb(console.pid))
+            time.sleep(10)
+        polled = json.loads(load.stdout.read() if load.stdout else "{}")
+    finally:
+        producer.kill()
+        if console is not None:
+            console.kill()
+        spark.stop()
+    overview, queue = sorted(polled["latencies"]["overview"]), sorted(polled["latencies"]["queue"])
+    return {
+        "benchmark": "console",
+        "minutes": minutes,
+        "clients": clients,
+        "queues": queues,
+        "messages": messages,
+        "anchor_get_per_s": round(messages / anchor, 1),
+        "get_per_s_under_load": round(messages / loaded, 1),
+        "get_ratio_to_anchor": round(anchor / loaded, 3),
+        "overview_p50_ms": _p(overview, 0.5),
+        "overview_p99_ms": _p(overview, 0.99),
+        "queue_p50_ms": _p(queue, 0.5),
+        "queue_p99_ms": _p(queue, 0.99),
+        "pages": len(overview) + len(queue),
+        "failed": polled["failed"],
+        "failures": polled["failures"],
+        "console_rss_mb_first": memory[0] if memory else None,
+        "console_rss_mb_last": memory[-1] if memory else None,
+        "console_rss_mb_max": max(memory) if memory else None,
+    }
+
+
+def _drain(spark, root: str, checkpoint: Path, consumer: str, messages: int) -> float:
+    """Seconds a streaming get of group ``consumer`` takes to drain queue GET into ``noop``."""
+    started = time.perf_counter()
+    query = (
+        spark.readStream.format("mq")
+        .option("queue", "GET")
+        .option("consumer", consumer)
+        .option("maxMessagesPerTrigger", messages)
+        .load(root)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return time.perf_counter() - started
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_answering(base: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/api/v1/qmgr", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _p(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(fraction * len(values)))], 1)
