@@ -20,7 +20,7 @@ ADMIN = {"authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 def signed_in(qm: QueueManager) -> tuple[TestClient, str]:
     """A browser signed in to an admin console, and its CSRF token."""
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://console.test")
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     client.post("/sign-in", data={"token": TOKEN})
     page = client.get("/").text
     return client, page.split('name="csrf-token" content="')[1].split('"')[0]
@@ -30,7 +30,7 @@ def _post(client: TestClient, csrf: str, action: str, **fields: str):
     return client.post(
         f"/qmgr/QM1/queue/Q/admin/{action}",
         data={"csrf_token": csrf, **fields},
-        headers={"origin": "http://console.test"},
+        headers={"origin": "http://localhost"},
         follow_redirects=False,
     )
 
@@ -73,21 +73,21 @@ def test_an_admin_action_without_the_token_or_its_csrf_token_is_refused(qm: Queu
     client, csrf = signed_in
     qm.define_queue("Q")
     qm.put("Q", [{"payload": b"keep"}])
-    anonymous = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://console.test")
+    anonymous = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     refused = anonymous.post(
-        "/qmgr/QM1/queue/Q/admin/purge", data={"confirm": "Q"}, headers={"origin": "http://console.test"}
+        "/qmgr/QM1/queue/Q/admin/purge", data={"confirm": "Q"}, headers={"origin": "http://localhost"}
     )
     assert refused.status_code == 401 and "a write needs the admin token" in refused.text
     forged = _post(client, "not-the-token", "purge", confirm="Q")
     assert forged.status_code == 401 and "CSRF token or origin" in forged.text
-    read_only = TestClient(build_app([qm.root]))
+    read_only = TestClient(build_app([qm.root]), base_url="http://localhost")
     assert read_only.post("/api/v1/admin/qmgr/QM1/queue/Q/purge", headers=ADMIN).status_code == 403
     assert qm.depth("Q") == 1 and audit.read(qm) == []
 
 
 def test_the_admin_api_acts_and_answers_with_the_result(qm: QueueManager) -> None:
     qm.define_queue("Q")
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN))
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     url = "/api/v1/admin/qmgr/QM1/queue/Q"
     put = client.post(f"{url}/put", json={"payload": "test", "priority": 3}, headers=ADMIN)
     assert put.status_code == 200 and len(put.json()["msg_ids"]) == 1
@@ -111,3 +111,13 @@ def test_the_admin_api_acts_and_answers_with_the_result(qm: QueueManager) -> Non
         ("put", True),
     ]
     assert json.loads(rows[0]["result"]) == {"purged": 1}
+
+
+def test_what_admins_did_shows_only_to_a_signed_in_admin(qm: QueueManager, signed_in) -> None:
+    client, csrf = signed_in
+    qm.define_queue("Q")
+    assert _post(client, csrf, "inhibit_put", confirm="Q").status_code == 303
+    assert "inhibit_put" in client.get("/qmgr/QM1/queue/Q/admin").text.split('id="audit"')[1]
+    anonymous = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    assert "inhibit_put" not in anonymous.get("/qmgr/QM1/queue/Q/admin").text.split('id="audit"')[1]
+    assert anonymous.get("/api/v1/admin/qmgr/QM1/audit").status_code == 401

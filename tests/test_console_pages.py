@@ -10,13 +10,14 @@ from starlette.testclient import TestClient
 
 from mqspark import QueueManager
 from mqspark.console.app import build_app
+from mqspark.console.pages import segment
 
 SCRIPT = "<script>alert('x')</script>"
 
 
 @pytest.fixture
 def client(qm: QueueManager) -> TestClient:
-    return TestClient(build_app([qm.root]))
+    return TestClient(build_app([qm.root]), base_url="http://localhost")
 
 
 def _cells(html: str, table: str) -> list[list[str]]:
@@ -110,3 +111,23 @@ def test_every_page_forbids_scripts_other_than_the_consoles_own(client: TestClie
     assert response.headers["content-security-policy"].startswith("default-src 'self'; script-src 'self';")
     assert response.headers["x-frame-options"] == "DENY"
     assert client.get("/static/htmx.min.js").status_code == 200
+
+
+def test_a_bad_option_is_named_on_the_page_and_what_it_echoes_is_escaped(qm: QueueManager, client: TestClient) -> None:
+    qm.define_queue("Q")
+    bad_priority = client.get("/qmgr/QM1/queue/Q/messages", params={"priority": "12"})
+    assert bad_priority.status_code == 400 and "option priority must be 0-9, got 12" in bad_priority.text
+    bad_offset = client.get("/qmgr/QM1/queue/Q/messages", params={"offset": "x"})
+    assert "option offset must be a whole number, got &#39;x&#39;" in bad_offset.text
+    echoed = client.get("/", params={"sort": SCRIPT})
+    assert echoed.status_code == 400 and "<script>alert" not in echoed.text and "&lt;script&gt;" in echoed.text
+
+
+def test_names_with_a_percent_sign_link_to_their_own_pages(qm: QueueManager, client: TestClient) -> None:
+    qm.define_queue("Q%41")
+    qm.define_queue("QA")
+    qm.put("Q%41", [{"payload": b"mine"}])
+    html = client.get("/").text
+    assert 'href="/qmgr/QM1/queue/Q%2541"' in html and 'href="/qmgr/QM1/queue/QA"' in html
+    # (The test client decodes a path twice; tests/test_console_browser.py follows such a link.)
+    assert segment("A/B%") == "A%2FB%25"

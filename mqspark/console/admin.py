@@ -6,16 +6,17 @@ actions are in the REST API under ``/api/v1/admin``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from mqspark.console import audit
-from mqspark.console.api import error_response
+from mqspark.console.api import MAX_BODY_BYTES, error_response, read_body
+from mqspark.console.pages import Render, failed, segment
 from mqspark.console.reads import Reads
 from mqspark.console.security import CSRF_FIELD, Security
 from mqspark.errors import MQError, MQValidationError
@@ -64,77 +65,86 @@ def act(qm: QueueManager, queue: str, action: str, values: dict[str, Any]) -> An
     raise MQValidationError(f"admin: action must be one of {', '.join(ACTIONS)}, got {action!r}")
 
 
-def routes(reads: Reads, security: Security, render: Callable[..., HTMLResponse]) -> list[Route]:
+class _Admin:
     """The admin page, its form actions and the admin API."""
-    managers = reads.managers
 
-    def recorded(request: Request, qmgr: str, queue: str, action: str, values: dict[str, Any]) -> Any:
+    def __init__(self, reads: Reads, security: Security, render: Render) -> None:
+        self.managers, self.security, self.render = reads.managers, security, render
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/qmgr/{qmgr}/queue/{queue}/admin", self.page, methods=["GET"]),
+            Route("/qmgr/{qmgr}/queue/{queue}/admin/{action}", self.form_action, methods=["POST"]),
+            Route("/api/v1/admin/qmgr/{qmgr}/queue/{queue}/{action}", self.api_action, methods=["POST"]),
+            Route("/api/v1/admin/qmgr/{qmgr}/audit", self.audit_api, methods=["GET"]),
+        ]
+
+    def recorded(self, request: Request, action: str, values: dict[str, Any]) -> Any:
         """Do the action and record it in the audit table, done or failed."""
-        qm = managers.get(qmgr)
+        qmgr, queue = request.path_params["qmgr"], request.path_params["queue"]
+        qm = self.managers.get(qmgr)
         detail = {key: value for key, value in values.items() if key != "payload"}
+        who = self.security.who(request)
         try:
             result = act(qm, queue, action, values)
         except MQError as error:
-            audit.record(qm, security.who(request), action, queue, detail, False, str(error))
+            audit.record(qm, who, action, queue, detail, False, str(error))
             raise
-        audit.record(qm, security.who(request), action, queue, detail, True, result)
+        audit.record(qm, who, action, queue, detail, True, result)
         return result
 
-    def page(request: Request) -> Response:
-        qmgr, queue = request.path_params["qmgr"], request.path_params["queue"]
+    def page(self, request: Request) -> Response:
+        qmgr = request.path_params["qmgr"]
         try:
-            definition = managers.get(qmgr).inquire_queue(queue)
-            actions = audit.read(managers.get(qmgr), 20)
-        except MQError as error:
-            return render(request, "error.html", status=error_response(error).status_code, error=str(error))
+            qm = self.managers.get(qmgr)
+            definition = qm.inquire_queue(request.path_params["queue"])
+            # What admins did is for admins: the audit shows only to a signed-in browser.
+            actions = audit.read(qm, 20) if self.security.signed_in(request) else []
+        except Exception as error:  # noqa: BLE001 - every failure is shown as a page
+            return failed(self.render, request, error)
         attributes = {name: getattr(definition, name, None) for name in ALTERABLE}
-        done = request.query_params.get("done")
-        return render(
-            request, "admin.html", qmgr=qmgr, queue=definition.name, attributes=attributes, actions=actions, done=done
-        )
+        values = {"qmgr": qmgr, "queue": definition.name, "attributes": attributes, "actions": actions}
+        return self.render(request, "admin.html", done=request.query_params.get("done"), **values)
 
-    async def form_action(request: Request) -> Response:
+    async def form_action(self, request: Request) -> Response:
         qmgr, queue, action = (request.path_params[key] for key in ("qmgr", "queue", "action"))
         form = await request.form()
         token = form.get(CSRF_FIELD)
         try:
-            security.check_write(request, token if isinstance(token, str) else None)
+            self.security.check_write(request, token if isinstance(token, str) else None)
             if form.get("confirm") != queue:
                 raise MQValidationError(f"{action}: type the queue's name ({queue}) to confirm")
-            recorded(request, qmgr, queue, action, _form_values(action, form))
-        except MQError as error:
-            return render(request, "error.html", status=error_response(error).status_code, error=str(error))
-        return RedirectResponse(f"/qmgr/{qmgr}/queue/{queue}/admin?done={action}", status_code=303)
+            await run_in_threadpool(self.recorded, request, action, _form_values(action, form))
+        except Exception as error:  # noqa: BLE001 - every failure is shown as a page
+            return failed(self.render, request, error)
+        return RedirectResponse(f"/qmgr/{segment(qmgr)}/queue/{segment(queue)}/admin?done={action}", status_code=303)
 
-    async def api_action(request: Request) -> Response:
-        qmgr, queue, action = (request.path_params[key] for key in ("qmgr", "queue", "action"))
+    async def api_action(self, request: Request) -> Response:
+        action = request.path_params["action"]
         try:
-            security.check_write(request)
-            raw = await request.body()
-            values = json.loads(raw) if raw else {}
+            self.security.check_write(request)
+            raw = await read_body(request, MAX_BODY_BYTES)
+            try:
+                values = json.loads(raw) if raw else {}
+            except ValueError as error:
+                raise MQValidationError(f"{action}: the body must be JSON: {error}") from None
             if not isinstance(values, dict):
                 raise MQValidationError(f"{action}: the body must be a JSON object")
-            return JSONResponse(recorded(request, qmgr, queue, action, values))
-        except ValueError as error:
-            if isinstance(error, MQError):
-                return error_response(error)
-            return error_response(MQValidationError(f"{action}: the body must be JSON: {error}"))
-        except MQError as error:
+            return JSONResponse(await run_in_threadpool(self.recorded, request, action, values))
+        except Exception as error:  # noqa: BLE001 - every failure answers as JSON
             return error_response(error)
 
-    def audit_api(request: Request) -> Response:
+    def audit_api(self, request: Request) -> Response:
         try:
-            security.check_write(request)
-            return JSONResponse({"audit": audit.read(managers.get(request.path_params["qmgr"]))})
-        except MQError as error:
+            self.security.check_admin_read(request)
+            return JSONResponse({"audit": audit.read(self.managers.get(request.path_params["qmgr"]))})
+        except Exception as error:  # noqa: BLE001 - every failure answers as JSON
             return error_response(error)
 
-    return [
-        Route("/qmgr/{qmgr}/queue/{queue}/admin", page, methods=["GET"]),
-        Route("/qmgr/{qmgr}/queue/{queue}/admin/{action}", form_action, methods=["POST"]),
-        Route("/api/v1/admin/qmgr/{qmgr}/queue/{queue}/{action}", api_action, methods=["POST"]),
-        Route("/api/v1/admin/qmgr/{qmgr}/audit", audit_api, methods=["GET"]),
-    ]
+
+def routes(reads: Reads, security: Security, render: Render) -> list[Route]:
+    """The admin page, its form actions and the admin API."""
+    return _Admin(reads, security, render).routes()
 
 
 def _form_values(action: str, form: FormData) -> dict[str, Any]:

@@ -5,6 +5,7 @@ HTTP status that says the same: 404 for 2085, 409 for 2042, 403 for an inhibited
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mqspark.console.reads import PAGE, PREVIEW_BYTES, MessageFilter, Reads, message_rows
-from mqspark.console.security import Security
+from mqspark.console.security import NotAdmin, Security
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.status import PAYLOAD_VIEWS
 
@@ -44,19 +45,36 @@ PUT_HEADERS = {
     "mq-reply-to-queue": "reply_to_queue",
     "mq-reply-to-qmgr": "reply_to_qmgr",
 }
+_log = logging.getLogger(__name__)
+# The longest JSON body an admin request may send.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 # The longest wait a DELETE may ask for, in seconds.
 MAX_WAIT = 60.0
 
 
-def error_response(error: MQError) -> JSONResponse:
-    """``error`` as the API answers it: its reason code and text, with the matching HTTP status."""
+def as_mq_error(error: Exception) -> MQError:
+    """``error`` as an MQ error; one that is not (a bug, a store's own error) is logged with its
+    traceback and named by its type and text."""
+    if isinstance(error, MQError):
+        return error
+    _log.error("console: %s", error, exc_info=error)
+    return MQError(f"console: {type(error).__name__}: {error}")
+
+
+def error_response(error: Exception) -> JSONResponse:
+    """``error`` as the API answers it: its reason code and text, with the matching HTTP status (an
+    error that is not an MQ error is 500, logged with its traceback)."""
+    error = as_mq_error(error)
     reason = error.reason
-    if reason == Reason.MQRC_NOT_AUTHORIZED and "--admin" in str(error):
+    headers = {}
+    if isinstance(error, NotAdmin):
         status = 403
     elif reason in STATUS:
         status = STATUS[reason]
     else:
         status = 400 if isinstance(error, MQValidationError) else 500
+    if status == 401:
+        headers["www-authenticate"] = 'Bearer realm="mqspark console"'
     body = {
         "error": {
             "reason": None if reason is None else int(reason),
@@ -64,7 +82,7 @@ def error_response(error: MQError) -> JSONResponse:
             "text": str(error),
         }
     }
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def routes(reads: Reads, security: Security) -> list[Route]:
@@ -95,11 +113,16 @@ def routes(reads: Reads, security: Security) -> list[Route]:
         )
 
     def put(request: Request, body: bytes) -> Response:
-        security.check_write(request)
         qm = managers.get(request.path_params["qmgr"])
         row = _put_row(request, body)
         msg_ids = qm.put(request.path_params["queue"], [row])
         return JSONResponse({"msg_id": msg_ids[0]}, status_code=201, headers={"mq-msg-id": msg_ids[0]})
+
+    def put_limit(request: Request) -> int:
+        """The longest body a put may send: checked before any of it is read."""
+        security.check_write(request)
+        qm = managers.get(request.path_params["qmgr"])
+        return qm.resolve_for_put(request.path_params["queue"]).max_message_length
 
     def get(request: Request) -> Response:
         security.check_write(request)
@@ -128,7 +151,9 @@ def routes(reads: Reads, security: Security) -> list[Route]:
         Route("/api/v1/qmgr/{qmgr}/queue/{queue}", _json(queue), methods=["GET"]),
         Route("/api/v1/qmgr/{qmgr}/queue/{queue}/history", _json(history), methods=["GET"]),
         Route(
-            "/api/v1/qmgr/{qmgr}/queue/{queue}/message", _message(browse, put, get), methods=["GET", "POST", "DELETE"]
+            "/api/v1/qmgr/{qmgr}/queue/{queue}/message",
+            _message(browse, put_limit, put, get),
+            methods=["GET", "POST", "DELETE"],
         ),
     ]
 
@@ -137,7 +162,7 @@ def _json(handler: Callable[[Request], dict[str, Any]]) -> Callable[[Request], R
     def endpoint(request: Request) -> Response:
         try:
             return JSONResponse(handler(request))
-        except MQError as error:
+        except Exception as error:  # noqa: BLE001 - every failure answers as JSON, never a bare 500
             return error_response(error)
 
     return endpoint
@@ -145,6 +170,7 @@ def _json(handler: Callable[[Request], dict[str, Any]]) -> Callable[[Request], R
 
 def _message(
     browse: Callable[[Request], dict[str, Any]],
+    put_limit: Callable[[Request], int],
     put: Callable[[Request, bytes], Response],
     get: Callable[[Request], Response],
 ) -> Callable[[Request], Any]:
@@ -153,12 +179,30 @@ def _message(
             if request.method == "GET":
                 return JSONResponse(await run_in_threadpool(browse, request))
             if request.method == "POST":
-                return await run_in_threadpool(put, request, await request.body())
+                limit = await run_in_threadpool(put_limit, request)
+                return await run_in_threadpool(put, request, await read_body(request, limit))
             return await run_in_threadpool(get, request)
-        except MQError as error:
+        except Exception as error:  # noqa: BLE001 - every failure answers as JSON, never a bare 500
             return error_response(error)
 
     return endpoint
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused with 2030 as soon as it is longer than ``limit`` bytes."""
+    too_long = MQError(
+        f"queue {request.path_params.get('queue')}: the body is longer than {limit} bytes",
+        Reason.MQRC_MSG_TOO_BIG_FOR_Q,
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_long
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_long
+    return bytes(body)
 
 
 def payload_option(query: Any) -> str:

@@ -11,6 +11,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount
@@ -24,6 +25,8 @@ from mqspark.console.reads import Reads
 from mqspark.console.security import Security
 
 STATIC = Path(__file__).with_name("static")
+# The host names a console answers for unless told more.
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 # Only the console's own scripts, styles and images run on its pages: a payload that slipped
 # through escaping still could not run.
 _HEADERS = {
@@ -48,8 +51,12 @@ class _SecurityHeaders(BaseHTTPMiddleware):
         return response
 
 
-def build_app(roots: Sequence[str], admin: bool = False, token: str | None = None) -> Starlette:
-    """The console over the queue managers at ``roots``; writes need ``admin`` and ``token``."""
+def build_app(
+    roots: Sequence[str], admin: bool = False, token: str | None = None, hosts: Sequence[str] = LOCAL_HOSTS
+) -> Starlette:
+    """The console over the queue managers at ``roots``; writes need ``admin`` and ``token``. It
+    answers only requests for ``hosts``: a page of another site that points its own name at this
+    machine (DNS rebinding) is refused."""
     reads = Reads(Managers(roots))
     security = Security(admin=admin, token=token)
     redrives = Redrives(reads.managers)
@@ -60,9 +67,14 @@ def build_app(roots: Sequence[str], admin: bool = False, token: str | None = Non
         *admin_routes(reads, security, pages.renderer(security)),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(_SecurityHeaders)])
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)), Middleware(_SecurityHeaders)]
+    return Starlette(routes=routes, middleware=middleware)
 
 
-def serve(roots: Sequence[str], host: str, port: int, admin: bool, token: str | None) -> None:
-    """Serve the console until interrupted."""
-    uvicorn.run(build_app(roots, admin, token), host=host, port=port, log_level="warning")
+def serve(
+    roots: Sequence[str], host: str, port: int, admin: bool, token: str | None, hosts: Sequence[str] = ()
+) -> None:
+    """Serve the console on ``host`` until interrupted; it answers for the local names, ``host``
+    and ``hosts``."""
+    names = [*LOCAL_HOSTS, host, *hosts]
+    uvicorn.run(build_app(roots, admin, token, names), host=host, port=port, log_level="warning")

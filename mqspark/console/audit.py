@@ -1,6 +1,7 @@
-"""The console's audit table: every write an admin made through the console (put, get, redrive,
-purge, inhibit, alter), a Delta table in the queue manager's root (``audit/``) with who, what, on
-which queue, when, and the result or the error."""
+"""The console's audit table: every admin action made through the console (a redrive, a test
+message, purge, inhibit or allow, alter, switchover; not the REST API's puts and gets, which are
+messaging), a Delta table in the queue manager's root (``audit/``) with who, what, on which queue,
+when, and the result or the error."""
 
 from __future__ import annotations
 

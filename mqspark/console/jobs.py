@@ -66,10 +66,12 @@ class Redrives:
         queue: str,
         msg_ids: Sequence[str] | None,
         rate: int,
+        started: Callable[[Redrive], None] | None = None,
         finished: Callable[[Redrive], None] | None = None,
     ) -> Redrive:
         """Start redriving ``msg_ids`` of ``queue`` (None: every message waiting on it now) at ``rate``
-        per second; ``finished`` is called with the redrive when it ends."""
+        per second; ``started`` is called with the redrive before it begins, ``finished`` when it
+        ends, done or failed."""
         if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= MAX_RATE:
             raise MQValidationError(f"redrive: option rate must be 1-{MAX_RATE} messages a second, got {rate!r}")
         qm = self.managers.get(qmgr)
@@ -77,9 +79,16 @@ class Redrives:
         if msg_ids is None:
             waiting = qm.waiting_messages(name, columns=["msg_id"])
             msg_ids = list(dict.fromkeys(waiting["msg_id"].to_pylist()))
-        elif isinstance(msg_ids, str) or not all(isinstance(msg_id, str) and msg_id for msg_id in msg_ids):
+        elif (
+            isinstance(msg_ids, str | bytes)
+            or not isinstance(msg_ids, Sequence)
+            or not msg_ids
+            or not all(isinstance(msg_id, str) and msg_id for msg_id in msg_ids)
+        ):
             raise MQValidationError(f"redrive: msg_ids must be a list of msg_ids, got {msg_ids!r}")
         redrive = Redrive(uuid.uuid4().hex[:12], qmgr, name, list(dict.fromkeys(msg_ids)), rate)
+        if started is not None:
+            started(redrive)
         with self._lock:
             self._redrives[redrive.id] = redrive
             for old in [r.id for r in self._redrives.values() if r.state != "running"][:-KEPT]:
@@ -92,17 +101,18 @@ class Redrives:
             return self._redrives.get(redrive_id)
 
     def _run(self, redrive: Redrive, finished: Callable[[Redrive], None] | None) -> None:
-        qm = self.managers.get(redrive.qmgr)
         ids = iter(redrive.msg_ids)
         try:
+            qm = self.managers.get(redrive.qmgr)
             while chunk := list(itertools.islice(ids, redrive.rate)):
                 started = time.monotonic()
                 redrive.moved.update(qm.redrive(redrive.queue, msg_ids=chunk))
                 redrive.done += len(chunk)
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - started)) if redrive.done < len(redrive.msg_ids) else 0)
             redrive.state = "done"
-        except MQError as error:
-            redrive.state, redrive.error = "failed", str(error)
+        except Exception as error:  # noqa: BLE001 - a redrive that fails says so, whatever failed
+            redrive.state = "failed"
+            redrive.error = str(error) if isinstance(error, MQError) else f"{type(error).__name__}: {error}"
         finally:
             if finished is not None:
                 finished(redrive)

@@ -1,29 +1,40 @@
 """The console's pages, rendered on the server from Jinja templates (every value escaped): the
-overview of queue managers and queues, a queue, its messages and one message, and the sign-in of
-an admin's browser. The overview's table refreshes itself through htmx, from the same route."""
+overview of queue managers and queues, a queue, its messages and one message, the instances and
+clusters, and the sign-in of an admin's browser. The overview's table refreshes itself through
+htmx, from the same route."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from mqspark.console.api import error_response, message_filter, payload_option
+from mqspark.console.api import as_mq_error, error_response, message_filter, payload_option
 from mqspark.console.reads import PAGE, PREVIEW_BYTES, Reads, message_rows
 from mqspark.console.security import CSRF_FIELD, SESSION_COOKIE, Security
 from mqspark.errors import MQError, MQValidationError
 
+
+def segment(name: str) -> str:
+    """A name as one segment of a URL path: every character but letters, digits and ``-._~``
+    escaped (``/`` and ``%`` too, which Jinja's ``urlencode`` leaves as they are)."""
+    return quote(name, safe="")
+
+
 TEMPLATES = Environment(loader=PackageLoader("mqspark.console"), autoescape=select_autoescape(default=True))
+TEMPLATES.filters["segment"] = segment
 # The overview's columns a click sorts by.
 SORTS = ("qmgr", "name", "type", "depth", "oldest_age_s")
+Render = Callable[..., HTMLResponse]
 
 
-def renderer(security: Security) -> Callable[..., HTMLResponse]:
+def renderer(security: Security) -> Render:
     """Renders a template for a request, with what every page shows of who is signed in."""
 
     def render(request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
@@ -34,102 +45,113 @@ def renderer(security: Security) -> Callable[..., HTMLResponse]:
     return render
 
 
-def routes(reads: Reads, security: Security) -> list[Route]:
-    """The pages' routes over ``reads``; ``security`` says who signed in."""
-    render = renderer(security)
+def failed(render: Render, request: Request, error: Exception) -> HTMLResponse:
+    """The error page of ``error``, with the HTTP status the API gives it."""
+    error = as_mq_error(error)
+    return render(request, "error.html", status=error_response(error).status_code, error=str(error))
 
-    def failed(request: Request, error: MQError) -> HTMLResponse:
-        status = error_response(error).status_code
-        return render(request, "error.html", status=status, error=str(error))
 
-    def overview(request: Request) -> Response:
+def offset_option(value: str | None) -> int:
+    """The ``offset`` of a paged list: a whole number, 0 when not given."""
+    try:
+        return int(value or 0)
+    except ValueError:
+        raise MQValidationError(f"option offset must be a whole number, got {value!r}") from None
+
+
+class _Pages:
+    """The pages' handlers over ``reads``; ``security`` says who signed in."""
+
+    def __init__(self, reads: Reads, security: Security) -> None:
+        self.reads, self.security, self.render = reads, security, renderer(security)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self._answering(self.overview), methods=["GET"]),
+            Route("/qmgr/{qmgr}/queue/{queue}", self._answering(self.queue), methods=["GET"]),
+            Route("/qmgr/{qmgr}/queue/{queue}/messages", self._answering(self.messages), methods=["GET"]),
+            Route("/qmgr/{qmgr}/queue/{queue}/messages/{msg_id}", self._answering(self.message), methods=["GET"]),
+            Route("/qmgr/{qmgr}/instances", self._answering(self.instances), methods=["GET"]),
+            Route("/sign-in", self.sign_in, methods=["POST"]),
+        ]
+
+    def _answering(self, handler: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        """``handler``, with any error it raises shown on the error page."""
+
+        def endpoint(request: Request) -> Response:
+            try:
+                return handler(request)
+            except Exception as error:  # noqa: BLE001 - every failure is shown as a page, never a bare 500
+                return failed(self.render, request, error)
+
+        return endpoint
+
+    def overview(self, request: Request) -> Response:
         query = request.query_params
         sort = query.get("sort") or "qmgr"
         if sort not in SORTS:
-            return failed(request, MQValidationError(f"option sort must be one of {', '.join(SORTS)}, got {sort!r}"))
+            raise MQValidationError(f"option sort must be one of {', '.join(SORTS)}, got {sort!r}")
         descending = query.get("desc") == "1"
         name_filter = (query.get("filter") or "").strip()
+        qmgrs = self.reads.qmgrs()
         rows = [
             {"qmgr": qmgr["name"], **queue}
-            for qmgr in reads.qmgrs()
-            for queue in reads.queues(qmgr["name"])
+            for qmgr in qmgrs
+            for queue in self.reads.queues(qmgr["name"])
             if name_filter.lower() in queue["name"].lower()
         ]
         rows.sort(key=lambda row: (row["qmgr"], row["name"]))
         rows.sort(key=lambda row: _sort_key(row, sort), reverse=descending)
         template = "overview_rows.html" if request.headers.get("hx-request") else "overview.html"
-        return render(request, template, qmgrs=reads.qmgrs(), rows=rows, sort=sort, desc=descending, filter=name_filter)
+        return self.render(request, template, qmgrs=qmgrs, rows=rows, sort=sort, desc=descending, filter=name_filter)
 
-    def queue(request: Request) -> Response:
-        qmgr, name = request.path_params["qmgr"], request.path_params["queue"]
-        try:
-            return render(request, "queue.html", queue=reads.queue(qmgr, name))
-        except MQError as error:
-            return failed(request, error)
+    def queue(self, request: Request) -> Response:
+        queue = self.reads.queue(request.path_params["qmgr"], request.path_params["queue"])
+        return self.render(request, "queue.html", queue=queue)
 
-    def messages(request: Request) -> Response:
+    def messages(self, request: Request) -> Response:
         qmgr, name = request.path_params["qmgr"], request.path_params["queue"]
         query = request.query_params
-        try:
-            offset = int(query.get("offset") or 0)
-            page = reads.messages(qmgr, name, message_filter(query), offset=offset, limit=PAGE)
-        except ValueError:
-            return failed(
-                request, MQValidationError(f"option offset must be a whole number, got {query.get('offset')!r}")
-            )
-        except MQError as error:
-            return failed(request, error)
-        return render(request, "messages.html", page=page, query=dict(query))
+        offset = offset_option(query.get("offset"))
+        page = self.reads.messages(qmgr, name, message_filter(query), offset=offset, limit=PAGE)
+        return self.render(request, "messages.html", page=page, query=dict(query))
 
-    def message(request: Request) -> Response:
+    def message(self, request: Request) -> Response:
         qmgr, name, msg_id = (request.path_params[key] for key in ("qmgr", "queue", "msg_id"))
-        query = request.query_params
-        try:
-            view = query.get("payload") or "text"
-            if view != "json":
-                view = payload_option(query)
-            qm = reads.managers.get(qmgr)
-            browsed = qm.browse(name, msg_id=msg_id, order="physical")
-        except MQError as error:
-            return failed(request, error)
+        view = request.query_params.get("payload") or "text"
+        if view != "json":
+            view = payload_option(request.query_params)
+        browsed = self.reads.managers.get(qmgr).browse(name, msg_id=msg_id, order="physical")
         if browsed.num_rows == 0:
-            return render(request, "error.html", status=404, error=f"queue {name}: no message {msg_id}")
-        rows = message_rows(browsed, PREVIEW_BYTES, "text" if view == "json" else view)
-        shown = rows[0]
+            return self.render(request, "error.html", status=404, error=f"queue {name}: no message {msg_id}")
+        shown = message_rows(browsed, PREVIEW_BYTES, "text" if view == "json" else view)[0]
         if view == "json":
             shown = {**shown, "payload": _pretty_json(shown["payload"], shown["payload_encoding"])}
-        return render(
-            request, "message.html", qmgr=qmgr, queue=name, message=shown, view=view, preview_bytes=PREVIEW_BYTES
-        )
+        values = {"qmgr": qmgr, "queue": name, "message": shown, "view": view, "preview_bytes": PREVIEW_BYTES}
+        return self.render(request, "message.html", **values)
 
-    def instances_page(request: Request) -> Response:
+    def instances(self, request: Request) -> Response:
         qmgr = request.path_params["qmgr"]
-        try:
-            return render(
-                request, "instances.html", qmgr=qmgr, groups=reads.instances(qmgr), clusters=reads.clusters(qmgr)
-            )
-        except MQError as error:
-            return failed(request, error)
+        groups, clusters = self.reads.instances(qmgr), self.reads.clusters(qmgr)
+        return self.render(request, "instances.html", qmgr=qmgr, groups=groups, clusters=clusters)
 
-    async def sign_in(request: Request) -> Response:
+    async def sign_in(self, request: Request) -> Response:
         form = await request.form()
         token = form.get("token")
         try:
-            session = security.sign_in(token if isinstance(token, str) else "")
+            session = self.security.sign_in(token if isinstance(token, str) else "")
         except MQError as error:
-            return failed(request, error)
+            return failed(self.render, request, error)
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
+        response.set_cookie(
+            SESSION_COOKIE, session, httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        )
         return response
 
-    return [
-        Route("/", overview, methods=["GET"]),
-        Route("/qmgr/{qmgr}/queue/{queue}", queue, methods=["GET"]),
-        Route("/qmgr/{qmgr}/queue/{queue}/messages", messages, methods=["GET"]),
-        Route("/qmgr/{qmgr}/queue/{queue}/messages/{msg_id}", message, methods=["GET"]),
-        Route("/qmgr/{qmgr}/instances", instances_page, methods=["GET"]),
-        Route("/sign-in", sign_in, methods=["POST"]),
-    ]
+
+def routes(reads: Reads, security: Security) -> list[Route]:
+    """The pages' routes over ``reads``; ``security`` says who signed in."""
+    return _Pages(reads, security).routes()
 
 
 def _sort_key(row: dict[str, Any], column: str) -> tuple:

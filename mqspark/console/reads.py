@@ -77,12 +77,16 @@ class Reads:
 
     def __init__(self, managers: Managers) -> None:
         self.managers = managers
-        self._cache: cachetools.TTLCache = cachetools.TTLCache(maxsize=4096, ttl=FRESH_SECONDS)
-        self._condition = threading.Condition()
+        cache: cachetools.TTLCache = cachetools.TTLCache(maxsize=4096, ttl=FRESH_SECONDS)
+        # One wrapper for every read: its condition makes a caller wait while another computes the
+        # same key (the keys being computed belong to the wrapper).
+        self._cached_call = cachetools.cached(cache, key=lambda key, compute: key, condition=threading.Condition())(
+            lambda key, compute: compute()
+        )
 
     def _cached(self, key: tuple, compute: Callable[[], _T]) -> _T:
         """``compute()``, or its answer of the last second; computed by one caller at a time."""
-        return cachetools.cached(self._cache, key=lambda: key, condition=self._condition)(compute)()
+        return self._cached_call(key, compute)
 
     def qmgrs(self) -> list[dict[str, Any]]:
         """Every queue manager served, with its dead-letter queue and how many queues it has."""

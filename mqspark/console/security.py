@@ -1,8 +1,9 @@
-"""Who may write through the console. Reads are open to whoever reaches it (it binds to 127.0.0.1
-unless told otherwise); writes (put, get, redrive) and the admin actions need a console started with
-``--admin`` and its token: a program sends it as ``Authorization: Bearer TOKEN``; a browser signs in
-once with it, and then sends its session cookie (``HttpOnly``, ``SameSite=Strict``) with a CSRF token
-from the page, from the console's own origin."""
+"""Who may do what through the console. Reads of queues and messages are open to whoever reaches it
+(it binds to 127.0.0.1 and answers only for the host names it serves, unless told otherwise); writes
+(put, get, redrive), the admin actions and what they record need a console started with ``--admin``
+and its token: a program sends it as ``Authorization: Bearer TOKEN``; a browser signs in once with
+it, and then sends its session cookie (``HttpOnly``, ``SameSite=Strict``) and, with each write, a
+CSRF token from the page, from the console's own origin."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ from mqspark.errors import MQError, Reason
 SESSION_COOKIE = "mqspark_console"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"
+# The variable ``mqspark console --admin`` reads its token from when ``--token`` is not given.
+TOKEN_VARIABLE = "MQSPARK_CONSOLE_TOKEN"
+
+
+class NotAdmin(MQError):
+    """A write to a console started without ``--admin``: no token helps (HTTP 403)."""
+
+    def __init__(self) -> None:
+        super().__init__("console: writes need a console started with --admin", Reason.MQRC_NOT_AUTHORIZED)
 
 
 def new_token() -> str:
@@ -31,8 +41,8 @@ class Security:
 
     admin: bool
     token: str | None
-    # Sessions of browsers that signed in, and the secret their CSRF tokens are derived with.
-    sessions: set[str] = field(default_factory=set)
+    # Sessions of browsers that signed in, each with the name the audit knows it by.
+    sessions: dict[str, str] = field(default_factory=dict)
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     def __post_init__(self) -> None:
@@ -45,7 +55,7 @@ class Security:
         if not self._token_matches(token):
             raise MQError("console: wrong admin token", Reason.MQRC_NOT_AUTHORIZED)
         session = secrets.token_urlsafe(32)
-        self.sessions.add(session)
+        self.sessions[session] = f"browser-{secrets.token_hex(4)}"
         return session
 
     def csrf_token(self, request: Request) -> str | None:
@@ -59,16 +69,21 @@ class Security:
         """Whether the request comes from a browser that signed in."""
         return self.csrf_token(request) is not None
 
+    def check_admin_read(self, request: Request) -> None:
+        """Let a read of what admins did (the audit, a redrive's progress) through, or raise 2035: it
+        needs ``--admin`` and the token or a signed-in browser."""
+        self._check_admin()
+        if self._bearer(request) or self.signed_in(request):
+            return
+        raise MQError("console: this needs the admin token or a signed-in session", Reason.MQRC_NOT_AUTHORIZED)
+
     def check_write(self, request: Request, form_token: str | None = None) -> None:
         """Let a write through, or raise ``MQRC_NOT_AUTHORIZED`` (2035): the console must run with
         ``--admin``; the request carries the token, or a session cookie with its CSRF token (in
         the ``X-CSRF-Token`` header or the form's ``csrf_token``) from this console's origin."""
         self._check_admin()
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            if self._token_matches(given.strip()):
-                return
-            raise MQError("console: wrong admin token", Reason.MQRC_NOT_AUTHORIZED)
+        if self._bearer(request):
+            return
         expected = self.csrf_token(request)
         if expected is None:
             raise MQError(
@@ -82,16 +97,26 @@ class Security:
             )
 
     def who(self, request: Request) -> str:
-        """Who made a write, as the audit records it: the token's holder, or a signed-in browser
-        (named by its CSRF token's first characters, never by its session)."""
+        """Who made a write, as the audit records it: the token's holder, or a signed-in browser by
+        the name it got at sign-in; with the address it came from."""
+        address = request.client.host if request.client else "unknown"
         if request.headers.get("authorization", "").lower().startswith("bearer "):
-            return f"token ({request.client.host if request.client else 'unknown'})"
-        csrf = self.csrf_token(request)
-        return f"browser {csrf[:8]} ({request.client.host if request.client else 'unknown'})" if csrf else "unknown"
+            return f"token ({address})"
+        name = self.sessions.get(request.cookies.get(SESSION_COOKIE) or "")
+        return f"{name} ({address})" if name else f"unknown ({address})"
+
+    def _bearer(self, request: Request) -> bool:
+        """Whether the request carries the token; raises 2035 when it carries a wrong one."""
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        if not self._token_matches(given.strip()):
+            raise MQError("console: wrong admin token", Reason.MQRC_NOT_AUTHORIZED)
+        return True
 
     def _check_admin(self) -> None:
         if not self.admin:
-            raise MQError("console: writes need a console started with --admin", Reason.MQRC_NOT_AUTHORIZED)
+            raise NotAdmin()
 
     def _token_matches(self, given: str) -> bool:
         return self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
