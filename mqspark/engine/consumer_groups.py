@@ -41,6 +41,7 @@ a concurrent commit is tried again at the committer's next commit.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,6 +61,7 @@ from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS
 
+_log = logging.getLogger(__name__)
 # Old log entries are kept this long for readers still on an older version: a reader whose entries
 # went opens the table afresh, and a commit is made at exactly the next version or not at all. Every
 # look lists the log, and the getters of a busy queue commit several times a second: kept an hour,
@@ -75,6 +77,9 @@ STATE_TABLE_CONFIGURATION = {
 # Compaction runs when the table has grown this many versions since the last one: a commit costs
 # more with each file the table holds.
 COMPACT_EVERY = 20
+# One compaction in this many also trims the history (log entries, removed files): each trim lists
+# the log and the table's folder, and trims by several processes at once race each other.
+TRIM_EVERY = 10
 _ATTEMPTS = 100
 # The events that say who holds a group's lease: the newest of them by time.
 LEASE_EVENTS = ("lease", "release")
@@ -503,8 +508,13 @@ class ConsumerState:
         self._current = False
         if version is not None and (version % COMPACT_EVERY == 0 or self._compaction_due):
             # A compaction that lost to a concurrent commit (a lease renewal) is tried again at this
-            # instance's next commit, not a hundred versions later.
-            self._compaction_due = not self.compact()
+            # instance's next commit, not a hundred versions later. The commit landed: nothing the
+            # compaction after it raises may report it failed (a caller would redo what is done).
+            try:
+                self._compaction_due = not self.compact()
+            except Exception as error:  # noqa: BLE001 - logged; the next commit compacts again
+                _log.warning("queue %s: compaction of the state table failed: %s", self.queue, error)
+                self._compaction_due = True
 
     def _stamped(self, rows: pa.Table) -> tuple[pa.Table, datetime | None]:
         """``rows`` with their lease and release records stamped now, or just after the newest such
@@ -553,10 +563,14 @@ class ConsumerState:
         table = self.table()
         if table is None:
             return True  # deleted with its queue since: nothing is left to clean up
-        try:
-            store.trim_history(table, table.version(), int(STATE_RETENTION.total_seconds()))
-        except FileNotFoundError:
-            pass  # a compaction beside this one deleted some of the same first; the next takes the rest
+        if table.version() % (COMPACT_EVERY * TRIM_EVERY) >= COMPACT_EVERY:
+            # A reader opens at the newest checkpoint and reads the entries after it.
+            table.create_checkpoint()
+        else:
+            try:
+                store.trim_history(table, table.version(), int(STATE_RETENTION.total_seconds()))
+            except Exception as error:  # noqa: BLE001 - a trim beside this one got in first; the next one trims
+                _log.info("queue %s: trimming the state table's history: %s", self.queue, error)
         return True
 
     def _overwrite(self, table: DeltaTable, rows: pa.Table, operation: str) -> bool:
