@@ -58,6 +58,10 @@ setup_tests() {
     setup
     # The C compiler a chaos run builds its clock skew and slow disk with (chaos/faults.c).
     command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev
+    # The browser the console's tests drive, and its driver.
+    if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+        apt_install chromium chromium-driver
+    fi
     # Azurite and the Node.js it needs, pinned in tools/azurite/package-lock.json, from the npm registry.
     command -v npm >/dev/null 2>&1 || die "needs npm (Node.js) to install the Azure Storage emulator the tests use"
     azurite_stamp=tools/azurite/node_modules/.mqspark-setup

@@ -118,3 +118,10 @@ def test_a_bad_redrive_is_refused_and_moves_nothing(
     assert qm.depth("Q.BACKOUT") == 1 and audit.read(qm) == []
     missing = client.get("/api/v1/admin/redrive/nope", headers=ADMIN)
     assert (missing.status_code, missing.json()["error"]["reason"]) == (404, 2085)
+
+
+def test_the_page_of_an_empty_dead_letter_queue(qm: QueueManager) -> None:
+    qm.define_queue("Q")
+    page = TestClient(build_app([qm.root]), base_url="http://localhost").get("/qmgr/QM1/dead-letters")
+    assert page.status_code == 200
+    assert "SYSTEM.DEAD.LETTER.QUEUE: 0 messages" in page.text and "No failed message waits here." in page.text

@@ -293,7 +293,7 @@ def _replica_depth(root: str | None, queue: str, local: QueueManager) -> int | s
 
 def _narrowed(browsed: pa.Table, selected: MessageFilter) -> pa.Table:
     """``browsed`` with only the messages of the selected priority and put-time window."""
-    mask = pa.array([True] * browsed.num_rows)
+    mask = pa.array([True] * browsed.num_rows, pa.bool_())
     if selected.priority is not None:
         mask = pc.and_(mask, pc.equal(browsed["priority"], selected.priority))
     if selected.put_after is not None:
