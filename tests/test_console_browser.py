@@ -4,12 +4,7 @@ visits into ``.pytest-screenshots/`` (the README shows two of them)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +20,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from mqspark import QueueManager
 from mqspark.services.monitor import Monitor
 
+from .support.processes import free_port, start_server, stop_server
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".pytest-screenshots"
@@ -32,41 +29,16 @@ TOKEN = "browser-token"
 SCRIPT = "<script>alert('x')</script>"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def console(qm: QueueManager, tmp_path: Path) -> Iterator[str]:
-    """``mqspark console --admin`` over ``qm`` in its own process; its base URL once it answers."""
-    port = _free_port()
-    log = (tmp_path / "console.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mqspark.cli", "console", "--root", qm.root, "--port", str(port), "--admin"]
-        + ["--token", TOKEN],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    """``mqspark console --admin`` over ``qm`` in its own process; its base URL once it listens."""
+    port = free_port()
+    command = [sys.executable, "-m", "mqspark.cli", "console", "--root", qm.root, "--port", str(port)]
+    process = start_server([*command, "--admin", "--token", TOKEN], tmp_path / "console.log", port, "the console")
     try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/v1/qmgr", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the console did not answer: {(tmp_path / 'console.log').read_text()}")
-            time.sleep(0.1)
-        yield base
+        yield f"http://127.0.0.1:{port}"
     finally:
-        process.kill()
-        process.wait()
-        log.close()
+        stop_server(process)
 
 
 @pytest.fixture

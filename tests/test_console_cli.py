@@ -4,22 +4,16 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from mqspark import QueueManager
+from mqspark.console.security import TOKEN_VARIABLE
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from .support.processes import free_port, start_server, stop_server
 
 
 def _request(url: str, method: str = "GET", token: str | None = None, body: bytes | None = None) -> tuple[int, str]:
@@ -33,58 +27,45 @@ def _request(url: str, method: str = "GET", token: str | None = None, body: byte
         return error.code, error.read().decode()
 
 
-def _wait_answering(base: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if _request(f"{base}/api/v1/qmgr")[0] == 200:
-                return
-        except OSError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "the console did not answer"
-        time.sleep(0.1)
+def _console(arguments: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    """``mqspark console`` with ``arguments``, its output in ``log``, once it listens."""
+    port = free_port()
+    command = [sys.executable, "-m", "mqspark.cli", "console", "--port", str(port), *arguments]
+    return start_server(command, log, port, "the console"), f"http://127.0.0.1:{port}"
 
 
-def _console(arguments: list[str], environment: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mqspark.cli", "console", "--port", str(port), *arguments],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **environment},
-    )
-    return process, f"http://127.0.0.1:{port}"
-
-
-def test_the_generated_token_is_printed_once_and_lets_writes_through(qm: QueueManager, tmp_path: Path) -> None:
+def test_the_generated_token_is_printed_once_and_lets_writes_through(
+    qm: QueueManager, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.delenv(TOKEN_VARIABLE, raising=False)
     other = QueueManager.create(tmp_path / "qm2", "QM2")
     qm.define_queue("Q")
-    process, base = _console(["--root", qm.root, "--root", other.root, "--admin"], {})
+    log = tmp_path / "console.log"
+    process, base = _console(["--root", qm.root, "--root", other.root, "--admin"], log)
     try:
-        assert process.stderr is not None
-        first = process.stderr.readline()
+        # Both lines are printed before the console listens.
+        first, second = log.read_text().splitlines()[:2]
         assert first.startswith("mqspark console: admin token ")
-        token = first.removeprefix("mqspark console: admin token ").strip()
-        assert process.stderr.readline().startswith(f"mqspark console: serving {qm.root}, {other.root} on ")
-        _wait_answering(base, process)
+        token = first.removeprefix("mqspark console: admin token ")
+        assert second.startswith(f"mqspark console: serving {qm.root}, {other.root} on ")
         served = json.loads(_request(f"{base}/api/v1/qmgr")[1])
         assert [qmgr["name"] for qmgr in served["qmgr"]] == ["QM1", "QM2"]
         assert _request(f"{base}/api/v1/qmgr/QM1/queue/Q/message", "POST", "wrong", b"x")[0] == 401
         assert _request(f"{base}/api/v1/qmgr/QM1/queue/Q/message", "POST", token, b"x")[0] == 201
         assert qm.depth("Q") == 1
     finally:
-        process.kill()
-        process.communicate()
+        stop_server(process)
 
 
-def test_the_token_from_the_environment_is_not_printed(qm: QueueManager) -> None:
+def test_the_token_from_the_environment_is_not_printed(qm: QueueManager, tmp_path: Path, monkeypatch) -> None:
     qm.define_queue("Q")
-    process, base = _console(["--root", qm.root, "--admin"], {"MQSPARK_CONSOLE_TOKEN": "from-the-environment"})
+    monkeypatch.setenv(TOKEN_VARIABLE, "from-the-environment")
+    log = tmp_path / "console.log"
+    process, base = _console(["--root", qm.root, "--admin"], log)
     try:
-        _wait_answering(base, process)
         status, _ = _request(f"{base}/api/v1/qmgr/QM1/queue/Q/message", "POST", "from-the-environment", b"x")
         assert status == 201
     finally:
-        process.kill()
-        _, printed = process.communicate()
+        stop_server(process)
+    printed = log.read_text()
     assert "from-the-environment" not in printed and "admin token" not in printed
