@@ -133,7 +133,7 @@ class Reads:
         def compute() -> dict[str, Any]:
             qm = self.managers.get(qmgr)
             definition = qm.inquire_queue(queue)
-            attributes = {key: _json(value) for key, value in dataclasses.asdict(definition).items()}
+            attributes = _json_record(definition)
             if getattr(definition, "type", None) != "local":
                 return {"qmgr": qmgr, "name": definition.name, "attributes": attributes, "depth": None, "groups": []}
             rows = depths(qm, definition.name)
