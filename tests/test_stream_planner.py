@@ -207,14 +207,15 @@ def test_compaction_folds_consumed_plans_and_keeps_the_plan_in_flight(qm, new_re
     abandoned = reader.latestOffset(second, ReadMaxRows(3))
     third = reader.latestOffset(second, ReadMaxRows(3))
     assert abandoned["plan"] != third["plan"]
-    # Plans 1 and 2 are consumed; 3 is planned. The abandoned plan 3 goes once a plan 3 is consumed.
+    # Plans 1 and 2 are consumed; 4 is planned, numbered past the abandoned plan 3, which goes once
+    # a later plan is consumed.
     assert ConsumerState(qm.root, "Q").compact()
     assert _state_rows(qm) == [
         ("checkpoint", False, True, 0, 6, 2, 6),
         # A lease record carries its holder's lease timeout, in milliseconds.
         ("lease", False, False, None, 30_000, None, None),
         ("plan", True, True, 6, 3, 3, 6),
-        ("plan", True, True, 6, 3, 3, 6),
+        ("plan", True, True, 6, 3, 4, 6),
     ]
     assert qm.depth("Q", consumer="default") == 4
     assert qm.backlog("Q", consumer="default").depth == 4
@@ -223,9 +224,9 @@ def test_compaction_folds_consumed_plans_and_keeps_the_plan_in_flight(qm, new_re
     reader.stop()
     restarted = new_reader()
     start = restarted.initialOffset()
-    assert (start["seq"], start["delivered"]) == (3, 9)
+    assert (start["seq"], start["delivered"]) == (4, 9)
     end = restarted.latestOffset(start, ReadAllAvailable())
-    # Plan 3 never became consumed (its batch did not finish): its messages come again, then the rest.
+    # Plan 4 never became consumed (its batch did not finish): its messages come again, then the rest.
     assert read_batch(restarted, start, end) == [(9, "m6"), (10, "m7"), (11, "m8"), (12, "m9")]
 
 

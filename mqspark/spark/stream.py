@@ -198,7 +198,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         # Python gets of the group may have planned since this query's last batch: numbers go on from theirs.
         seq, delivered = group.state.consumed_position(self.options.consumer)
-        seq, delivered = max(seq, start["seq"]), max(delivered, start["delivered"])
+        # A plan recorded by a run that ended before Spark logged its offsets is never started, and
+        # its messages go in this plan again: a number past it keeps the batch being processed the
+        # group's last plan (see ConsumerState.current_plan), which a backout names.
+        seq = max(seq, start["seq"], group.state.last_position(self.options.consumer)[0])
+        delivered = max(delivered, start["delivered"])
         plan = group.plan(delivered, now, *self._limits(limit))
         if plan is None:
             group.flush()
