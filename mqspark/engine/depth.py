@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,13 +43,16 @@ from mqspark.model.ranges import (
 )
 
 
-def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
+def live_messages(
+    table: DeltaTable, extra: list[str] | None = None, reads: MutableMapping[tuple, pa.Table] | None = None
+) -> tuple[pa.Table, pa.Table]:
     """The live files of ``table``'s version (see :func:`store.live_files`) and every live message:
     ``file`` (its number in that list), ``origin`` and ``row`` (its identity), ``expiry``,
     ``redriven_for``, and the ``extra`` columns, in file order.
 
     Files a put wrote whose rows are consecutive in one origin, never expire and hold no redriven copy
-    are described by their statistics alone; the others are read (only the columns needed).
+    are described by their statistics alone; the others are read (only the columns needed), or taken
+    from ``reads``, which keeps what was read by file (a data file never changes once written).
     """
     extra = extra or []
     files = store.live_files(table)
@@ -68,7 +72,7 @@ def live_messages(table: DeltaTable, extra: list[str] | None = None) -> tuple[pa
                 pa.nulls(int(count.sum()), pa.string()),
             )
         )
-    pieces += _read_identities(table, files, np.flatnonzero(~simple), extra)
+    pieces += _read_identities(table, files, np.flatnonzero(~simple), extra, reads)
     return files, pa.concat_tables(pieces) if pieces else _no_identities(extra)
 
 
@@ -111,14 +115,26 @@ def file_ranges(files: pa.Table, chosen: np.ndarray) -> pa.Table:
     return pa.table({"origin": origin, "row": row, "count": pa.array(files["rows"].to_numpy()[chosen])})
 
 
-def _read_identities(table: DeltaTable, files: pa.Table, numbers: np.ndarray, extra: list[str]) -> list[pa.Table]:
-    """The messages of the live files ``numbers``, read: as :func:`live_messages` gives them."""
+def _read_identities(
+    table: DeltaTable,
+    files: pa.Table,
+    numbers: np.ndarray,
+    extra: list[str],
+    reads: MutableMapping[tuple, pa.Table] | None = None,
+) -> list[pa.Table]:
+    """The messages of the live files ``numbers``, read (or found in ``reads``): as
+    :func:`live_messages` gives them."""
     paths = files["path"].to_pylist()
     versions = files["version"].to_pylist()
+    columns = ["put_seq", "expiry", "redriven_for", *extra]
     pieces = []
     for number in numbers:
-        columns = ["put_seq", "expiry", "redriven_for", *extra]
-        data = store.read_messages(table.table_uri, paths[number], versions[number], columns)
+        key = (table.table_uri, paths[number], versions[number], *columns)
+        data = reads.get(key) if reads is not None else None
+        if data is None:
+            data = store.read_messages(table.table_uri, paths[number], versions[number], columns)
+            if reads is not None:
+                reads[key] = data
         piece = _identities(
             np.full(data.num_rows, number),
             data["commit_version"].to_numpy(),
@@ -250,18 +266,24 @@ _CLAIM_COLUMNS = ["put_time", "available_at"]
 
 
 def group_backlog(
-    table: DeltaTable, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
+    table: DeltaTable,
+    groups: GroupsSnapshot,
+    now: datetime,
+    consumer: str,
+    parked: pa.Table,
+    reads: MutableMapping[tuple, pa.Table] | None = None,
 ) -> GroupBacklog:
     """Group ``consumer``'s :class:`GroupBacklog` on ``table``'s version, ``parked`` being the ranges of
     messages waiting out a retry delay. The files a put wrote without expiry or delay are counted
     from their ranges (see :func:`count_waiting`); of those only the ``put_time`` of the files holding
-    claimable messages is read. The other files are read whole (only the columns needed)."""
+    claimable messages is read. The other files are read whole (only the columns needed), or taken
+    from ``reads`` (see :func:`live_messages`)."""
     files = store.live_files(table)
     described = put_files(files) & pc.fill_null(files["never_delayed"], False).to_numpy(zero_copy_only=False)
     chosen = np.flatnonzero(described)
     ranges = file_ranges(files, chosen)
     mine = _consumed(groups, consumer)
-    others = _read_identities(table, files, np.flatnonzero(~described), _CLAIM_COLUMNS)
+    others = _read_identities(table, files, np.flatnonzero(~described), _CLAIM_COLUMNS, reads)
     listed = pa.concat_tables(others) if others else _no_identities(_CLAIM_COLUMNS)
     listed_mine, listed_depth = waiting_and_depth(listed, groups, now, consumer)
     listed = listed.filter(pa.array(listed_mine))

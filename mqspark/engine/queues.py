@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
+import cachetools
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +50,14 @@ _Read = TypeVar("_Read")
 # a queue fed by many small puts keeps few files even when no consumer runs maintenance.
 MAINTAIN_AT_FILES = 256
 
+# The most bytes of data file reads a queue manager keeps (see ``Queues._file_reads``).
+FILE_READS_BYTES = 64 * 1024 * 1024
+
 _log = logging.getLogger("mqspark.engine.queues")
+
+
+def _table_bytes(table: pa.Table) -> int:
+    return table.nbytes
 
 
 class Queues:
@@ -65,6 +73,11 @@ class Queues:
         # replays its log, which costs more the more log entries the retention keeps.
         # Each queue's message table handle, with when its version's log entry was written.
         self._tables: dict[str, tuple[DeltaTable, int | None]] = {}
+        # Each queue's state table, kept open likewise (its rows too are read incrementally).
+        self._states: dict[str, ConsumerState] = {}
+        # What depth and age reads read of data files, which never change: asked again (a monitor,
+        # a console), only the files new since are read.
+        self._file_reads: cachetools.LRUCache = cachetools.LRUCache(FILE_READS_BYTES, getsizeof=_table_bytes)
 
     @property
     def name(self) -> str:
@@ -293,14 +306,16 @@ class Queues:
     def live_messages(self, queue: str, columns: Sequence[str] = ()) -> tuple[pa.Table, pa.Table]:
         """The live files of local queue ``queue`` and its live messages, with ``columns``: see
         :func:`mqspark.engine.depth.live_messages`."""
-        return self._with_snapshot(queue, lambda table: live_messages(table, list(columns) or None))
+        return self._with_snapshot(queue, lambda table: live_messages(table, list(columns) or None, self._file_reads))
 
     def depth_by_original_queue(self, queue: str) -> dict[str, int]:
         """How many of the messages waiting on ``queue`` (as :meth:`depth` counts them) came from each
         queue, by their dead-letter header's ``dlq_original_queue``: for a backout, error or
         dead-letter queue. Messages without a header are not counted."""
         local = self._resolve(queue).name
-        _, live = self._with_snapshot(local, lambda table: live_messages(table, ["dlq_original_queue"]))
+        _, live = self._with_snapshot(
+            local, lambda table: live_messages(table, ["dlq_original_queue"], self._file_reads)
+        )
         mask = waiting(live, self._state(local).all_groups(), datetime.now(UTC))
         counts = pc.value_counts(live["dlq_original_queue"].filter(pa.array(mask)).drop_null())
         return {item["values"].as_py(): item["counts"].as_py() for item in counts}
@@ -321,7 +336,10 @@ class Queues:
         return handle[0]
 
     def _state(self, queue: str) -> ConsumerState:
-        return ConsumerState(self.root, queue, self.storage_options)
+        state = self._states.get(queue)
+        if state is None:
+            state = self._states[queue] = ConsumerState(self.root, queue, self.storage_options)
+        return state
 
     def _maintain_quietly(self, definition: QueueDefinition) -> None:
         """A maintenance run on behalf of a put whose queue holds many files; the put has landed, so a
@@ -353,7 +371,9 @@ class Queues:
         """Group ``consumer``'s backlog on local queue ``queue`` now, counted from ranges; see
         :func:`mqspark.engine.depth.group_backlog`."""
         groups.require(queue, consumer)
-        return self._with_snapshot(queue, lambda table: group_backlog(table, groups, now, consumer, parked))
+        return self._with_snapshot(
+            queue, lambda table: group_backlog(table, groups, now, consumer, parked, self._file_reads)
+        )
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
         return count_waiting(table, self._groups(queue, consumer), datetime.now(UTC), consumer)
