@@ -69,7 +69,7 @@ class _Admin:
     """The admin page, its form actions and the admin API."""
 
     def __init__(self, reads: Reads, security: Security, render: Render) -> None:
-        self.managers, self.security, self.render = reads.managers, security, render
+        self.reads, self.managers, self.security, self.render = reads, reads.managers, security, render
 
     def routes(self) -> list[Route]:
         return [
@@ -90,6 +90,8 @@ class _Admin:
         except MQError as error:
             audit.record(qm, who, action, queue, detail, False, str(error))
             raise
+        finally:
+            self.reads.changed(qmgr)
         audit.record(qm, who, action, queue, detail, True, result)
         return result
 

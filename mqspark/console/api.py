@@ -116,6 +116,7 @@ def routes(reads: Reads, security: Security) -> list[Route]:
         qm = managers.get(request.path_params["qmgr"])
         row = _put_row(request, body)
         msg_ids = qm.put(request.path_params["queue"], [row])
+        reads.changed(request.path_params["qmgr"])
         return JSONResponse({"msg_id": msg_ids[0]}, status_code=201, headers={"mq-msg-id": msg_ids[0]})
 
     def put_limit(request: Request) -> int:
@@ -143,6 +144,7 @@ def routes(reads: Reads, security: Security) -> list[Route]:
         )
         if got.num_rows == 0:
             return Response(status_code=204)
+        reads.changed(request.path_params["qmgr"])
         return JSONResponse({"messages": message_rows(got, PREVIEW_BYTES, payload_option(query))})
 
     return [

@@ -4,7 +4,8 @@ scripts; and :func:`serve`, which runs it with uvicorn."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import uvicorn
@@ -68,7 +69,13 @@ def build_app(
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)), Middleware(_SecurityHeaders)]
-    return Starlette(routes=routes, middleware=middleware)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        reads.close()
+
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
 def serve(

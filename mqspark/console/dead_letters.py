@@ -55,6 +55,7 @@ class _DeadLetters:
         who = self.security.who(request)
 
         def record(redrive: Redrive, ok: bool, result: Any) -> None:
+            self.reads.changed(redrive.qmgr)
             detail = {"redrive": redrive.id, "msg_ids": len(redrive.msg_ids), "rate": redrive.rate}
             audit.record(self.reads.managers.get(redrive.qmgr), who, "redrive", redrive.queue, detail, ok, result)
 

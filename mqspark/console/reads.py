@@ -1,23 +1,22 @@
 """What the console's pages and its REST API show, as JSON-ready values: the queue managers, their
 queues with depth (CURDEPTH) and oldest age, a queue's attributes and consumer groups, and its
-messages in logical order. The lists many clients poll are computed once per second at most: a
-client asking while another computes waits for that answer."""
+messages in logical order. The answers many clients poll are kept fresh in the background and
+served at once (:mod:`mqspark.console.snapshots`)."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import cachetools
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark.cluster.repository import Cluster
 from mqspark.console.managers import Managers
+from mqspark.console.snapshots import Snapshots
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQError, MQValidationError
 from mqspark.qmgr import QueueManager
@@ -25,8 +24,10 @@ from mqspark.services.instances import instances
 from mqspark.services.monitor import history_points
 from mqspark.status import depths, holds_failed_messages, payload_view, rounded
 
-# How long an answer many clients poll for is served again: the overview refreshes every few seconds.
-FRESH_SECONDS = 1.0
+# How often an answer clients keep polling is computed again (the overview page asks every 5 s),
+# and how long one nobody asks for is kept.
+REFRESH_SECONDS = 2.0
+IDLE_SECONDS = 30.0
 # Browse pages: the default and the largest number of messages per page.
 PAGE = 50
 MAX_PAGE = 500
@@ -77,16 +78,21 @@ class Reads:
 
     def __init__(self, managers: Managers) -> None:
         self.managers = managers
-        cache: cachetools.TTLCache = cachetools.TTLCache(maxsize=4096, ttl=FRESH_SECONDS)
-        # One wrapper for every read: its condition makes a caller wait while another computes the
-        # same key (the keys being computed belong to the wrapper).
-        self._cached_call = cachetools.cached(cache, key=lambda key, compute: key, condition=threading.Condition())(
-            lambda key, compute: compute()
-        )
+        self._snapshots = Snapshots(REFRESH_SECONDS, IDLE_SECONDS)
 
     def _cached(self, key: tuple, compute: Callable[[], _T]) -> _T:
-        """``compute()``, or its answer of the last second; computed by one caller at a time."""
-        return self._cached_call(key, compute)
+        """The newest answer of ``compute()`` (see :class:`Snapshots`); ``key`` names the queue
+        manager second, where it has one."""
+        return self._snapshots.get(key, compute)
+
+    def changed(self, qmgr: str) -> None:
+        """The console changed ``qmgr`` (a put, a get, an admin action, a redrive): the next client
+        waits for answers that show it."""
+        self._snapshots.forget(lambda key: key[0] == "qmgrs" or (len(key) > 1 and key[1] == qmgr))
+
+    def close(self) -> None:
+        """Stop refreshing answers."""
+        self._snapshots.close()
 
     def qmgrs(self) -> list[dict[str, Any]]:
         """Every queue manager served, with its dead-letter queue and how many queues it has."""

@@ -1,0 +1,119 @@
+"""The answers many console clients poll (the overview, a queue's page, the charts), kept fresh by
+one background thread: a client is served the newest answer at once, and only the first client to
+ask for one waits while it is computed. An answer is computed again every ``refresh`` seconds while
+clients keep asking for it, and dropped once none has asked for ``idle`` seconds. As RabbitMQ's
+management plugin does with its statistics interval, the console so costs the queue managers the
+same whether one client watches or fifty."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Answer:
+    compute: Callable[[], Any]
+    value: Any = None
+    computed: float | None = None  # time.monotonic() of the last computation; None: being computed
+    asked: float = 0.0
+
+
+class Snapshots:
+    """Answers by key, each computed by the callable first given with it (which must look up what
+    it reads when called: it runs in the refresher's thread too)."""
+
+    def __init__(self, refresh: float, idle: float) -> None:
+        self.refresh, self.idle = refresh, idle
+        self._answers: dict[tuple, _Answer] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def get(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """The newest answer for ``key``; computed now when there is none, by one caller at a time."""
+        with self._changed:
+            answer = self._answers.get(key)
+            while answer is not None and answer.computed is None:
+                self._changed.wait()
+                answer = self._answers.get(key)
+            if answer is not None:
+                answer.asked = time.monotonic()
+                return answer.value
+            answer = self._answers[key] = _Answer(compute, asked=time.monotonic())
+        try:
+            value = compute()
+        except BaseException:
+            with self._changed:
+                del self._answers[key]
+                self._changed.notify_all()
+            raise
+        with self._changed:
+            answer.value, answer.computed = value, time.monotonic()
+            self._changed.notify_all()
+            self._start()
+        return value
+
+    def forget(self, matches: Callable[[tuple], bool]) -> None:
+        """Drop the answers whose keys ``matches``: what they show has changed, and the next client
+        to ask waits for a new answer."""
+        with self._changed:
+            for key in [key for key, answer in self._answers.items() if answer.computed is not None and matches(key)]:
+                del self._answers[key]
+
+    def close(self) -> None:
+        """Stop the refresher."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _start(self) -> None:
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="console-refresh", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while (due := self._next()) is not None:
+            key, answer = due
+            try:
+                value = answer.compute()
+            except Exception:  # noqa: BLE001 - the next client to ask computes it and sees the error
+                _log.debug("console: refreshing %r failed", key, exc_info=True)
+                with self._changed:
+                    if self._answers.get(key) is answer:
+                        del self._answers[key]
+                continue
+            with self._changed:
+                if self._answers.get(key) is answer:
+                    answer.value, answer.computed = value, time.monotonic()
+
+    def _next(self) -> tuple[tuple, _Answer] | None:
+        """The next answer to compute, once one is due; None once closed."""
+        with self._changed:
+            while not self._closed:
+                due = self._due()
+                if due is not None:
+                    return due
+                self._changed.wait(self.refresh / 4)
+            return None
+
+    def _due(self) -> tuple[tuple, _Answer] | None:
+        """The answer to compute next (the one computed longest ago, when that was ``refresh``
+        seconds ago or more), after dropping the answers nobody asked for in ``idle`` seconds."""
+        now = time.monotonic()
+        for key in [key for key, answer in self._answers.items() if now - answer.asked > self.idle]:
+            if self._answers[key].computed is not None:
+                del self._answers[key]
+        ready = [(answer.computed, key) for key, answer in self._answers.items() if answer.computed is not None]
+        if not ready:
+            return None
+        computed, key = min(ready, key=lambda item: item[0])
+        return (key, self._answers[key]) if now - computed >= self.refresh else None

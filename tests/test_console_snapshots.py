@@ -1,0 +1,104 @@
+"""The console's polled answers: computed once for many clients, refreshed in the background while
+asked for, errors never kept, and dropped when what they show changed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from mqspark.console.snapshots import Snapshots
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def snapshots():
+    kept = Snapshots(refresh=0.2, idle=60.0)
+    yield kept
+    kept.close()
+
+
+def test_an_answer_is_refreshed_in_the_background_while_clients_are_served_the_last_one(snapshots) -> None:
+    computed = []
+    release = threading.Event()
+
+    def compute() -> int:
+        computed.append(threading.current_thread().name)
+        if len(computed) > 1:
+            release.wait(30)
+        return len(computed)
+
+    assert snapshots.get(("k",), compute) == 1
+    _wait_for(lambda: len(computed) == 2)
+    # The refresher computes the second answer; clients are served the first meanwhile, at once.
+    started = time.monotonic()
+    assert [snapshots.get(("k",), compute) for _ in range(5)] == [1] * 5
+    assert time.monotonic() - started < 5
+    release.set()
+    _wait_for(lambda: snapshots.get(("k",), compute) >= 2)
+    assert computed[0] == threading.current_thread().name
+    assert set(computed[1:]) == {"console-refresh"}
+
+
+def test_a_failed_computation_is_not_kept(snapshots) -> None:
+    answers = iter([ValueError("queue Q: unreadable"), 7])
+
+    def compute() -> int:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with pytest.raises(ValueError, match="queue Q: unreadable"):
+        snapshots.get(("k",), compute)
+    assert snapshots.get(("k",), compute) == 7
+
+
+def test_a_failed_refresh_drops_the_answer_and_the_next_client_sees_the_error(snapshots) -> None:
+    calls = []
+
+    def compute() -> int:
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("queue Q was deleted")
+        return 1
+
+    assert snapshots.get(("k",), compute) == 1
+    _wait_for(lambda: len(calls) >= 2)
+    # The refresher failed: the answer goes, and the client computes (and fails) itself.
+    _wait_for(lambda: ("k",) not in snapshots._answers)
+    with pytest.raises(ValueError, match="queue Q was deleted"):
+        snapshots.get(("k",), compute)
+
+
+def test_a_forgotten_answer_is_computed_again_for_the_next_client() -> None:
+    kept = Snapshots(refresh=3600.0, idle=3600.0)
+    try:
+        values = iter([1, 2])
+        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)) == 1
+        kept.forget(lambda key: key[1] == "QM2")
+        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)) == 1
+        kept.forget(lambda key: key[1] == "QM1")
+        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)) == 2
+    finally:
+        kept.close()
+
+
+def test_an_answer_nobody_asks_for_is_dropped() -> None:
+    kept = Snapshots(refresh=0.05, idle=0.3)
+    try:
+        calls = []
+        kept.get(("k",), lambda: calls.append(1))
+        _wait_for(lambda: ("k",) not in kept._answers)
+        assert len(calls) >= 2
+        assert kept.get(("k",), lambda: "again") == "again"
+    finally:
+        kept.close()
