@@ -249,33 +249,39 @@ class Run:
             self._tend(now)
             time.sleep(0.05)
 
-    def drain(self, timeout: float) -> bool:
+    def drain(self, stall: float, limit: float) -> bool:
         """Producers stop, every fault ends, and the consumers run on until nothing waits for their
-        group (or ``timeout``); True when drained."""
+        groups: True then; False once what waits has not gone down for ``stall`` seconds (a message
+        nothing delivers), or after ``limit``."""
         (self.folder / "stop-producers").touch()
         self.finishing.update(PRODUCING)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         if self.store_back_at is not None:
             self._store_back()
         redrive_finished = False
-        while (now := time.monotonic()) < deadline:
+        least, progress_at, looked_at = None, started, 0.0
+        while (now := time.monotonic()) < started + limit and now - progress_at < stall:
             for actor in self.actors.values():
                 if actor.resume_at is not None:
                     actor.resume_at = now
                 if actor.disturbed:
                     self._end_faults(actor, now, every=True)
             self._tend(now)
-            if _producers_done(self.actors):
+            if _producers_done(self.actors) and now - looked_at >= 1.0:
                 redrive_finished = redrive_finished or finish_redrive(self.qm)
-                if redrive_finished and self._drained():
-                    return True
+                if redrive_finished:
+                    looked_at, waiting = now, self._waiting()
+                    if waiting == 0:
+                        return True
+                    if least is None or waiting < least:
+                        least, progress_at = waiting, now
             time.sleep(0.2)
         return False
 
-    def _drained(self) -> bool:
-        if any(self.qm.depth(QUEUE, consumer=group) for group in self.groups):
-            return False
-        return self.replica is None or self.replica.depth(QUEUE, consumer=PYTHON_GROUP) == 0
+    def _waiting(self) -> int:
+        """How many messages wait for the consumer groups, on the queue and its second replica."""
+        waiting = sum(self.qm.depth(QUEUE, consumer=group) for group in self.groups)
+        return waiting + (0 if self.replica is None else self.replica.depth(QUEUE, consumer=PYTHON_GROUP))
 
     def stop(self) -> None:
         (self.folder / "stop").touch()
@@ -388,7 +394,8 @@ def run(
     minutes: float,
     seed: int,
     mean_interval: float = 8.0,
-    drain_timeout: float = 300.0,
+    drain_stall: float = 120.0,
+    drain_limit: float = 1800.0,
     store_kind: str = "local",
 ) -> Report:
     """One run of ``minutes`` with ``seed`` in ``folder``, its queue manager in a folder of the run
@@ -419,7 +426,9 @@ def run(
         (folder / "plan.json").write_text(json.dumps(plan, indent=1))
         try:
             chaos.faulty_phase()
-            drained = chaos.drain(drain_timeout)
+            drain_started = time.monotonic()
+            drained = chaos.drain(drain_stall, drain_limit)
+            drained_in = time.monotonic() - drain_started
         finally:
             chaos.stop()
         final = final_state(qm, chaos.groups, replica, where[FRONT])
@@ -429,12 +438,14 @@ def run(
     final.save(folder)
     record_stream_output(folder)
     report = check(folder)
+    report.summary["drain_s"] = round(drained_in)
     report.violations += [Violation("actor_failed", failure + " (see logs/)", []) for failure in chaos.failures]
     if not drained:
         report.violations.append(
             Violation(
                 "not_drained",
-                f"after {drain_timeout:g} s of draining, messages still wait: "
+                f"after {drained_in:.0f} s of draining ({drain_stall:g} s without progress, or the limit of "
+                f"{drain_limit:g} s), messages still wait: "
                 + ", ".join(f"{len(ids)} for group {group}" for group, ids in final.waiting.items() if ids),
                 [],
             )

@@ -1,9 +1,12 @@
-"""The chaos nemesis's schedule: drawn from the seed alone, so a seed repeats its faults."""
+"""The chaos nemesis's schedule, drawn from the seed alone, so a seed repeats its faults; and the
+redrive actor's count of what it redrove, by which it leaves a message that keeps failing."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
+from chaos.actor import redriven
 from chaos.nemesis import schedule
 
 TARGETS = ["G1", "P1", "S1", "S2"]
@@ -38,3 +41,15 @@ def test_outages_come_only_on_the_object_store_and_stop_the_store_itself() -> No
     outages = [f for f in azure if f.kind == "outage"]
     assert outages
     assert all(f.target == "store" and 2.0 <= f.duration <= 10.0 for f in outages)
+
+
+def test_the_redrive_counts_each_message_over_every_incarnation_s_history(tmp_path) -> None:
+    history = tmp_path / "history"
+    history.mkdir()
+    invoke = {"e": "redrive", "phase": "invoke", "items": [{"id": "P1#1-8", "consumer": "python"}]}
+    both = {**invoke, "items": [{"id": "P1#1-8", "consumer": "stream"}, {"id": "P2#1-3", "consumer": "python"}]}
+    (history / "D#1.jsonl").write_text(json.dumps(invoke) + "\n" + json.dumps({"e": "redrive", "phase": "ok"}) + "\n")
+    # The second incarnation was killed while it wrote its last line: that redrive is not counted.
+    (history / "D#2.jsonl").write_text(json.dumps(both) + "\n" + json.dumps(invoke)[:20])
+    (history / "G1#1.jsonl").write_text(json.dumps({**invoke, "e": "get"}) + "\n")
+    assert redriven(tmp_path) == Counter({"P1#1-8": 2, "P2#1-3": 1})
