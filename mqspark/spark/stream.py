@@ -196,12 +196,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if group.exhausted and not news and not due:
             group.flush()
             return start
-        # Python gets of the group may have planned since this query's last batch: numbers go on from theirs.
-        seq, delivered = group.state.consumed_position(self.options.consumer)
-        # A plan recorded by a run that ended before Spark logged its offsets is never started, and
-        # its messages go in this plan again: a number past it keeps the batch being processed the
-        # group's last plan (see ConsumerState.current_plan), which a backout names.
-        seq = max(seq, start["seq"], group.state.last_position(self.options.consumer)[0])
+        # Numbers go on past every plan recorded: Python gets of the group may have planned since
+        # this query's last batch, and a plan recorded by a run that ended before Spark logged its
+        # offsets is never started (its messages go in this plan again). So the batch being
+        # processed is the group's last plan (see ConsumerState.current_plan), which a backout names.
+        seq = max(start["seq"], group.state.last_position(self.options.consumer)[0])
+        _, delivered = group.state.consumed_position(self.options.consumer)
         delivered = max(delivered, start["delivered"])
         plan = group.plan(delivered, now, *self._limits(limit))
         if plan is None:
