@@ -10,6 +10,7 @@ is one, with administration, clusters, the get and the services added.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -56,10 +57,6 @@ FILE_READS_BYTES = 64 * 1024 * 1024
 _log = logging.getLogger("mqspark.engine.queues")
 
 
-def _table_bytes(table: pa.Table) -> int:
-    return table.nbytes
-
-
 class Queues:
     """The queues of the queue manager at a root, as the engine uses them. Create one with
     :meth:`create`, reopen it with :meth:`open`; applications use the
@@ -77,7 +74,9 @@ class Queues:
         self._states: dict[str, ConsumerState] = {}
         # What depth and age reads read of data files, which never change: asked again (a monitor,
         # a console), only the files new since are read.
-        self._file_reads: cachetools.LRUCache = cachetools.LRUCache(FILE_READS_BYTES, getsizeof=_table_bytes)
+        self._file_reads: cachetools.LRUCache = cachetools.LRUCache(
+            FILE_READS_BYTES, getsizeof=operator.attrgetter("nbytes")
+        )
 
     @property
     def name(self) -> str:
