@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections import Counter
@@ -26,6 +27,7 @@ from deltalake import DeltaTable
 
 from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.services.instances import Instance
 
 from .support import reference_model
 from .support.processes import PATIENCE, kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
@@ -325,3 +327,45 @@ def test_switchover_hands_over_at_a_batch_boundary_with_nothing_redelivered(spar
     assert {d[0] for d in instances.delivered() if d[3] >= taken_over} == {standby}
     assert {d[0] for d in instances.delivered() if d[3] < asked_at} == {active}
     _check_output(spark, instances.output, expected)
+
+
+def test_a_query_stopped_inside_a_fenced_batch_s_spark_write_stops_cleanly(spark, qm, tmp_path):
+    # Spark tells a stop from a failure by matching the foreachBatch's Python error with a regex
+    # that overflowed the stream thread's stack on the whole Java stack trace of an interrupted write.
+    from pyspark.sql import functions as F
+
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"one"}])
+    instance = Instance(qm, "Q", "G")
+    writing = threading.Event()
+
+    def slow(payload: bytes) -> bytes:
+        time.sleep(PATIENCE)
+        return payload
+
+    def deliver(batch, batch_id: int) -> None:
+        writing.set()
+        slowly = batch.select(F.udf(slow, "binary")("payload").alias("payload"))
+        slowly.write.format("delta").mode("append").save(str(tmp_path / "out"))
+
+    query = instance.run(
+        lambda instance_id: (
+            spark.readStream.format("mq")
+            .option("queue", "Q")
+            .option("consumer", "G")
+            .option("instance", instance_id)
+            .load(qm.root)
+            .writeStream.foreachBatch(instance.fence(deliver))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
+    )
+    try:
+        assert writing.wait(PATIENCE)
+        deadline = time.monotonic() + PATIENCE
+        while not spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        query.stop()
+        instance.stop()
+    assert (query.status["message"], query.exception()) == ("Stopped", None)

@@ -58,6 +58,7 @@ from mqspark.services.forward import (
     reply_targets,
     with_properties,
 )
+from mqspark.services.instances import stoppable
 
 # The format of the forwarder's internal write: its tasks call the service and write the replies.
 REPLY_FORMAT = "mq_forward_replies"
@@ -125,7 +126,7 @@ def forward(
             F.count(F.when(F.col("reply_to_queue").isNull(), 1)).alias("without_reply_queue"),
         )
     )
-    writer = requests.writeStream.foreachBatch(batch.process).option("checkpointLocation", checkpoint)
+    writer = requests.writeStream.foreachBatch(stoppable(batch.process)).option("checkpointLocation", checkpoint)
     writer = (
         writer.trigger(availableNow=True)
         if exit_when_empty
