@@ -1,13 +1,14 @@
 """The console under load: 50 clients each polling the overview and a queue page every second, at
 100 queues, while a producer puts and a streaming get drains a backlog. Reports the pages' p50 and
 p99, the streaming get's throughput against the same drain without the console (the anchor, in the
-same run), and the console process's memory over the run."""
+same run; the median of ``DRAINS`` drains each), and the console process's memory over the run."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,11 +22,12 @@ import mqspark
 from mqspark import QueueManager
 
 # Runs ``clients`` pollers for ``seconds``: each asks for the overview and then one queue's page,
-# once a second; prints the latencies (ms) of each page kind, and the failures, as one JSON line.
+# once a second; writes the latencies (ms) of each page kind, and the failures, as JSON to a file
+# (a pipe, read only once the pollers end, would fill up and block them).
 CLIENTS = """
 import asyncio, json, sys, time
 import httpx2 as httpx
-base, seconds, clients, queues = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+base, seconds, clients, queues, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 latencies = {"overview": [], "queue": []}
 failures = []
 async def poll(client, number):
@@ -47,8 +49,11 @@ async def main():
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         await asyncio.gather(*(poll(client, n) for n in range(clients)))
 asyncio.run(main())
-print(json.dumps({"latencies": latencies, "failures": failures[:20], "failed": len(failures)}), flush=True)
+with open(out, "w") as written:
+    json.dump({"latencies": latencies, "failures": failures[:20], "failed": len(failures)}, written)
 """
+# Drains of the streaming get timed with and without the console: their medians are compared.
+DRAINS = 3
 # Puts 10 messages to a queue every 100 ms until killed.
 PRODUCER = """
 import sys, time
@@ -85,7 +90,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
     console = None
     try:
         _drain(spark, qm.root, root / "warm", "warm", 1000)
-        anchor = _drain(spark, qm.root, root / "anchor", "anchor", messages)
+        anchors = [_drain(spark, qm.root, root / f"anchor{n}", f"anchor{n}", messages) for n in range(DRAINS)]
         port = _free_port()
         console = subprocess.Popen(
             [sys.executable, "-m", "mqspark.cli", "console", "--root", qm.root, "--port", str(port)],
@@ -94,22 +99,26 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         base = f"http://127.0.0.1:{port}"
         _wait_answering(base)
         seconds = minutes * 60
+        polls = root / "polls.json"
         load = subprocess.Popen(
-            [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues)], stdout=subprocess.PIPE
+            [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues), str(polls)]
         )
         time.sleep(5)  # the pollers have started
-        loaded = _drain(spark, qm.root, root / "loaded", "loaded", messages)
+        loads = [_drain(spark, qm.root, root / f"loaded{n}", f"loaded{n}", messages) for n in range(DRAINS)]
         memory = []
         while load.poll() is None:
             memory.append(_rss_mb(console.pid))
             time.sleep(10)
-        polled = json.loads(load.stdout.read() if load.stdout else "{}")
+        if load.returncode != 0:
+            raise RuntimeError(f"the pollers failed with exit code {load.returncode}")
+        polled = json.loads(polls.read_text())
     finally:
         producer.kill()
         if console is not None:
             console.kill()
         spark.stop()
     overview, queue = sorted(polled["latencies"]["overview"]), sorted(polled["latencies"]["queue"])
+    anchor, loaded = statistics.median(anchors), statistics.median(loads)
     return {
         "benchmark": "console",
         "minutes": minutes,
@@ -119,6 +128,8 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "anchor_get_per_s": round(messages / anchor, 1),
         "get_per_s_under_load": round(messages / loaded, 1),
         "get_ratio_to_anchor": round(anchor / loaded, 3),
+        "anchor_drains_s": [round(seconds, 2) for seconds in anchors],
+        "loaded_drains_s": [round(seconds, 2) for seconds in loads],
         "overview_p50_ms": _p(overview, 0.5),
         "overview_p99_ms": _p(overview, 0.99),
         "queue_p50_ms": _p(queue, 0.5),

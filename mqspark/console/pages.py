@@ -27,7 +27,10 @@ def segment(name: str) -> str:
     return quote(name, safe="")
 
 
-TEMPLATES = Environment(loader=PackageLoader("mqspark.console"), autoescape=select_autoescape(default=True))
+# The templates are installed with the package and never change while it runs: not looked at again.
+TEMPLATES = Environment(
+    loader=PackageLoader("mqspark.console"), autoescape=select_autoescape(default=True), auto_reload=False
+)
 TEMPLATES.filters["segment"] = segment
 # The overview's columns a click sorts by.
 SORTS = ("qmgr", "name", "type", "depth", "oldest_age_s")

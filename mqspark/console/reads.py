@@ -24,9 +24,9 @@ from mqspark.services.instances import instances
 from mqspark.services.monitor import history_points
 from mqspark.status import depths, holds_failed_messages, payload_view, rounded
 
-# How often an answer clients keep polling is computed again (the overview page asks every 5 s),
-# and how long one nobody asks for is kept.
-REFRESH_SECONDS = 2.0
+# How often an answer clients keep polling is computed again: as often as the overview page asks,
+# and RabbitMQ's management statistics interval; and how long one nobody asks for is kept.
+REFRESH_SECONDS = 5.0
 IDLE_SECONDS = 30.0
 # Browse pages: the default and the largest number of messages per page.
 PAGE = 50
