@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +23,8 @@ import mqspark
 from mqspark import QueueManager
 
 # Runs ``clients`` pollers for ``seconds``: each asks for the overview and then one queue's page,
-# once a second; writes the latencies (ms) of each page kind, and the failures, as JSON to a file
+# once a second; writes each page kind's answers (seconds into the run, latency in ms), and the
+# failures, as JSON to a file
 # (a pipe, read only once the pollers end, would fill up and block them).
 CLIENTS = """
 import asyncio, json, sys, time
@@ -30,6 +32,7 @@ import httpx2 as httpx
 base, seconds, clients, queues, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 latencies = {"overview": [], "queue": []}
 failures = []
+begun = time.perf_counter()
 async def poll(client, number):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -42,7 +45,7 @@ async def poll(client, number):
                     failures.append(f"{url}: {answer.status_code}")
             except Exception as error:
                 failures.append(f"{url}: {error!r}")
-            latencies[kind].append((time.perf_counter() - t) * 1000)
+            latencies[kind].append((t - begun, (time.perf_counter() - t) * 1000))
         await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 async def main():
     limits = httpx.Limits(max_connections=clients)
@@ -54,6 +57,8 @@ with open(out, "w") as written:
 """
 # Drains of the streaming get timed with and without the console: their medians are compared.
 DRAINS = 3
+# The run's p99 is also given for each of this many equal parts of it: a slow start, or a trend.
+WINDOWS = 6
 # Puts 10 messages to a queue every 100 ms until killed.
 PRODUCER = """
 import sys, time
@@ -100,15 +105,20 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         _wait_answering(base)
         seconds = minutes * 60
         polls = root / "polls.json"
+        started = time.monotonic()
         load = subprocess.Popen(
             [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues), str(polls)]
         )
-        time.sleep(5)  # the pollers have started
-        loads = [_drain(spark, qm.root, root / f"loaded{n}", f"loaded{n}", messages) for n in range(DRAINS)]
-        memory = []
-        while load.poll() is None:
-            memory.append(_rss_mb(console.pid))
-            time.sleep(10)
+        memory: list[float] = []
+        sampling = threading.Thread(target=_sample_rss, args=(console.pid, load, memory), daemon=True)
+        sampling.start()
+        # Spread over the run, past its start, where the console computes every page once.
+        loads = []
+        for n in range(DRAINS):
+            time.sleep(max(0.0, started + seconds * (n + 1) / (DRAINS + 1) - time.monotonic()))
+            loads.append(_drain(spark, qm.root, root / f"loaded{n}", f"loaded{n}", messages))
+        load.wait()
+        sampling.join()
         if load.returncode != 0:
             raise RuntimeError(f"the pollers failed with exit code {load.returncode}")
         polled = json.loads(polls.read_text())
@@ -117,7 +127,8 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         if console is not None:
             console.kill()
         spark.stop()
-    overview, queue = sorted(polled["latencies"]["overview"]), sorted(polled["latencies"]["queue"])
+    overview, queue = (sorted(ms for _, ms in polled["latencies"][kind]) for kind in ("overview", "queue"))
+    windows = _windows(polled["latencies"]["overview"] + polled["latencies"]["queue"], seconds / WINDOWS)
     anchor, loaded = statistics.median(anchors), statistics.median(loads)
     return {
         "benchmark": "console",
@@ -134,6 +145,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "overview_p99_ms": _p(overview, 0.99),
         "queue_p50_ms": _p(queue, 0.5),
         "queue_p99_ms": _p(queue, 0.99),
+        "pages_p99_ms_by_window": windows,
         "pages": len(overview) + len(queue),
         "failed": polled["failed"],
         "failures": polled["failures"],
@@ -180,11 +192,26 @@ def _wait_answering(base: str) -> None:
         time.sleep(0.2)
 
 
+def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float]) -> None:
+    """The console's RSS (MB) every 10 s into ``memory``, while the pollers run."""
+    while load.poll() is None:
+        memory.append(_rss_mb(pid))
+        time.sleep(10)
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return round(int(line.split()[1]) / 1024, 1)
     raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _windows(answers: list[list[float]], width: float) -> list[float | None]:
+    """The p99 of the answers' latencies in each window of ``width`` seconds of the run."""
+    by_window: list[list[float]] = [[] for _ in range(WINDOWS)]
+    for at, ms in answers:
+        by_window[min(WINDOWS - 1, int(at // width))].append(ms)
+    return [_p(sorted(window), 0.99) for window in by_window]
 
 
 def _p(values: list[float], fraction: float) -> float | None:

@@ -78,10 +78,16 @@ def build_app(
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
+# How long an idle connection is kept: longer than the pages poll (every 5 s), so a browser's next
+# poll never meets a connection the console is closing (uvicorn's default is 5 s; nginx's is 75 s).
+KEEP_ALIVE_SECONDS = 75
+
+
 def serve(
     roots: Sequence[str], host: str, port: int, admin: bool, token: str | None, hosts: Sequence[str] = ()
 ) -> None:
     """Serve the console on ``host`` until interrupted; it answers for the local names, ``host``
     and ``hosts``."""
     names = [*LOCAL_HOSTS, host, *hosts]
-    uvicorn.run(build_app(roots, admin, token, names), host=host, port=port, log_level="warning")
+    app = build_app(roots, admin, token, names)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_SECONDS)
