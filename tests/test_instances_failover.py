@@ -339,7 +339,7 @@ def test_a_query_stopped_inside_a_fenced_batch_s_spark_write_stops_cleanly(spark
     instance = Instance(qm, "Q", "G")
     writing = threading.Event()
 
-    def slow(payload: bytes) -> bytes:
+    def slow(payload):  # no type hints: pyspark would read them as a pandas UDF's
         time.sleep(PATIENCE)
         return payload
 
