@@ -1,11 +1,13 @@
 """The console under load: 50 clients each polling the overview and a queue page every second, at
 100 queues, while a producer puts and a streaming get drains a backlog. Reports the pages' p50 and
 p99, the streaming get's throughput against the same drain without the console (the anchor, in the
-same run; the median of ``DRAINS`` drains each), and the console process's memory over the run."""
+same run; the median of ``DRAINS`` drains each), and the console process's CPU (in cores) and
+memory over the run."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -105,7 +107,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         _wait_answering(base)
         seconds = minutes * 60
         polls = root / "polls.json"
-        started = time.monotonic()
+        started, cpu_at_start = time.monotonic(), _cpu_s(console.pid)
         load = subprocess.Popen(
             [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues), str(polls)]
         )
@@ -118,6 +120,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
             time.sleep(max(0.0, started + seconds * (n + 1) / (DRAINS + 1) - time.monotonic()))
             loads.append(_drain(spark, qm.root, root / f"loaded{n}", f"loaded{n}", messages))
         load.wait()
+        console_cores = (_cpu_s(console.pid) - cpu_at_start) / (time.monotonic() - started)
         sampling.join()
         if load.returncode != 0:
             raise RuntimeError(f"the pollers failed with exit code {load.returncode}")
@@ -149,6 +152,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "pages": len(overview) + len(queue),
         "failed": polled["failed"],
         "failures": polled["failures"],
+        "console_cpu_cores": round(console_cores, 2),
         "console_rss_mb_first": memory[0] if memory else None,
         "console_rss_mb_last": memory[-1] if memory else None,
         "console_rss_mb_max": max(memory) if memory else None,
@@ -197,6 +201,12 @@ def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float]) -> None:
     while load.poll() is None:
         memory.append(_rss_mb(pid))
         time.sleep(10)
+
+
+def _cpu_s(pid: int) -> float:
+    """The CPU time (user and system, seconds) process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mb(pid: int) -> float:
