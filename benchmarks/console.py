@@ -26,8 +26,7 @@ from mqspark import QueueManager
 
 # Runs ``clients`` pollers for ``seconds``: each asks for the overview and then one queue's page,
 # once a second; writes each page kind's answers (seconds into the run, latency in ms), and the
-# failures, as JSON to a file
-# (a pipe, read only once the pollers end, would fill up and block them).
+# failures, as JSON to a file (a pipe, read only once the pollers end, would fill up and block them).
 CLIENTS = """
 import asyncio, json, sys, time
 import httpx2 as httpx
@@ -142,8 +141,8 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "anchor_get_per_s": round(messages / anchor, 1),
         "get_per_s_under_load": round(messages / loaded, 1),
         "get_ratio_to_anchor": round(anchor / loaded, 3),
-        "anchor_drains_s": [round(seconds, 2) for seconds in anchors],
-        "loaded_drains_s": [round(seconds, 2) for seconds in loads],
+        "anchor_drains_s": [round(drain, 2) for drain in anchors],
+        "loaded_drains_s": [round(drain, 2) for drain in loads],
         "overview_p50_ms": _p(overview, 0.5),
         "overview_p99_ms": _p(overview, 0.99),
         "queue_p50_ms": _p(queue, 0.5),
