@@ -7,11 +7,15 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
 from mqspark import QueueManager
+from mqspark.console.app import build_app
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
@@ -40,6 +44,18 @@ def pytest_collection_modifyitems(items):
     # load (xdist_groups drivers-a and drivers-b, split by module). A chain runs on one worker, one test
     # after another, so at most two such tests compete for the 2 cores. xdist's loadgroup hands out the
     # groups with the most tests first, so each worker starts on one chain and the rest fill in after.
+
+
+@pytest.fixture
+def console_client() -> Iterator[Callable[..., TestClient]]:
+    """Makes clients of consoles (``console_client(roots, base_url=..., **build_app options)``), each
+    app started and, at the test's end, stopped with its reader process."""
+    with ExitStack() as started:
+
+        def client(roots: list[str], base_url: str = "http://localhost", **options) -> TestClient:
+            return started.enter_context(TestClient(build_app(roots, **options), base_url=base_url))
+
+        yield client
 
 
 @pytest.fixture(scope="session")

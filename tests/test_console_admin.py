@@ -11,16 +11,15 @@ from starlette.testclient import TestClient
 
 from mqspark import QueueManager
 from mqspark.console import audit
-from mqspark.console.app import build_app
 
 TOKEN = "admin-token"
 ADMIN = {"authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-def signed_in(qm: QueueManager) -> tuple[TestClient, str]:
+def signed_in(qm: QueueManager, console_client) -> tuple[TestClient, str]:
     """A browser signed in to an admin console, and its CSRF token."""
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    client = console_client([qm.root], admin=True, token=TOKEN)
     client.post("/sign-in", data={"token": TOKEN})
     page = client.get("/").text
     return client, page.split('name="csrf-token" content="')[1].split('"')[0]
@@ -69,25 +68,27 @@ def test_page_actions_ask_for_the_queues_name_and_are_audited(qm: QueueManager, 
     assert "<i>orders</i>" not in html and "&lt;i&gt;orders&lt;/i&gt;" in html
 
 
-def test_an_admin_action_without_the_token_or_its_csrf_token_is_refused(qm: QueueManager, signed_in) -> None:
+def test_an_admin_action_without_the_token_or_its_csrf_token_is_refused(
+    qm: QueueManager, signed_in, console_client
+) -> None:
     client, csrf = signed_in
     qm.define_queue("Q")
     qm.put("Q", [{"payload": b"keep"}])
-    anonymous = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    anonymous = console_client([qm.root], admin=True, token=TOKEN)
     refused = anonymous.post(
         "/qmgr/QM1/queue/Q/admin/purge", data={"confirm": "Q"}, headers={"origin": "http://localhost"}
     )
     assert refused.status_code == 401 and "a write needs the admin token" in refused.text
     forged = _post(client, "not-the-token", "purge", confirm="Q")
     assert forged.status_code == 401 and "CSRF token or origin" in forged.text
-    read_only = TestClient(build_app([qm.root]), base_url="http://localhost")
+    read_only = console_client([qm.root])
     assert read_only.post("/api/v1/admin/qmgr/QM1/queue/Q/purge", headers=ADMIN).status_code == 403
     assert qm.depth("Q") == 1 and audit.read(qm) == []
 
 
-def test_the_admin_api_acts_and_answers_with_the_result(qm: QueueManager) -> None:
+def test_the_admin_api_acts_and_answers_with_the_result(qm: QueueManager, console_client) -> None:
     qm.define_queue("Q")
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    client = console_client([qm.root], admin=True, token=TOKEN)
     url = "/api/v1/admin/qmgr/QM1/queue/Q"
     put = client.post(f"{url}/put", json={"payload": "test", "priority": 3}, headers=ADMIN)
     assert put.status_code == 200 and len(put.json()["msg_ids"]) == 1
@@ -113,11 +114,11 @@ def test_the_admin_api_acts_and_answers_with_the_result(qm: QueueManager) -> Non
     assert json.loads(rows[0]["result"]) == {"purged": 1}
 
 
-def test_what_admins_did_shows_only_to_a_signed_in_admin(qm: QueueManager, signed_in) -> None:
+def test_what_admins_did_shows_only_to_a_signed_in_admin(qm: QueueManager, signed_in, console_client) -> None:
     client, csrf = signed_in
     qm.define_queue("Q")
     assert _post(client, csrf, "inhibit_put", confirm="Q").status_code == 303
     assert "inhibit_put" in client.get("/qmgr/QM1/queue/Q/admin").text.split('id="audit"')[1]
-    anonymous = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    anonymous = console_client([qm.root], admin=True, token=TOKEN)
     assert "inhibit_put" not in anonymous.get("/qmgr/QM1/queue/Q/admin").text.split('id="audit"')[1]
     assert anonymous.get("/api/v1/admin/qmgr/QM1/audit").status_code == 401

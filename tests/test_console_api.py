@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,8 +13,6 @@ from starlette.testclient import TestClient
 
 from mqspark import MQError, QueueManager
 from mqspark.console.app import build_app
-from mqspark.console.managers import Managers
-from mqspark.console.reads import Reads
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.services.monitor import Monitor
 
@@ -26,8 +21,8 @@ ADMIN = {"authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-def client(qm: QueueManager) -> TestClient:
-    return TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+def client(qm: QueueManager, console_client) -> TestClient:
+    return console_client([qm.root], admin=True, token=TOKEN)
 
 
 def _error(response) -> tuple[int, int, str]:
@@ -35,14 +30,14 @@ def _error(response) -> tuple[int, int, str]:
     return response.status_code, body["reason"], body["text"]
 
 
-def test_the_queue_managers_and_their_queues_with_depth(qm: QueueManager, tmp_path: Path) -> None:
+def test_the_queue_managers_and_their_queues_with_depth(qm: QueueManager, tmp_path: Path, console_client) -> None:
     other = QueueManager.create(tmp_path / "qm2", "QM2")
     qm.define_queue("ORDERS", put_inhibited=True)
     qm.define_queue("ALIAS", type="alias", target_queue="ORDERS")
     qm.alter_queue("ORDERS", put_inhibited=False)
     qm.put("ORDERS", [{"payload": b"1"}, {"payload": b"2"}])
     qm.alter_queue("ORDERS", get_inhibited=True)
-    client = TestClient(build_app([qm.root, other.root]), base_url="http://localhost")
+    client = console_client([qm.root, other.root])
     assert client.get("/api/v1/qmgr").json() == {
         "qmgr": [
             {"name": "QM1", "dead_letter_queue": "SYSTEM.DEAD.LETTER.QUEUE", "queues": 3},
@@ -183,23 +178,25 @@ def test_writes_answer_with_their_reason_and_status(qm: QueueManager, client: Te
     assert (status, reason, text) == (503, 2053, "MQRC_Q_FULL (2053): queue Q is full (max_depth 1, depth 1, put of 1)")
 
 
-def test_writes_need_admin_and_its_token(qm: QueueManager, tmp_path: Path) -> None:
+def test_writes_need_admin_and_its_token(qm: QueueManager, tmp_path: Path, console_client) -> None:
     qm.define_queue("Q")
     url = "/api/v1/qmgr/QM1/queue/Q/message"
-    read_only = TestClient(build_app([qm.root]), base_url="http://localhost")
+    read_only = console_client([qm.root])
     status, reason, text = _error(read_only.post(url, content=b"x", headers=ADMIN))
     assert (status, reason) == (403, 2035) and text.endswith("console: writes need a console started with --admin")
-    admin = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    admin = console_client([qm.root], admin=True, token=TOKEN)
     assert _error(admin.post(url, content=b"x"))[:2] == (401, 2035)
     assert _error(admin.post(url, content=b"x", headers={"authorization": "Bearer wrong"}))[:2] == (401, 2035)
     assert _error(admin.delete(url, params={"consumer": "g"}))[:2] == (401, 2035)
     assert qm.depth("Q") == 0
 
 
-def test_a_signed_in_browser_writes_only_with_its_csrf_token_from_the_consoles_origin(qm: QueueManager) -> None:
+def test_a_signed_in_browser_writes_only_with_its_csrf_token_from_the_consoles_origin(
+    qm: QueueManager, console_client
+) -> None:
     qm.define_queue("Q")
     url = "/api/v1/qmgr/QM1/queue/Q/message"
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    client = console_client([qm.root], admin=True, token=TOKEN)
     assert client.post("/sign-in", data={"token": "wrong"}).status_code == 401
     signed = client.post("/sign-in", data={"token": TOKEN}, follow_redirects=False)
     assert signed.status_code == 303 and "httponly" in signed.headers["set-cookie"].lower()
@@ -273,31 +270,11 @@ def test_the_monitor_history_of_a_queue_per_group_with_its_warn_verdicts(qm: Que
     assert (refused.status_code, refused.json()["error"]["text"]) == (400, "option minutes must be 1-10080, got 0")
 
 
-def test_clients_asking_at_once_for_the_same_answer_compute_it_once(qm: QueueManager) -> None:
-    reads = Reads(Managers([qm.root]))
-    computed = []
-    start = threading.Barrier(20)
-
-    def compute() -> list[int]:
-        computed.append(1)
-        time.sleep(0.3)
-        return [len(computed)]
-
-    def ask() -> list[int]:
-        start.wait()
-        return reads._cached(("same",), compute)
-
-    with ThreadPoolExecutor(20) as pool:
-        answers = list(pool.map(lambda _: ask(), range(20)))
-    assert (len(computed), answers) == (1, [[1]] * 20)
-
-
-def test_only_the_local_host_names_are_answered(qm: QueueManager) -> None:
-    app = build_app([qm.root])
-    assert TestClient(app, base_url="http://evil.test").get("/api/v1/qmgr").status_code == 400
-    assert TestClient(app, base_url="http://127.0.0.1").get("/api/v1/qmgr").status_code == 200
-    named = build_app([qm.root], hosts=["mq.example.com"])
-    assert TestClient(named, base_url="http://mq.example.com").get("/api/v1/qmgr").status_code == 200
+def test_only_the_local_host_names_are_answered(qm: QueueManager, console_client) -> None:
+    assert console_client([qm.root], base_url="http://evil.test").get("/api/v1/qmgr").status_code == 400
+    assert console_client([qm.root], base_url="http://127.0.0.1").get("/api/v1/qmgr").status_code == 200
+    named = console_client([qm.root], base_url="http://mq.example.com", hosts=["mq.example.com"])
+    assert named.get("/api/v1/qmgr").status_code == 200
 
 
 def test_a_put_body_longer_than_the_queue_allows_is_refused_before_it_is_read(

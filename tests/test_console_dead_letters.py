@@ -12,7 +12,6 @@ from starlette.testclient import TestClient
 
 from mqspark import QueueManager
 from mqspark.console import audit
-from mqspark.console.app import build_app
 
 TOKEN = "dl-token"
 ADMIN = {"authorization": f"Bearer {TOKEN}"}
@@ -39,9 +38,9 @@ def _until_ended(client: TestClient, url: str, headers: dict | None = None) -> d
         time.sleep(0.05)
 
 
-def test_the_page_shows_each_failure_queue_and_the_dead_letter_header(qm: QueueManager) -> None:
+def test_the_page_shows_each_failure_queue_and_the_dead_letter_header(qm: QueueManager, console_client) -> None:
     _fail(qm, 2)
-    client = TestClient(build_app([qm.root]), base_url="http://localhost")
+    client = console_client([qm.root])
     html = client.get("/qmgr/QM1/dead-letters", params={"queue": "Q.BACKOUT"}).text
     queues = html.split('id="failure-queues"')[1].split("</table>")[0]
     assert re.findall(r"<td>([^<]*)</td>", queues) == ["backout queue of Q", "dead-letter queue"]
@@ -52,9 +51,9 @@ def test_the_page_shows_each_failure_queue_and_the_dead_letter_header(qm: QueueM
     assert "Redrive needs a console started with --admin." in html
 
 
-def test_a_redrive_from_the_page_moves_the_selected_messages_back_at_its_rate(qm: QueueManager) -> None:
+def test_a_redrive_from_the_page_moves_the_selected_messages_back_at_its_rate(qm: QueueManager, console_client) -> None:
     _fail(qm, 3)
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    client = console_client([qm.root], admin=True, token=TOKEN)
     client.post("/sign-in", data={"token": TOKEN})
     html = client.get("/qmgr/QM1/dead-letters", params={"queue": "Q.BACKOUT"}).text
     csrf = re.findall(r'name="csrf_token" value="([^"]+)"', html)[0]
@@ -86,9 +85,9 @@ def test_a_redrive_from_the_page_moves_the_selected_messages_back_at_its_rate(qm
     assert json.loads(actions[0]["result"])["moved"] == {"Q": 2} and json.loads(actions[1]["result"]) == "started"
 
 
-def test_a_redrive_of_all_through_the_api(qm: QueueManager) -> None:
+def test_a_redrive_of_all_through_the_api(qm: QueueManager, console_client) -> None:
     _fail(qm, 3)
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    client = console_client([qm.root], admin=True, token=TOKEN)
     url = "/api/v1/admin/qmgr/QM1/queue/Q.BACKOUT/redrive"
     answer = client.post(url, json={"rate": 1000}, headers=ADMIN)
     assert answer.status_code == 202 and answer.json()["selected"] == 3
@@ -109,10 +108,10 @@ def test_a_redrive_of_all_through_the_api(qm: QueueManager) -> None:
     ],
 )
 def test_a_bad_redrive_is_refused_and_moves_nothing(
-    qm: QueueManager, body: dict, headers: dict, status: int, text: str
+    qm: QueueManager, body: dict, headers: dict, status: int, text: str, console_client
 ) -> None:
     _fail(qm, 1)
-    client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+    client = console_client([qm.root], admin=True, token=TOKEN)
     answer = client.post("/api/v1/admin/qmgr/QM1/queue/Q.BACKOUT/redrive", json=body, headers=headers)
     assert answer.status_code == status and text in answer.json()["error"]["text"]
     assert qm.depth("Q.BACKOUT") == 1 and audit.read(qm) == []
@@ -120,8 +119,8 @@ def test_a_bad_redrive_is_refused_and_moves_nothing(
     assert (missing.status_code, missing.json()["error"]["reason"]) == (404, 2085)
 
 
-def test_the_page_of_an_empty_dead_letter_queue(qm: QueueManager) -> None:
+def test_the_page_of_an_empty_dead_letter_queue(qm: QueueManager, console_client) -> None:
     qm.define_queue("Q")
-    page = TestClient(build_app([qm.root]), base_url="http://localhost").get("/qmgr/QM1/dead-letters")
+    page = console_client([qm.root]).get("/qmgr/QM1/dead-letters")
     assert page.status_code == 200
     assert "SYSTEM.DEAD.LETTER.QUEUE: 0 messages" in page.text and "No failed message waits here." in page.text

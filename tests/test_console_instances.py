@@ -10,12 +10,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from starlette.testclient import TestClient
 
 from mqspark import MQError, QueueManager
 from mqspark.cluster.repository import Cluster
 from mqspark.console import audit
-from mqspark.console.app import build_app
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.services.instances import Instance
 
@@ -30,7 +28,7 @@ def _rows(html: str, table: str) -> list[list[str]]:
     ]
 
 
-def test_the_active_and_standby_instances_and_a_switchover(qm: QueueManager) -> None:
+def test_the_active_and_standby_instances_and_a_switchover(qm: QueueManager, console_client) -> None:
     qm.define_queue("Q")
     qm.declare_consumer("Q", "G")
     active, standby = (Instance(qm, "Q", "G", lease_timeout=timedelta(seconds=30)) for _ in range(2))
@@ -38,7 +36,7 @@ def test_the_active_and_standby_instances_and_a_switchover(qm: QueueManager) -> 
         active.wait_until_active(timeout=10)
         with pytest.raises(MQError, match="did not become active"):
             standby.wait_until_active(timeout=0.5)
-        client = TestClient(build_app([qm.root], admin=True, token=TOKEN), base_url="http://localhost")
+        client = console_client([qm.root], admin=True, token=TOKEN)
         client.post("/sign-in", data={"token": TOKEN})
         html = client.get("/qmgr/QM1/instances").text
         rows = _rows(html, "instances")
@@ -67,7 +65,7 @@ def test_the_active_and_standby_instances_and_a_switchover(qm: QueueManager) -> 
         standby.stop()
 
 
-def test_a_cluster_with_its_replicas_queues_and_bindings(qm: QueueManager, tmp_path: Path) -> None:
+def test_a_cluster_with_its_replicas_queues_and_bindings(qm: QueueManager, tmp_path: Path, console_client) -> None:
     other = QueueManager.create(tmp_path / "qm2", "QM2")
     cluster = Cluster.create(tmp_path / "repo", "SHOP")
     for member in (qm, other):
@@ -75,7 +73,7 @@ def test_a_cluster_with_its_replicas_queues_and_bindings(qm: QueueManager, tmp_p
         cluster.join(member)
         cluster.advertise(member, "ORDERS")
     other.put("ORDERS", [{"payload": b"1"}, {"payload": b"2"}])
-    html = TestClient(build_app([qm.root]), base_url="http://localhost").get("/qmgr/QM1/instances").text
+    html = console_client([qm.root]).get("/qmgr/QM1/instances").text
     assert "Cluster SHOP" in html
     assert [row[:3] for row in _rows(html, "members-1")] == [["QM1", "running", "no"], ["QM2", "running", "no"]]
     queues = html.split("Advertised queues")[1].split("</table>")[0]

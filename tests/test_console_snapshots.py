@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -77,6 +78,24 @@ def test_a_failed_refresh_drops_the_answer_and_the_next_client_sees_the_error(sn
     _wait_for(lambda: ("k",) not in snapshots._answers)
     with pytest.raises(ValueError, match="queue Q was deleted"):
         snapshots.get(("k",), compute)
+
+
+def test_clients_asking_at_once_for_the_same_answer_compute_it_once(snapshots) -> None:
+    computed = []
+    start = threading.Barrier(20)
+
+    def compute() -> list[int]:
+        computed.append(1)
+        time.sleep(0.3)
+        return [len(computed)]
+
+    def ask() -> list[int]:
+        start.wait()
+        return snapshots.get(("same",), compute)
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: ask(), range(20)))
+    assert (len(computed), answers) == (1, [[1]] * 20)
 
 
 def test_a_forgotten_answer_is_computed_again_for_the_next_client() -> None:

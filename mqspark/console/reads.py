@@ -1,28 +1,24 @@
-"""What the console's pages and its REST API show, as JSON-ready values: the queue managers, their
-queues with depth (CURDEPTH) and oldest age, a queue's attributes and consumer groups, and its
-messages in logical order. The answers many clients poll are kept fresh in the background and
-served at once (:mod:`mqspark.console.snapshots`)."""
+"""What the console's pages and its REST API show, as JSON-ready values: the answers many clients
+poll (:mod:`mqspark.console.answers`), computed by the reader process
+(:mod:`mqspark.console.reader`), kept fresh in the background and served at once
+(:mod:`mqspark.console.snapshots`); and a queue's messages in logical order, paged and filtered."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqspark.cluster.repository import Cluster
+from mqspark.console.answers import json_value
 from mqspark.console.managers import Managers
+from mqspark.console.reader import Reader
 from mqspark.console.snapshots import Snapshots
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
-from mqspark.errors import MQError, MQValidationError
-from mqspark.qmgr import QueueManager
-from mqspark.services.instances import instances
-from mqspark.services.monitor import history_points
-from mqspark.status import depths, holds_failed_messages, payload_view, rounded
+from mqspark.errors import MQValidationError
+from mqspark.status import holds_failed_messages, payload_view
 
 # How often an answer clients keep polling is computed again: as often as the overview page asks,
 # and RabbitMQ's management statistics interval; and how long one nobody asks for is kept.
@@ -34,9 +30,7 @@ MAX_PAGE = 500
 # A payload shown in a list is cut to this many bytes; a message's own page shows up to PREVIEW_BYTES.
 LIST_PAYLOAD_BYTES = 120
 PREVIEW_BYTES = 64 * 1024
-_T = TypeVar("_T")
-# What the charts draw from the monitor history, and how far back they may look.
-HISTORY_SERIES = ("depth", "oldest_claimable_age_s", "rate_per_s")
+# How far back the charts may look.
 MAX_HISTORY_MINUTES = 7 * 24 * 60
 
 
@@ -78,12 +72,13 @@ class Reads:
 
     def __init__(self, managers: Managers) -> None:
         self.managers = managers
+        self._reader = Reader(list(managers.roots.values()))
         self._snapshots = Snapshots(REFRESH_SECONDS, IDLE_SECONDS)
 
-    def _cached(self, key: tuple, compute: Callable[[], _T]) -> _T:
-        """The newest answer of ``compute()`` (see :class:`Snapshots`); ``key`` names the queue
-        manager second, where it has one."""
-        return self._snapshots.get(key, compute)
+    def _cached(self, answer: str, *args: Any) -> Any:
+        """The newest value of ``answer`` for ``args``, computed by the reader process (see
+        :class:`Snapshots`); the queue manager comes first in ``args``, where there is one."""
+        return self._snapshots.get((answer, *args), lambda: self._reader.read(answer, *args))
 
     def changed(self, qmgr: str) -> None:
         """The console changed ``qmgr`` (a put, a get, an admin action, a redrive): the next client
@@ -91,169 +86,40 @@ class Reads:
         self._snapshots.forget(lambda key: key[0] == "qmgrs" or (len(key) > 1 and key[1] == qmgr))
 
     def close(self) -> None:
-        """Stop refreshing answers."""
+        """Stop refreshing answers, and the reader process."""
         self._snapshots.close()
+        self._reader.close()
 
     def qmgrs(self) -> list[dict[str, Any]]:
-        """Every queue manager served, with its dead-letter queue and how many queues it has."""
-
-        def compute() -> list[dict[str, Any]]:
-            rows = []
-            for name in self.managers.names:
-                qm = self.managers.get(name)
-                rows.append({"name": name, "dead_letter_queue": qm.dead_letter_queue, "queues": len(qm.queues())})
-            return rows
-
-        return self._cached(("qmgrs",), compute)
+        """Every queue manager served (:func:`~mqspark.console.answers.qmgrs`)."""
+        return self._cached("qmgrs")
 
     def queues(self, qmgr: str) -> list[dict[str, Any]]:
-        """Every queue of ``qmgr``: type, depth (every committed message waiting, CURDEPTH), oldest
-        message age, whether puts and gets are inhibited, description."""
-
-        def compute() -> list[dict[str, Any]]:
-            qm = self.managers.get(qmgr)
-            now = datetime.now(UTC)
-            rows = []
-            for definition in qm.queues():
-                row: dict[str, Any] = {
-                    "name": definition.name,
-                    "type": definition.type,
-                    "depth": None,
-                    "oldest_age_s": None,
-                    "put_inhibited": definition.put_inhibited,
-                    "get_inhibited": definition.get_inhibited,
-                    "description": definition.description,
-                }
-                if definition.type == "local":
-                    backlog = qm.backlog(definition.name)
-                    row.update(depth=backlog.depth, oldest_age_s=rounded(backlog.oldest_age(now)))
-                rows.append(row)
-            return rows
-
-        return self._cached(("queues", qmgr), compute)
+        """Every queue of ``qmgr`` with its depth (:func:`~mqspark.console.answers.queues`)."""
+        return self._cached("queues", qmgr)
 
     def queue(self, qmgr: str, queue: str) -> dict[str, Any]:
-        """Queue ``queue`` of ``qmgr``: its attributes; for a local queue, its depth, each consumer
-        group's depth and health, and its failed messages waiting on its failure queues."""
-
-        def compute() -> dict[str, Any]:
-            qm = self.managers.get(qmgr)
-            definition = qm.inquire_queue(queue)
-            attributes = _json_record(definition)
-            if getattr(definition, "type", None) != "local":
-                return {"qmgr": qmgr, "name": definition.name, "attributes": attributes, "depth": None, "groups": []}
-            rows = depths(qm, definition.name)
-            total, groups = rows[0], rows[1:]
-            failures = {key: total[key] for key in ("backout_queue", "backed_out", "error_queue", "errors")}
-            failures["dead_letter_queue"] = qm.dead_letter_queue
-            failures["dead_letters"] = total["dead_letters"]
-            return {
-                "qmgr": qmgr,
-                "name": definition.name,
-                "attributes": attributes,
-                "depth": total["depth"],
-                "oldest_age_s": total["oldest_age_s"],
-                "groups": [
-                    {
-                        **{key: value for key, value in row.items() if key not in failures},
-                        "instances": [info.as_dict() for info in instances(qm, definition.name, row["consumer"])],
-                    }
-                    for row in groups
-                ],
-                "failures": failures,
-            }
-
-        return self._cached(("queue", qmgr, queue), compute)
+        """Queue ``queue`` of ``qmgr`` (:func:`~mqspark.console.answers.queue`)."""
+        return self._cached("queue", qmgr, queue)
 
     def history(self, qmgr: str, queue: str, minutes: int) -> dict[str, Any]:
-        """The monitor history of ``queue`` over the last ``minutes``, per consumer group, as the
-        charts draw it: the points' times (epoch seconds) and depth, oldest claimable age and rate,
-        and the times of the warn and abort verdicts."""
+        """The monitor history of ``queue`` over the last ``minutes``
+        (:func:`~mqspark.console.answers.history`)."""
         if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= MAX_HISTORY_MINUTES:
             raise MQValidationError(f"option minutes must be 1-{MAX_HISTORY_MINUTES}, got {minutes!r}")
-
-        def compute() -> dict[str, Any]:
-            qm = self.managers.get(qmgr)
-            name = qm.resolve(queue).name
-            since = datetime.now(UTC) - timedelta(minutes=minutes)
-            points = history_points(qm, name, since, [*HISTORY_SERIES, "verdict"])
-            groups: dict[str, Any] = {}
-            for consumer in sorted(set(points["consumer"].to_pylist())):
-                mine = points.filter(pc.equal(points["consumer"], consumer))
-                at = [moment.timestamp() for moment in mine["at"].to_pylist()]
-                verdicts = mine["verdict"].to_pylist()
-                groups[consumer] = {
-                    "at": at,
-                    **{series: mine[series].to_pylist() for series in HISTORY_SERIES},
-                    **{kind: [t for t, v in zip(at, verdicts, strict=True) if v == kind] for kind in ("warn", "abort")},
-                }
-            return {"qmgr": qmgr, "queue": name, "minutes": minutes, "groups": groups}
-
-        return self._cached(("history", qmgr, queue, minutes), compute)
+        return self._cached("history", qmgr, queue, minutes)
 
     def instances(self, qmgr: str) -> list[dict[str, Any]]:
-        """The instances of every consumer group's service of ``qmgr``'s local queues (active and
-        standby, with their last heartbeat), by queue and group; groups without instances left out."""
-
-        def compute() -> list[dict[str, Any]]:
-            qm = self.managers.get(qmgr)
-            rows = []
-            for definition in qm.queues():
-                if definition.type != "local":
-                    continue
-                for consumer in qm.consumers(definition.name):
-                    found = [info.as_dict() for info in instances(qm, definition.name, consumer)]
-                    if found:
-                        rows.append({"queue": definition.name, "consumer": consumer, "instances": found})
-            return rows
-
-        return self._cached(("instances", qmgr), compute)
+        """The instances of ``qmgr``'s consumer groups (:func:`~mqspark.console.answers.instances`)."""
+        return self._cached("instances", qmgr)
 
     def clusters(self, qmgr: str) -> list[dict[str, Any]]:
-        """The clusters ``qmgr`` joined: their members (replicas) with route state and last use, the
-        queues they advertise with each replica's depth, and the routing bindings."""
-
-        def compute() -> list[dict[str, Any]]:
-            qm = self.managers.get(qmgr)
-            found = []
-            for root in qm.cluster_roots():
-                snapshot = Cluster.open(root, storage_options=qm.storage_options).snapshot()
-                roots = {member.qmgr: member.root for member in snapshot.members}
-                found.append(
-                    {
-                        "cluster": snapshot.cluster,
-                        "version": snapshot.version,
-                        "members": [_json_record(member) for member in snapshot.members],
-                        "queues": [
-                            {**_json_record(queue), "depth": _replica_depth(roots.get(queue.qmgr), queue.name, qm)}
-                            for queue in snapshot.queues
-                        ],
-                        "bindings": [_json_record(binding) for binding in snapshot.bindings],
-                    }
-                )
-            return found
-
-        return self._cached(("clusters", qmgr), compute)
+        """The clusters ``qmgr`` joined (:func:`~mqspark.console.answers.clusters`)."""
+        return self._cached("clusters", qmgr)
 
     def failure_queues(self, qmgr: str) -> list[dict[str, Any]]:
-        """The queues failed messages of ``qmgr`` go to: its dead-letter queue, and every queue some
-        queue names as its backout or error queue, each with its role and depth."""
-
-        def compute() -> list[dict[str, Any]]:
-            qm = self.managers.get(qmgr)
-            defined = {q.name: q for q in qm.queues()}
-            roles: dict[str, list[str]] = {qm.dead_letter_queue: ["dead-letter queue"]}
-            for definition in defined.values():
-                for attribute, role in (("backout_queue", "backout queue"), ("error_queue", "error queue")):
-                    target = getattr(definition, attribute, None)
-                    if target:
-                        roles.setdefault(target, []).append(f"{role} of {definition.name}")
-            return [
-                {"name": name, "roles": roles[name], "depth": qm.depth(name) if name in defined else None}
-                for name in sorted(roles)
-            ]
-
-        return self._cached(("failure_queues", qmgr), compute)
+        """The queues failed messages of ``qmgr`` go to (:func:`~mqspark.console.answers.failure_queues`)."""
+        return self._cached("failure_queues", qmgr)
 
     def messages(
         self, qmgr: str, queue: str, selected: MessageFilter, offset: int = 0, limit: int = PAGE
@@ -281,22 +147,6 @@ class Reads:
         }
 
 
-def _json_record(record: Any) -> dict[str, Any]:
-    return {key: _json(value) for key, value in dataclasses.asdict(record).items()}
-
-
-def _replica_depth(root: str | None, queue: str, local: QueueManager) -> int | str | None:
-    """How many messages wait on a replica of a cluster queue: what it took and still holds; the
-    error's text when its queue manager cannot be read from here."""
-    if root is None:
-        return None
-    try:
-        qm = local if root == local.root else QueueManager.open(root, storage_options=local.storage_options)
-        return qm.depth(queue)
-    except (MQError, OSError) as error:
-        return f"unreadable: {error}"
-
-
 def _narrowed(browsed: pa.Table, selected: MessageFilter) -> pa.Table:
     """``browsed`` with only the messages of the selected priority and put-time window."""
     mask = pa.array([True] * browsed.num_rows, pa.bool_())
@@ -319,7 +169,7 @@ def message_rows(table: pa.Table, payload_bytes: int, view: str = "text") -> lis
     for row, payload, text, encoding in zip(
         table.drop_columns(["payload"]).to_pylist(), payloads, shown.to_pylist(), encodings.to_pylist(), strict=True
     ):
-        row = {key: _json(value) for key, value in row.items()}
+        row = {key: json_value(value) for key, value in row.items()}
         row.update(
             payload=text,
             payload_encoding=encoding,
@@ -328,16 +178,3 @@ def message_rows(table: pa.Table, payload_bytes: int, view: str = "text") -> lis
         )
         rows.append(row)
     return rows
-
-
-def _json(value: Any) -> Any:
-    """A column value as JSON shows it: times in ISO 8601, bytes in base64, maps as objects."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, tuple):
-        return [_json(item) for item in value]
-    if isinstance(value, list) and value and all(isinstance(item, tuple) and len(item) == 2 for item in value):
-        return {key: _json(item) for key, item in value}
-    return value

@@ -1,0 +1,142 @@
+"""The reader process: where the console computes the answers its clients poll
+(:mod:`mqspark.console.answers`), apart from the process that serves them.
+
+- It runs at the lowest CPU priority, so that on a busy machine the console's reads never take a
+  core from the queue managers' own work (a streaming get, a put): its answers get older instead.
+- It is replaced by a fresh process every ``READS_PER_PROCESS`` reads, so that the native memory
+  delta-rs keeps after reading a table's updates (delta-rs issue 4241) ends with the process
+  instead of growing for as long as the console runs.
+- A reader process that dies (killed, out of memory) is replaced, and the read asked of it again
+  once; one asked nothing for ``IDLE_SECONDS`` ends."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from mqspark.console.answers import ANSWERS
+from mqspark.console.managers import Managers
+from mqspark.errors import MQError
+
+# About two minutes of a console refreshing 50 pages every 5 s; starting a reader costs about a
+# second of CPU.
+READS_PER_PROCESS = 1000
+# A reader process nobody asked anything for this long ends (an idle console holds no reader).
+IDLE_SECONDS = 60.0
+# The nice value of the reader process (the lowest priority there is).
+NICE = 19
+
+_managers: Managers | None = None  # the queue managers a reader process reads, opened at its start
+
+
+def _start(roots: list[str]) -> None:
+    global _managers
+    threading.Thread(target=_end_with_parent, name="console-reader-parent", daemon=True).start()
+    # Linux keeps a nice value per thread: every thread started so far is lowered, and those started
+    # later inherit it.
+    threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+    for thread in threads:
+        os.setpriority(os.PRIO_PROCESS, int(thread), NICE)
+    _managers = Managers(roots)
+
+
+def _end_with_parent() -> None:
+    """Ends the reader process once the console's process ended (when it was killed, nothing else
+    would end it: the pool's pipes stay open in the reader itself)."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(0)
+
+
+def _read(answer: str, args: tuple) -> Any:
+    if _managers is None:
+        raise RuntimeError("the reader process was not started with its queue managers")
+    return ANSWERS[answer](_managers, *args)
+
+
+class Reader:
+    """Computes answers for the queue managers at ``roots`` in a reader process, started at the first
+    read and ended once no read was asked of it for ``idle`` seconds."""
+
+    def __init__(
+        self, roots: Sequence[str], reads_per_process: int = READS_PER_PROCESS, idle: float = IDLE_SECONDS
+    ) -> None:
+        self.roots, self.reads_per_process, self.idle = list(roots), reads_per_process, idle
+        self._changed = threading.Condition()
+        self._pool: ProcessPoolExecutor | None = None
+        self._reads = 0
+        self._last_read = 0.0
+        self._closed = False
+
+    def read(self, answer: str, *args: Any) -> Any:
+        """The answer named ``answer`` (see ``ANSWERS``) for ``args``; its errors are raised here."""
+        try:
+            return self._answer(answer, args)
+        except BrokenProcessPool:
+            pass  # asked once more, of a new reader process
+        try:
+            return self._answer(answer, args)
+        except BrokenProcessPool as error:
+            raise MQError(f"console: the reader process ended while reading {answer}: {error}") from None
+
+    def close(self) -> None:
+        """Stop the reader process, once what it was asked is answered."""
+        with self._changed:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            self._changed.notify_all()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _answer(self, answer: str, args: tuple) -> Any:
+        pool, future = self._submit(answer, args)
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            with self._changed:
+                self._retire(pool)
+            raise
+
+    def _submit(self, answer: str, args: tuple) -> tuple[ProcessPoolExecutor, Future]:
+        with self._changed:
+            if self._closed:
+                raise MQError("console: the reader is closed")
+            if self._reads >= self.reads_per_process:
+                self._retire(self._pool)
+            if self._pool is None:
+                context = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(1, context, initializer=_start, initargs=(self.roots,))
+                self._reads = 0
+                threading.Thread(
+                    target=self._end_when_idle, args=(self._pool,), name="console-reader", daemon=True
+                ).start()
+            pool = self._pool
+            self._reads += 1
+            self._last_read = time.monotonic()
+            try:
+                return pool, pool.submit(_read, answer, args)
+            except BrokenProcessPool:
+                self._retire(pool)
+                raise
+
+    def _retire(self, pool: ProcessPoolExecutor | None) -> None:
+        """Ask no more of ``pool`` when it is the current one (its process answers what it was asked,
+        then ends); the caller holds ``_changed``."""
+        if pool is not None and self._pool is pool:
+            self._pool = None
+            pool.shutdown(wait=False)
+            self._changed.notify_all()
+
+    def _end_when_idle(self, pool: ProcessPoolExecutor) -> None:
+        with self._changed:
+            while self._pool is pool and (idle := time.monotonic() - self._last_read) < self.idle:
+                self._changed.wait(self.idle - idle)
+            self._retire(pool)
