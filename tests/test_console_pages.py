@@ -9,15 +9,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from mqspark import QueueManager
-from mqspark.console.app import build_app
 from mqspark.console.pages import segment
 
 SCRIPT = "<script>alert('x')</script>"
 
 
 @pytest.fixture
-def client(qm: QueueManager) -> TestClient:
-    return TestClient(build_app([qm.root]), base_url="http://localhost")
+def client(qm: QueueManager, console_client) -> TestClient:
+    return console_client([qm.root])
 
 
 def _cells(html: str, table: str) -> list[list[str]]:
@@ -46,6 +45,17 @@ def test_the_overview_sorts_and_filters_the_queues(qm: QueueManager, client: Tes
         refused.status_code == 400
         and "option sort must be one of qmgr, name, type, depth, oldest_age_s" in refused.text
     )
+
+
+def test_the_overview_rows_polled_show_a_put_through_the_console(qm: QueueManager, console_client) -> None:
+    qm.define_queue("Q")
+    client = console_client([qm.root], admin=True, token="t0ken")
+    polled = {"hx-request": "true"}
+    assert re.findall(r'class="number">(\d+)<', client.get("/?sort=name", headers=polled).text)[:1] == ["0"]
+    put = client.post("/api/v1/qmgr/QM1/queue/Q/message", content=b"x", headers={"authorization": "Bearer t0ken"})
+    assert put.status_code == 201
+    assert re.findall(r'class="number">(\d+)<', client.get("/?sort=name", headers=polled).text)[:1] == ["1"]
+    assert _cells(client.get("/?sort=name").text, "queues")[0][:4] == ["QM1", "Q", "local", "1"]
 
 
 def test_a_script_payload_shows_as_text_in_lists_and_on_its_page(qm: QueueManager, client: TestClient) -> None:

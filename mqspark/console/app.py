@@ -10,13 +10,12 @@ from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mqspark.console import api, dead_letters, pages
 from mqspark.console.admin import routes as admin_routes
@@ -42,14 +41,28 @@ _HEADERS = {
 }
 
 
-class _SecurityHeaders(BaseHTTPMiddleware):
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        response = await call_next(request)
-        for name, value in _HEADERS.items():
-            if name == "cache-control" and request.url.path.startswith("/static/"):
-                continue
-            response.headers.setdefault(name, value)
-        return response
+class _SecurityHeaders:
+    """Adds ``_HEADERS`` to every response that has not set them (a pure ASGI middleware: Starlette's
+    ``BaseHTTPMiddleware`` costs a task and a stream per request); static files may be cached."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        static = scope["path"].startswith("/static/")
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in _HEADERS.items():
+                    if not (static and name == "cache-control"):
+                        headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 def build_app(
