@@ -1,8 +1,9 @@
 """The console under load: 50 clients each polling the overview and a queue page every second, at
 100 queues, while a producer puts and a streaming get drains a backlog. Reports the pages' p50 and
 p99, the streaming get's throughput against the same drain without the console (the anchor, in the
-same run; the median of ``DRAINS`` drains each), and the console process's CPU (in cores) and
-memory over the run."""
+same run; the median of ``DRAINS`` drains each), the CPU (in cores) of the console, of the
+pollers and of the producer, which share the machine with the get, and the console's memory over
+the run."""
 
 from __future__ import annotations
 
@@ -53,8 +54,10 @@ async def main():
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         await asyncio.gather(*(poll(client, n) for n in range(clients)))
 asyncio.run(main())
+summary = {"failures": failures[:20], "failed": len(failures), "cpu_s": time.process_time()}
+summary["seconds"] = time.perf_counter() - begun
 with open(out, "w") as written:
-    json.dump({"latencies": latencies, "failures": failures[:20], "failed": len(failures)}, written)
+    json.dump({"latencies": latencies, **summary}, written)
 """
 # Drains of the streaming get timed with and without the console: their medians are compared.
 DRAINS = 3
@@ -106,7 +109,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         _wait_answering(base)
         seconds = minutes * 60
         polls = root / "polls.json"
-        started, cpu_at_start = time.monotonic(), _cpu_s(console.pid)
+        started, cpu_at_start, producer_cpu_at_start = time.monotonic(), _cpu_s(console.pid), _cpu_s(producer.pid)
         load = subprocess.Popen(
             [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues), str(polls)]
         )
@@ -119,7 +122,9 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
             time.sleep(max(0.0, started + seconds * (n + 1) / (DRAINS + 1) - time.monotonic()))
             loads.append(_drain(spark, qm.root, root / f"loaded{n}", f"loaded{n}", messages))
         load.wait()
-        console_cores = (_cpu_s(console.pid) - cpu_at_start) / (time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        console_cores = (_cpu_s(console.pid) - cpu_at_start) / elapsed
+        producer_cores = (_cpu_s(producer.pid) - producer_cpu_at_start) / elapsed
         sampling.join()
         if load.returncode != 0:
             raise RuntimeError(f"the pollers failed with exit code {load.returncode}")
@@ -152,6 +157,8 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "failed": polled["failed"],
         "failures": polled["failures"],
         "console_cpu_cores": round(console_cores, 2),
+        "clients_cpu_cores": round(polled["cpu_s"] / polled["seconds"], 2),
+        "producer_cpu_cores": round(producer_cores, 2),
         "console_rss_mb_first": memory[0] if memory else None,
         "console_rss_mb_last": memory[-1] if memory else None,
         "console_rss_mb_max": max(memory) if memory else None,
@@ -203,16 +210,37 @@ def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float]) -> None:
 
 
 def _cpu_s(pid: int) -> float:
-    """The CPU time (user and system, seconds) process ``pid`` has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU time (user and system, seconds) process ``pid`` and its processes (the console's
+    reader process) have used, ended ones included."""
+    used = 0.0
+    for number, fields in _processes(pid).items():
+        used += int(fields[11]) + int(fields[12])
+        if number == pid:
+            used += int(fields[13]) + int(fields[14])  # its ended children's, once waited for
+    return used / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    """The resident memory (MB) of process ``pid`` and its processes."""
+    pages = sum(int(fields[21]) for fields in _processes(pid).values())
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def _processes(pid: int) -> dict[int, list[str]]:
+    """The fields of /proc/N/stat after the command, of process ``pid`` and its descendants, by N."""
+    every: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                every[int(entry.name)] = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # ended meanwhile
+    tree, added = {pid}, True
+    while added:
+        children = {number for number, fields in every.items() if int(fields[1]) in tree} - tree
+        tree |= children
+        added = bool(children)
+    return {number: every[number] for number in tree if number in every}
 
 
 def _windows(answers: list[list[float]], width: float) -> list[float | None]:
