@@ -1,6 +1,6 @@
 """The console's reader process: answers computed apart from the serving process, at the lowest CPU
-priority, the process replaced after so many reads or when it dies, and its errors raised to the
-caller as they were."""
+priority, the process replaced when it dies, ended when idle or when the console is killed, and its
+errors raised to the caller as they were."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .support.processes import free_port, marked_processes, start_server, stop_s
 def reader(qm: QueueManager) -> Iterator[Reader]:
     qm.define_queue("Q")
     qm.put("Q", [{"payload": b"a"}, {"payload": b"b"}])
-    kept = Reader([qm.root], reads_per_process=3)
+    kept = Reader([qm.root])
     yield kept
     kept.close()
 
@@ -64,15 +64,6 @@ def test_answers_are_read_in_another_process_whose_every_thread_has_the_lowest_p
     nice = {int((thread / "stat").read_text().rpartition(")")[2].split()[16]) for thread in threads}
     assert (len(threads) > 1, nice) == (True, {NICE})
     assert os.getpriority(os.PRIO_PROCESS, 0) != NICE
-
-
-def test_the_reader_process_is_replaced_after_its_reads_and_the_old_one_ends(qm: QueueManager, reader: Reader) -> None:
-    assert [_depth(reader) for _ in range(3)] == [2, 2, 2]
-    [first] = _readers()
-    qm.put("Q", [{"payload": b"c"}])
-    assert _depth(reader) == 3
-    _wait_for(lambda: first not in _readers())
-    assert len(_readers()) == 1
 
 
 def test_a_killed_reader_process_is_replaced_and_the_read_answered(qm: QueueManager, reader: Reader) -> None:

@@ -1,11 +1,10 @@
 """The reader process: where the console computes the answers its clients poll
 (:mod:`mqspark.console.answers`), apart from the process that serves them.
 
-- It runs at the lowest CPU priority, so that on a busy machine the console's reads never take a
-  core from the queue managers' own work (a streaming get, a put): its answers get older instead.
-- It is replaced by a fresh process every ``READS_PER_PROCESS`` reads, so that the native memory
-  delta-rs keeps after reading a table's updates (delta-rs issue 4241) ends with the process
-  instead of growing for as long as the console runs.
+- It runs at the lowest CPU priority, so that on a busy machine the queue managers' own work (a
+  streaming get, a put) comes first: the console's answers get older instead.
+- The process that serves the pages holds no Delta table, and its threads do not wait for the GIL
+  while depths are counted.
 - A reader process that dies (killed, out of memory) is replaced, and the read asked of it again
   once; one asked nothing for ``IDLE_SECONDS`` ends."""
 
@@ -25,9 +24,6 @@ from mqspark.console.answers import ANSWERS
 from mqspark.console.managers import Managers
 from mqspark.errors import MQError
 
-# About two minutes of a console refreshing 50 pages every 5 s; starting a reader costs about a
-# second of CPU.
-READS_PER_PROCESS = 1000
 # A reader process nobody asked anything for this long ends (an idle console holds no reader).
 IDLE_SECONDS = 60.0
 # The nice value of the reader process (the lowest priority there is).
@@ -66,13 +62,10 @@ class Reader:
     """Computes answers for the queue managers at ``roots`` in a reader process, started at the first
     read and ended once no read was asked of it for ``idle`` seconds."""
 
-    def __init__(
-        self, roots: Sequence[str], reads_per_process: int = READS_PER_PROCESS, idle: float = IDLE_SECONDS
-    ) -> None:
-        self.roots, self.reads_per_process, self.idle = list(roots), reads_per_process, idle
+    def __init__(self, roots: Sequence[str], idle: float = IDLE_SECONDS) -> None:
+        self.roots, self.idle = list(roots), idle
         self._changed = threading.Condition()
         self._pool: ProcessPoolExecutor | None = None
-        self._reads = 0
         self._last_read = 0.0
         self._closed = False
 
@@ -109,17 +102,13 @@ class Reader:
         with self._changed:
             if self._closed:
                 raise MQError("console: the reader is closed")
-            if self._reads >= self.reads_per_process:
-                self._retire(self._pool)
             if self._pool is None:
                 context = multiprocessing.get_context("spawn")
                 self._pool = ProcessPoolExecutor(1, context, initializer=_start, initargs=(self.roots,))
-                self._reads = 0
                 threading.Thread(
                     target=self._end_when_idle, args=(self._pool,), name="console-reader", daemon=True
                 ).start()
             pool = self._pool
-            self._reads += 1
             self._last_read = time.monotonic()
             try:
                 return pool, pool.submit(_read, answer, args)
