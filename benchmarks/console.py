@@ -1,15 +1,16 @@
 """The console under load: 50 clients each polling the overview and a queue page every second, at
-100 queues, while a producer puts and a streaming get drains a backlog. Reports the pages' p50 and
-p99, the streaming get's throughput against the same drain without the console (the anchor, in the
-same run; the median of ``DRAINS`` drains each), the CPU (in cores) of the console, of the
-pollers and of the producer, which share the machine with the get, and the console's memory over
-the run."""
+100 queues, while a producer puts, gets and maintains and a streaming get drains a backlog. Reports
+the pages' p50 and p99, the streaming get's throughput against the same drain with the console and
+its pollers stopped (the anchor: drains in pairs at the same moments of the run, the median of
+``DRAINS`` each), the CPU (in cores) of the console, of the pollers and of the producer, which share
+the machine with the get, and the memory of the console (its reader process too) over the run."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -40,14 +41,14 @@ async def poll(client, number):
     while time.monotonic() < end:
         started = time.monotonic()
         for kind, url in (("overview", "/"), ("queue", f"/qmgr/BENCH/queue/Q{number % queues:03d}")):
-            t = time.perf_counter()
+            at, t = time.time(), time.perf_counter()
             try:
                 answer = await client.get(base + url)
                 if answer.status_code != 200:
                     failures.append(f"{url}: {answer.status_code}")
             except Exception as error:
                 failures.append(f"{url}: {error!r}")
-            latencies[kind].append((t - begun, (time.perf_counter() - t) * 1000))
+            latencies[kind].append((at, (time.perf_counter() - t) * 1000))
         await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 async def main():
     limits = httpx.Limits(max_connections=clients)
@@ -59,11 +60,14 @@ summary["seconds"] = time.perf_counter() - begun
 with open(out, "w") as written:
     json.dump({"latencies": latencies, **summary}, written)
 """
-# Drains of the streaming get timed with and without the console: their medians are compared.
+# Pairs of drains of the streaming get, spread over the run: one with the console and its pollers
+# stopped (SIGSTOP), one with them running, in turn first; the medians are compared.
 DRAINS = 3
 # The run's p99 is also given for each of this many equal parts of it: a slow start, or a trend.
 WINDOWS = 6
-# Puts 10 messages to a queue every 100 ms until killed.
+# Until killed, every 100 ms: puts 10 messages to a queue and gets 10 of that queue's (group app);
+# every 6 s maintains a queue, round the queues, so that they stay the same size as a queue
+# manager's in service do (each is maintained every 10 minutes).
 PRODUCER = """
 import sys, time
 from mqspark import QueueManager
@@ -71,7 +75,11 @@ qm = QueueManager.open(sys.argv[1])
 queues = int(sys.argv[2])
 number = 0
 while True:
-    qm.put(f"Q{number % queues:03d}", [{"payload": b"x" * 100}] * 10)
+    queue = f"Q{number % queues:03d}"
+    qm.put(queue, [{"payload": b"x" * 100}] * 10)
+    qm.get(queue, "app", max_messages=10)
+    if number % 60 == 0:
+        qm.maintain(f"Q{number // 60 % queues:03d}")
     number += 1
     time.sleep(0.1)
 """
@@ -99,7 +107,6 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
     console = None
     try:
         _drain(spark, qm.root, root / "warm", "warm", 1000)
-        anchors = [_drain(spark, qm.root, root / f"anchor{n}", f"anchor{n}", messages) for n in range(DRAINS)]
         port = _free_port()
         console = subprocess.Popen(
             [sys.executable, "-m", "mqspark.cli", "console", "--root", qm.root, "--port", str(port)],
@@ -110,6 +117,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         seconds = minutes * 60
         polls = root / "polls.json"
         started, cpu_at_start, producer_cpu_at_start = time.monotonic(), _cpu_s(console.pid), _cpu_s(producer.pid)
+        begun = time.time()
         load = subprocess.Popen(
             [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues), str(polls)]
         )
@@ -117,10 +125,28 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         sampling = threading.Thread(target=_sample_rss, args=(console.pid, load, memory), daemon=True)
         sampling.start()
         # Spread over the run, past its start, where the console computes every page once.
-        loads = []
+        anchors: list[float] = []
+        loads: list[float] = []
+        paused: list[list[float]] = []  # the console's pauses: their start and end, epoch seconds
+        stopping: list[int] = []
         for n in range(DRAINS):
             time.sleep(max(0.0, started + seconds * (n + 1) / (DRAINS + 1) - time.monotonic()))
-            loads.append(_drain(spark, qm.root, root / f"loaded{n}", f"loaded{n}", messages))
+            for stopped in (True, False) if n % 2 == 0 else (False, True):
+                if stopped:
+                    stopping = [*_processes(console.pid), load.pid]
+                    paused.append([time.time()])
+                    _signal(stopping, signal.SIGSTOP)
+                drained = _drain(
+                    spark,
+                    qm.root,
+                    root / f"drain{len(anchors) + len(loads)}",
+                    f"{'stopped' if stopped else 'running'}{n}",
+                    messages,
+                )
+                if stopped:
+                    _signal(stopping, signal.SIGCONT)
+                    paused[-1].append(time.time())
+                (anchors if stopped else loads).append(drained)
         load.wait()
         elapsed = time.monotonic() - started
         console_cores = (_cpu_s(console.pid) - cpu_at_start) / elapsed
@@ -134,8 +160,14 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         if console is not None:
             console.kill()
         spark.stop()
-    overview, queue = (sorted(ms for _, ms in polled["latencies"][kind]) for kind in ("overview", "queue"))
-    windows = _windows(polled["latencies"]["overview"] + polled["latencies"]["queue"], seconds / WINDOWS)
+    # A page asked while the console was stopped waited for the pause, not for the console.
+    answered = {
+        kind: [(at - begun, ms) for at, ms in polled["latencies"][kind] if not _overlaps(at, ms, paused)]
+        for kind in ("overview", "queue")
+    }
+    overview, queue = (sorted(ms for _, ms in answered[kind]) for kind in ("overview", "queue"))
+    windows = _windows(answered["overview"] + answered["queue"], seconds / WINDOWS)
+    asked = sum(len(polled["latencies"][kind]) for kind in ("overview", "queue"))
     anchor, loaded = statistics.median(anchors), statistics.median(loads)
     return {
         "benchmark": "console",
@@ -154,6 +186,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "queue_p99_ms": _p(queue, 0.99),
         "pages_p99_ms_by_window": windows,
         "pages": len(overview) + len(queue),
+        "pages_left_out_paused": asked - len(overview) - len(queue),
         "failed": polled["failed"],
         "failures": polled["failures"],
         "console_cpu_cores": round(console_cores, 2),
@@ -162,6 +195,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "console_rss_mb_first": memory[0] if memory else None,
         "console_rss_mb_last": memory[-1] if memory else None,
         "console_rss_mb_max": max(memory) if memory else None,
+        "console_rss_mb_max_by_window": [max(part, default=None) for part in _parts(memory, WINDOWS)],
     }
 
 
@@ -243,7 +277,23 @@ def _processes(pid: int) -> dict[int, list[str]]:
     return {number: every[number] for number in tree if number in every}
 
 
-def _windows(answers: list[list[float]], width: float) -> list[float | None]:
+def _signal(processes: list[int], number: signal.Signals) -> None:
+    for process in processes:
+        os.kill(process, number)
+
+
+def _overlaps(at: float, ms: float, paused: list[list[float]]) -> bool:
+    """Whether a page asked at ``at`` (epoch seconds) and answered ``ms`` later overlaps a pause."""
+    return any(at < end and at + ms / 1000 > start for start, end in paused)
+
+
+def _parts(values: list[float], count: int) -> list[list[float]]:
+    """``values`` in ``count`` consecutive parts of (nearly) equal length."""
+    size = len(values) / count
+    return [values[round(n * size) : round((n + 1) * size)] for n in range(count)]
+
+
+def _windows(answers: list[tuple[float, float]], width: float) -> list[float | None]:
     """The p99 of the answers' latencies in each window of ``width`` seconds of the run."""
     by_window: list[list[float]] = [[] for _ in range(WINDOWS)]
     for at, ms in answers:
