@@ -19,6 +19,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pyarrow as pa
@@ -128,27 +130,20 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         anchors: list[float] = []
         loads: list[float] = []
         paused: list[list[float]] = []  # the console's pauses: their start and end, epoch seconds
-        stopping: list[int] = []
         for n in range(DRAINS):
             time.sleep(max(0.0, started + seconds * (n + 1) / (DRAINS + 1) - time.monotonic()))
             # The first drain after minutes without one took 2-3 s longer, the console stopped or
             # not (a 30-minute run): one drain first, not counted, so that the pair compares alike.
             _drain(spark, qm.root, root / f"warm{n}", f"warm{n}", messages)
             for stopped in (True, False) if n % 2 == 0 else (False, True):
-                if stopped:
-                    stopping = [*_processes(console.pid), load.pid]
-                    paused.append([time.time()])
-                    _signal(stopping, signal.SIGSTOP)
-                drained = _drain(
-                    spark,
-                    qm.root,
-                    root / f"drain{len(anchors) + len(loads)}",
-                    f"{'stopped' if stopped else 'running'}{n}",
-                    messages,
-                )
-                if stopped:
-                    _signal(stopping, signal.SIGCONT)
-                    paused[-1].append(time.time())
+                with _stopped([*_processes(console.pid), load.pid], paused) if stopped else nullcontext():
+                    drained = _drain(
+                        spark,
+                        qm.root,
+                        root / f"drain{len(anchors) + len(loads)}",
+                        f"{'stopped' if stopped else 'running'}{n}",
+                        messages,
+                    )
                 (anchors if stopped else loads).append(drained)
         load.wait()
         elapsed = time.monotonic() - started
@@ -280,9 +275,19 @@ def _processes(pid: int) -> dict[int, list[str]]:
     return {number: every[number] for number in tree if number in every}
 
 
-def _signal(processes: list[int], number: signal.Signals) -> None:
+@contextmanager
+def _stopped(processes: list[int], paused: list[list[float]]) -> Iterator[None]:
+    """``processes`` stopped (SIGSTOP) for the block and continued after it, even when it fails;
+    the pause's start and end appended to ``paused``."""
+    paused.append([time.time()])
     for process in processes:
-        os.kill(process, number)
+        os.kill(process, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            os.kill(process, signal.SIGCONT)
+        paused[-1].append(time.time())
 
 
 def _overlaps(at: float, ms: float, paused: list[list[float]]) -> bool:
