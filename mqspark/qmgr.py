@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
@@ -212,16 +211,13 @@ class QueueManager(Queues):
 
     @store.connected
     def backlog(self, queue: str, consumer: str | None = None, *, oldest: bool = True) -> Backlog:
-        """Depth (see :meth:`depth`) and, with ``oldest``, the put time of the oldest waiting message,
-        which reads every live message's put_time; for a consumer group also who holds its lease,
-        the active instance of a service."""
+        """Depth (see :meth:`depth`) and, with ``oldest``, the put time of the oldest waiting message
+        (from file statistics where they tell, see :meth:`oldest_waiting`); for a consumer group also
+        who holds its lease, the active instance of a service."""
         local = self._resolve(queue).name
-        if oldest:
-            waiting_now = self.waiting_messages(local, consumer, ["put_time"])
-            count = waiting_now.num_rows
-            first = pc.min(waiting_now["put_time"]).as_py() if count else None
-        else:
-            count, first = self._depth(local, consumer), None
+        if consumer is not None:
+            validate_name(consumer, "consumer group")
+        count, first = self.oldest_waiting(local, consumer) if oldest else (self.waiting_count(local, consumer), None)
         lease = None if consumer is None else self._state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
         return Backlog(local, consumer, count, first, None if lease is None else lease.owner)
 

@@ -112,8 +112,9 @@ def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_onl
 
 
 def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypatch):
-    """The monitor's measure of a group (waiting, CURDEPTH, claimable, oldest claimable put time) agrees
-    with one computed from every listed message, through gets, failures parked by the retry delay,
+    """The monitor's measure of a group (waiting, CURDEPTH, claimable, oldest claimable put time), and
+    the depth and oldest put time of each group and of the queue (``oldest_waiting``), agree with
+    those computed from every listed message, through gets, failures parked by the retry delay,
     delayed and expiring messages and maintenance. Row groups of two rows: the oldest put time is
     looked for row group by row group. The producers' clocks disagree by minutes, so the files' put
     times are not in their order, and some files have no put time statistic (as files written
@@ -189,6 +190,10 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
             rows = list(zip(*(backlog.waiting[name].to_pylist() for name in ("origin", "row", "count")), strict=True))
             found = (_identities(rows), backlog.count, backlog.depth, backlog.claimable, backlog.oldest_claimable)
             assert found == expected, (step, consumer)
+        for consumer in ("a", "b", "c", None):
+            mine = live.filter(pa.array(waiting(live, groups, moment, consumer)))
+            expected_oldest = (mine.num_rows, pc.min(mine["put_time"]).as_py())
+            assert qm.oldest_waiting("Q", consumer) == expected_oldest, (step, consumer)
     # The groups differ: a consumed, b has parked messages, c waits for everything unexpired.
     assert backlog.claimable == backlog.count - sum(1 for row in live.to_pylist() if row["available_at"] is not None)
     assert parked_messages(definition, state, "b", moment).num_rows

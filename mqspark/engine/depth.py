@@ -231,6 +231,31 @@ def count_waiting(table: DeltaTable, groups: GroupsSnapshot, now: datetime, cons
     return count
 
 
+def oldest_waiting(
+    table: DeltaTable,
+    groups: GroupsSnapshot,
+    now: datetime,
+    consumer: str | None = None,
+    reads: MutableMapping[tuple, pa.Table] | None = None,
+) -> tuple[int, datetime | None]:
+    """How many live messages wait, as :func:`waiting` decides, and the put time of the oldest of
+    them, without listing them: the messages of :func:`put_files` are counted from ranges (see
+    :func:`count_waiting`) and their oldest found from statistics first (see :func:`_oldest`); only the
+    other files are read, or taken from ``reads`` (see :func:`live_messages`)."""
+    files = store.live_files(table)
+    simple = put_files(files)
+    chosen = np.flatnonzero(simple)
+    ranges = file_ranges(files, chosen)
+    consumed = _consumed(groups, consumer)
+    left = subtract_ranges(ranges, intersect_ranges(consumed)) if consumed else merge_ranges(ranges)
+    others = _read_identities(table, files, np.flatnonzero(~simple), ["put_time"], reads)
+    listed = pa.concat_tables(others) if others else _no_identities(["put_time"])
+    listed = listed.filter(pa.array(waiting(listed, groups, now, consumer)))
+    oldest = [pc.min(listed["put_time"]).as_py(), _oldest(table.table_uri, files.take(chosen), ranges, left)]
+    count = int(pc.sum(left["count"]).as_py() or 0) + listed.num_rows
+    return count, min((stamp for stamp in oldest if stamp is not None), default=None)
+
+
 def _consumed(groups: GroupsSnapshot, consumer: str | None) -> list[pa.Table]:
     """The consumed ranges whose intersection a message must lie in to wait for nobody: ``consumer``'s,
     or (None) every counted group's."""

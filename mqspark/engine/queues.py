@@ -27,7 +27,7 @@ from mqspark import store
 from mqspark.engine import group_commit
 from mqspark.engine.catalog import Catalog, CatalogState
 from mqspark.engine.consumer_groups import ConsumerState, GroupsSnapshot
-from mqspark.engine.depth import GroupBacklog, count_waiting, group_backlog, live_messages, waiting
+from mqspark.engine.depth import GroupBacklog, count_waiting, group_backlog, live_messages, oldest_waiting, waiting
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
@@ -363,6 +363,16 @@ class Queues:
         """How many messages wait on local queue ``queue``: for ``consumer``, or (None) for at least one
         counted group (CURDEPTH); see :func:`mqspark.engine.depth.count_waiting`."""
         return self._with_snapshot(queue, lambda table: self._count_waiting(queue, table, consumer))
+
+    def oldest_waiting(self, queue: str, consumer: str | None = None) -> tuple[int, datetime | None]:
+        """How many messages wait on local queue ``queue`` (as :meth:`waiting_count` counts them) and
+        the put time of the oldest; see :func:`mqspark.engine.depth.oldest_waiting`."""
+        return self._with_snapshot(
+            queue,
+            lambda table: oldest_waiting(
+                table, self._groups(queue, consumer), datetime.now(UTC), consumer, self._file_reads
+            ),
+        )
 
     def group_backlog(
         self, queue: str, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table

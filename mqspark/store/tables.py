@@ -5,9 +5,12 @@ pyarrow dataset, and trimming history.
 
 from __future__ import annotations
 
+import operator
 import re
+import threading
 from datetime import timedelta
 
+import cachetools
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -116,6 +119,14 @@ def live_counts(table: DeltaTable) -> tuple[int, int]:
     return len(counts), table_dataset(table).count_rows()
 
 
+# The live files of recent table versions, which never change; a version's log_stamp tells a table
+# made anew at the same location from the one read before. Pollers such as the console ask for the
+# same versions again and again, and each answer reads log entries back to the last checkpoint.
+LIVE_FILES_BYTES = 16 * 1024 * 1024
+_live_files: cachetools.LRUCache = cachetools.LRUCache(LIVE_FILES_BYTES, getsizeof=operator.attrgetter("nbytes"))
+_live_files_lock = threading.Lock()
+
+
 def live_files(table: DeltaTable) -> pa.Table:
     """The data files of ``table``'s version: ``path``, ``size``, ``rows``, and ``version``, the version
     of the commit that added the file, which applies to its rows that carry no ``commit_version``
@@ -127,6 +138,20 @@ def live_files(table: DeltaTable) -> pa.Table:
     ``never_before`` (no row has a ``group_id``, a ``before_msg_id``), and ``never_redriven`` (no row
     has a ``redriven_for``); null where a file has no such statistics. A file with statistics but
     none of ``redriven_for`` was written before the column existed: it is ``never_redriven``."""
+    version = table.version()
+    key = (table.table_uri, version, log_stamp(table.table_uri, version))
+    with _live_files_lock:
+        files = _live_files.get(key) if key[2] is not None else None
+    if files is None:
+        files = _read_live_files(table)
+        if key[2] is not None:
+            with _live_files_lock:
+                _live_files[key] = files
+    return files
+
+
+def _read_live_files(table: DeltaTable) -> pa.Table:
+    """:func:`live_files`, from the table's add actions and log."""
     actions = pa.table(table.get_add_actions(flatten=True))
     paths = actions["path"]
     rows = actions["num_records"]
