@@ -97,6 +97,25 @@ def test_from_the_overview_to_a_queue_its_messages_and_one_message(
     _screenshot(browser, "message")
 
 
+def test_the_overview_refreshes_its_rows_and_when_they_were_read(
+    qm: QueueManager, console: str, browser: WebDriver
+) -> None:
+    qm.define_queue("Q")
+    browser.get(console)
+    first = _wait_for(browser, By.ID, "updated").text
+    depth = """
+        const row = [...document.querySelectorAll('#queues-body tr')].find(r => r.cells[1].textContent.trim() === 'Q');
+        return row ? row.cells[3].textContent.trim() : null;
+    """
+    assert browser.execute_script(depth) == "0"
+    qm.put("Q", [{"payload": b"x"}])
+    # The rows poll every 5 s; the console reads its answers again every 5 s while clients ask.
+    WebDriverWait(browser, 30).until(lambda driver: driver.execute_script(depth) == "1")
+    shown = browser.execute_script("return [...document.querySelectorAll('#updated')].map(e => e.textContent)")
+    assert len(shown) == 1 and shown[0] > first, (first, shown)
+    assert browser.find_element(By.ID, "updated").find_elements(By.XPATH, "ancestor::table") == []
+
+
 def test_a_script_payload_shows_as_text_and_runs_nothing(qm: QueueManager, console: str, browser: WebDriver) -> None:
     qm.define_queue("Q")
     [msg_id] = qm.put("Q", [{"payload": SCRIPT.encode(), "properties": {"note": SCRIPT}}])

@@ -4,6 +4,8 @@ payloads, properties and names are escaped (a ``<script>`` payload shows as text
 from __future__ import annotations
 
 import re
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from starlette.testclient import TestClient
@@ -56,6 +58,29 @@ def test_the_overview_rows_polled_show_a_put_through_the_console(qm: QueueManage
     assert put.status_code == 201
     assert re.findall(r'class="number">(\d+)<', client.get("/?sort=name", headers=polled).text)[:1] == ["1"]
     assert _cells(client.get("/?sort=name").text, "queues")[0][:4] == ["QM1", "Q", "local", "1"]
+
+
+def _updated(html: str) -> datetime:
+    """When the page says the console read what it shows (its "Last update")."""
+    [shown] = re.findall(r'<span id="updated"[^>]*>([^<]+)</span>', html)
+    return datetime.strptime(shown, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+
+
+def test_pages_show_when_their_answers_were_read(qm: QueueManager, client: TestClient) -> None:
+    qm.define_queue("Q")
+    before = datetime.now(UTC).replace(microsecond=0)
+    page = client.get("/").text
+    read = _updated(page)
+    assert before <= read <= datetime.now(UTC)
+    # Clients are served that answer until it is read again: the time is the answer's, not the page's.
+    while datetime.now(UTC) < read + timedelta(seconds=1):
+        time.sleep(0.05)
+    polled = client.get("/", headers={"hx-request": "true"}).text
+    assert (_updated(client.get("/").text), _updated(polled)) == (read, read)
+    assert '<span id="updated" hx-swap-oob="true"' in polled
+    for path in ("/qmgr/QM1/queue/Q", "/qmgr/QM1/instances", "/qmgr/QM1/dead-letters"):
+        assert before <= _updated(client.get(path).text) <= datetime.now(UTC), path
+    assert "Last update" not in client.get("/qmgr/QM1/queue/Q/messages").text
 
 
 def test_a_script_payload_shows_as_text_in_lists_and_on_its_page(qm: QueueManager, client: TestClient) -> None:

@@ -37,14 +37,17 @@ def test_an_answer_is_refreshed_in_the_background_while_clients_are_served_the_l
             release.wait(30)
         return len(computed)
 
-    assert snapshots.get(("k",), compute) == 1
+    first = snapshots.get(("k",), compute)
+    assert first.value == 1
     _wait_for(lambda: len(computed) == 2)
     # The refresher computes the second answer; clients are served the first meanwhile, at once.
     started = time.monotonic()
-    assert [snapshots.get(("k",), compute) for _ in range(5)] == [1] * 5
+    assert [snapshots.get(("k",), compute).value for _ in range(5)] == [1] * 5
     assert time.monotonic() - started < 5
     release.set()
-    _wait_for(lambda: snapshots.get(("k",), compute) >= 2)
+    _wait_for(lambda: snapshots.get(("k",), compute).value >= 2)
+    # Each answer is dated by its computation.
+    assert snapshots.get(("k",), compute).at > first.at
     assert computed[0] == threading.current_thread().name
     assert set(computed[1:]) == {"console-refresh"}
 
@@ -60,7 +63,7 @@ def test_a_failed_computation_is_not_kept(snapshots) -> None:
 
     with pytest.raises(ValueError, match="queue Q: unreadable"):
         snapshots.get(("k",), compute)
-    assert snapshots.get(("k",), compute) == 7
+    assert snapshots.get(("k",), compute).value == 7
 
 
 def test_a_failed_refresh_drops_the_answer_and_the_next_client_sees_the_error(snapshots) -> None:
@@ -72,7 +75,7 @@ def test_a_failed_refresh_drops_the_answer_and_the_next_client_sees_the_error(sn
             raise ValueError("queue Q was deleted")
         return 1
 
-    assert snapshots.get(("k",), compute) == 1
+    assert snapshots.get(("k",), compute).value == 1
     _wait_for(lambda: len(calls) >= 2)
     # The refresher failed: the answer goes, and the client computes (and fails) itself.
     _wait_for(lambda: ("k",) not in snapshots._answers)
@@ -91,7 +94,7 @@ def test_clients_asking_at_once_for_the_same_answer_compute_it_once(snapshots) -
 
     def ask() -> list[int]:
         start.wait()
-        return snapshots.get(("same",), compute)
+        return snapshots.get(("same",), compute).value
 
     with ThreadPoolExecutor(20) as pool:
         answers = list(pool.map(lambda _: ask(), range(20)))
@@ -102,11 +105,11 @@ def test_a_forgotten_answer_is_computed_again_for_the_next_client() -> None:
     kept = Snapshots(refresh=3600.0, idle=3600.0)
     try:
         values = iter([1, 2])
-        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)) == 1
+        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)).value == 1
         kept.forget(lambda key: key[1] == "QM2")
-        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)) == 1
+        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)).value == 1
         kept.forget(lambda key: key[1] == "QM1")
-        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)) == 2
+        assert kept.get(("queue", "QM1", "Q"), lambda: next(values)).value == 2
     finally:
         kept.close()
 
@@ -118,6 +121,6 @@ def test_an_answer_nobody_asks_for_is_dropped() -> None:
         kept.get(("k",), lambda: calls.append(1))
         _wait_for(lambda: ("k",) not in kept._answers)
         assert len(calls) >= 2
-        assert kept.get(("k",), lambda: "again") == "again"
+        assert kept.get(("k",), lambda: "again").value == "again"
     finally:
         kept.close()

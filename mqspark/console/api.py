@@ -90,17 +90,17 @@ def routes(reads: Reads, security: Security) -> list[Route]:
     managers = reads.managers
 
     def qmgrs(request: Request) -> dict[str, Any]:
-        return {"qmgr": reads.qmgrs()}
+        return {"qmgr": reads.qmgrs().value}
 
     def queues(request: Request) -> dict[str, Any]:
-        return {"queue": reads.queues(request.path_params["qmgr"])}
+        return {"queue": reads.queues(request.path_params["qmgr"]).value}
 
     def queue(request: Request) -> dict[str, Any]:
-        return reads.queue(request.path_params["qmgr"], request.path_params["queue"])
+        return reads.queue(request.path_params["qmgr"], request.path_params["queue"]).value
 
     def history(request: Request) -> dict[str, Any]:
         minutes = _integer(request.query_params, "minutes", 60)
-        return reads.history(request.path_params["qmgr"], request.path_params["queue"], minutes)
+        return reads.history(request.path_params["qmgr"], request.path_params["queue"], minutes).value
 
     def browse(request: Request) -> dict[str, Any]:
         query = request.query_params

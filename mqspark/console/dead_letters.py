@@ -47,7 +47,8 @@ class _DeadLetters:
             messages = self.reads.messages(qmgr, chosen, message_filter(query), offset=offset, limit=PAGE)
         except Exception as error:  # noqa: BLE001 - every failure is shown as a page
             return failed(self.render, request, error)
-        return self.render(request, "dead_letters.html", qmgr=qmgr, queues=queues, page=messages, query=dict(query))
+        values = {"queues": queues.value, "updated": queues.at, "page": messages, "query": dict(query)}
+        return self.render(request, "dead_letters.html", qmgr=qmgr, **values)
 
     def _start(self, request: Request, msg_ids: list[str] | None, rate: int) -> Redrive:
         """Start a redrive for the request, recorded in the audit table as it starts and ends."""

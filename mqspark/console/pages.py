@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -29,11 +30,17 @@ def segment(name: str) -> str:
     return quote(name, safe="")
 
 
+def clock(at: float) -> str:
+    """A ``time.time()`` as the pages show when an answer was computed: UTC, to the second."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 # The templates are installed with the package and never change while it runs: not looked at again.
 TEMPLATES = Environment(
     loader=PackageLoader("mqspark.console"), autoescape=select_autoescape(default=True), auto_reload=False
 )
 TEMPLATES.filters["segment"] = segment
+TEMPLATES.filters["clock"] = clock
 # The overview's columns a click sorts by.
 SORTS = ("qmgr", "name", "type", "depth", "oldest_age_s")
 Render = Callable[..., HTMLResponse]
@@ -101,11 +108,15 @@ class _Pages:
         descending = query.get("desc") == "1"
         name_filter = (query.get("filter") or "").strip()
         qmgrs = self.reads.qmgrs()
-        answers = (qmgrs, *(self.reads.queues(qmgr["name"]) for qmgr in qmgrs))
+        dated = (qmgrs, *(self.reads.queues(qmgr["name"]) for qmgr in qmgrs.value))
+        answers = tuple(answer.value for answer in dated)
+        updated = min(answer.at for answer in dated)
         rows = self._rows(answers, sort, descending, name_filter)
         if request.headers.get("hx-request"):
-            return HTMLResponse(rows)
-        values = {"qmgrs": qmgrs, "rows": rows, "sort": sort, "desc": descending, "filter": name_filter}
+            # The time of the answers shown is swapped into the page beside the rows (htmx out of band).
+            return HTMLResponse(rows + Markup(TEMPLATES.get_template("updated.html").render(updated=updated, swap=True)))
+        values = {"qmgrs": qmgrs.value, "rows": rows, "updated": updated}
+        values.update(sort=sort, desc=descending, filter=name_filter)
         return self.render(request, "overview.html", **values)
 
     def _rows(self, answers: tuple, sort: str, descending: bool, name_filter: str) -> Markup:
@@ -130,7 +141,7 @@ class _Pages:
 
     def queue(self, request: Request) -> Response:
         queue = self.reads.queue(request.path_params["qmgr"], request.path_params["queue"])
-        return self.render(request, "queue.html", queue=queue)
+        return self.render(request, "queue.html", queue=queue.value, updated=queue.at)
 
     def messages(self, request: Request) -> Response:
         qmgr, name = request.path_params["qmgr"], request.path_params["queue"]
@@ -156,7 +167,8 @@ class _Pages:
     def instances(self, request: Request) -> Response:
         qmgr = request.path_params["qmgr"]
         groups, clusters = self.reads.instances(qmgr), self.reads.clusters(qmgr)
-        return self.render(request, "instances.html", qmgr=qmgr, groups=groups, clusters=clusters)
+        values = {"groups": groups.value, "clusters": clusters.value, "updated": min(groups.at, clusters.at)}
+        return self.render(request, "instances.html", qmgr=qmgr, **values)
 
     async def sign_in(self, request: Request) -> Response:
         form = await request.form()

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from mqspark.console.answers import json_value
 from mqspark.console.managers import Managers
 from mqspark.console.reader import Reader
-from mqspark.console.snapshots import Snapshots
+from mqspark.console.snapshots import Dated, Snapshots
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQValidationError
 from mqspark.status import holds_failed_messages, payload_view
@@ -75,8 +75,8 @@ class Reads:
         self._reader = Reader(list(managers.roots.values()))
         self._snapshots = Snapshots(REFRESH_SECONDS, IDLE_SECONDS)
 
-    def _cached(self, answer: str, *args: Any) -> Any:
-        """The newest value of ``answer`` for ``args``, computed by the reader process (see
+    def _cached(self, answer: str, *args: Any) -> Dated[Any]:
+        """The newest value of ``answer`` for ``args``, dated, computed by the reader process (see
         :class:`Snapshots`); the queue manager comes first in ``args``, where there is one."""
         return self._snapshots.get((answer, *args), lambda: self._reader.read(answer, *args))
 
@@ -90,34 +90,34 @@ class Reads:
         self._snapshots.close()
         self._reader.close()
 
-    def qmgrs(self) -> list[dict[str, Any]]:
+    def qmgrs(self) -> Dated[list[dict[str, Any]]]:
         """Every queue manager served (:func:`~mqspark.console.answers.qmgrs`)."""
         return self._cached("qmgrs")
 
-    def queues(self, qmgr: str) -> list[dict[str, Any]]:
+    def queues(self, qmgr: str) -> Dated[list[dict[str, Any]]]:
         """Every queue of ``qmgr`` with its depth (:func:`~mqspark.console.answers.queues`)."""
         return self._cached("queues", qmgr)
 
-    def queue(self, qmgr: str, queue: str) -> dict[str, Any]:
+    def queue(self, qmgr: str, queue: str) -> Dated[dict[str, Any]]:
         """Queue ``queue`` of ``qmgr`` (:func:`~mqspark.console.answers.queue`)."""
         return self._cached("queue", qmgr, queue)
 
-    def history(self, qmgr: str, queue: str, minutes: int) -> dict[str, Any]:
+    def history(self, qmgr: str, queue: str, minutes: int) -> Dated[dict[str, Any]]:
         """The monitor history of ``queue`` over the last ``minutes``
         (:func:`~mqspark.console.answers.history`)."""
         if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= MAX_HISTORY_MINUTES:
             raise MQValidationError(f"option minutes must be 1-{MAX_HISTORY_MINUTES}, got {minutes!r}")
         return self._cached("history", qmgr, queue, minutes)
 
-    def instances(self, qmgr: str) -> list[dict[str, Any]]:
+    def instances(self, qmgr: str) -> Dated[list[dict[str, Any]]]:
         """The instances of ``qmgr``'s consumer groups (:func:`~mqspark.console.answers.instances`)."""
         return self._cached("instances", qmgr)
 
-    def clusters(self, qmgr: str) -> list[dict[str, Any]]:
+    def clusters(self, qmgr: str) -> Dated[list[dict[str, Any]]]:
         """The clusters ``qmgr`` joined (:func:`~mqspark.console.answers.clusters`)."""
         return self._cached("clusters", qmgr)
 
-    def failure_queues(self, qmgr: str) -> list[dict[str, Any]]:
+    def failure_queues(self, qmgr: str) -> Dated[list[dict[str, Any]]]:
         """The queues failed messages of ``qmgr`` go to (:func:`~mqspark.console.answers.failure_queues`)."""
         return self._cached("failure_queues", qmgr)
 

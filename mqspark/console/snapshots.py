@@ -12,9 +12,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 _log = logging.getLogger(__name__)
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Dated(Generic[T]):
+    """An answer, and when it was computed (``time.time()``): what pages show as its age."""
+
+    value: T
+    at: float
 
 
 @dataclass
@@ -22,6 +33,7 @@ class _Answer:
     compute: Callable[[], Any]
     value: Any = None
     computed: float | None = None  # time.monotonic() of the last computation; None: being computed
+    at: float = 0.0  # time.time() of the last computation
     asked: float = 0.0
 
 
@@ -36,8 +48,8 @@ class Snapshots:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def get(self, key: tuple, compute: Callable[[], Any]) -> Any:
-        """The newest answer for ``key``; computed now when there is none, by one caller at a time."""
+    def get(self, key: tuple, compute: Callable[[], Any]) -> Dated[Any]:
+        """The newest answer for ``key``, dated; computed now when there is none, by one caller at a time."""
         with self._changed:
             answer = self._answers.get(key)
             while answer is not None and answer.computed is None:
@@ -45,7 +57,7 @@ class Snapshots:
                 answer = self._answers.get(key)
             if answer is not None:
                 answer.asked = time.monotonic()
-                return answer.value
+                return Dated(answer.value, answer.at)
             answer = self._answers[key] = _Answer(compute, asked=time.monotonic())
         try:
             value = compute()
@@ -55,10 +67,10 @@ class Snapshots:
                 self._changed.notify_all()
             raise
         with self._changed:
-            answer.value, answer.computed = value, time.monotonic()
+            answer.value, answer.computed, answer.at = value, time.monotonic(), time.time()
             self._changed.notify_all()
             self._start()
-        return value
+        return Dated(value, answer.at)
 
     def forget(self, matches: Callable[[tuple], bool]) -> None:
         """Drop the answers whose keys ``matches``: what they show has changed, and the next client
@@ -93,7 +105,7 @@ class Snapshots:
                 continue
             with self._changed:
                 if self._answers.get(key) is answer:
-                    answer.value, answer.computed = value, time.monotonic()
+                    answer.value, answer.computed, answer.at = value, time.monotonic(), time.time()
 
     def _next(self) -> tuple[tuple, _Answer] | None:
         """The next answer to compute, once one is due; None once closed."""
