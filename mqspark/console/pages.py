@@ -114,7 +114,8 @@ class _Pages:
         rows = self._rows(answers, sort, descending, name_filter)
         if request.headers.get("hx-request"):
             # The time of the answers shown is swapped into the page beside the rows (htmx out of band).
-            return HTMLResponse(rows + Markup(TEMPLATES.get_template("updated.html").render(updated=updated, swap=True)))
+            updated_html = Markup(TEMPLATES.get_template("updated.html").render(updated=updated, swap=True))
+            return HTMLResponse(rows + updated_html)
         values = {"qmgrs": qmgrs.value, "rows": rows, "updated": updated}
         values.update(sort=sort, desc=descending, filter=name_filter)
         return self.render(request, "overview.html", **values)
