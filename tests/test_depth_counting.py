@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mqspark import store
 from mqspark.engine.depth import put_files
-from mqspark.model.ranges import intersect_ranges, overlap_counts, subtract_ranges
+from mqspark.model.ranges import in_ranges, intersect_ranges, merge_ranges, overlap_counts, subtract_ranges
 
 ORIGINS = ["1:0", "2:0", "10:3"]
 
@@ -63,6 +63,31 @@ def test_a_difference_of_ranges_is_that_of_their_identities(ranges, minus):
     # Merged: disjoint, none empty, none adjacent to the next of its origin.
     assert all(count > 0 for _, _, count in rows)
     assert all(a[0] != b[0] or a[1] + a[2] < b[1] for a, b in zip(rows, rows[1:], strict=False))
+
+
+NO_POSITION = pa.table(
+    {"origin": pa.nulls(1, pa.string()), "row": pa.nulls(1, pa.int64()), "count": pa.nulls(1, pa.int64())}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([*ORIGINS, None]), st.integers(0, 40), st.integers(0, 9)), max_size=8),
+    st.lists(st.tuples(st.sampled_from([*ORIGINS, "3:1"]), st.integers(0, 50)), max_size=8),
+)
+def test_merged_ranges_hold_the_same_identities_sorted_and_apart(rows, probes):
+    # A checkpoint row holding only a position has no origin, row or count.
+    merged = merge_ranges(pa.concat_tables([_ranges(rows), NO_POSITION]))
+    kept = [row for row in rows if row[0] is not None]
+    left = list(zip(*(merged[name].to_pylist() for name in ("origin", "row", "count")), strict=True))
+    assert _identities(left) == _identities(kept)
+    # Sorted by origin and row, none empty, none overlapping or adjacent to the next of its origin.
+    assert left == sorted(left)
+    assert all(count > 0 for _, _, count in left)
+    assert all(a[0] != b[0] or a[1] + a[2] < b[1] for a, b in zip(left, left[1:], strict=False))
+    origin = pa.array([origin for origin, _ in probes], pa.string())
+    row = pa.array([row for _, row in probes], pa.int64())
+    assert in_ranges(origin, row, _ranges(rows)).to_pylist() == [probe in _identities(kept) for probe in probes]
 
 
 def _listed(qm, consumer: str | None = None) -> int:

@@ -17,29 +17,10 @@ NO_RANGES = pa.table(
 
 
 def merge_ranges(ranges: pa.Table) -> pa.Table:
-    """``origin``/``row``/``count`` ranges with duplicates dropped and adjacent ones joined, in origin order
-    (a checkpoint row that only holds a position has none)."""
-    ranges = ranges.filter(pc.is_valid(ranges["origin"])).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
-    if ranges.num_rows == 0:
-        return ranges.select(RANGE_COLUMNS)
-    ranges = ranges.take(pc.sort_indices(ranges, [("origin", "ascending"), ("row", "ascending")]))
-    # Origins are numbered in sorted order, so these keys are sorted too.
-    origin = pc.dictionary_encode(ranges["origin"]).combine_chunks().indices.to_numpy().astype(np.int64) << 32
-    row = ranges["row"].to_numpy()
-    first_key = origin | row
-    reach = np.maximum.accumulate(first_key + ranges["count"].to_numpy())
-    starts = np.ones(len(row), dtype=bool)
-    # Overlapping or adjacent ranges of one origin join.
-    starts[1:] = first_key[1:] > reach[:-1]
-    first = np.flatnonzero(starts)
-    last = np.append(first[1:], len(row)) - 1
-    return pa.table(
-        {
-            "origin": ranges["origin"].take(pa.array(first)),
-            "row": pa.array(row[first]),
-            "count": pa.array(reach[last] - first_key[first]),
-        }
-    )
+    """``origin``/``row``/``count`` ranges with duplicates and empty ones dropped and overlapping or
+    adjacent ones joined, in origin order (a checkpoint row that only holds a position has none)."""
+    names, [(start, end)] = _keyed([ranges])
+    return _ranges_of(names, start, end)
 
 
 def subtract_messages(ranges: pa.Table, messages: pa.Table) -> pa.Table:
@@ -96,35 +77,51 @@ def in_ranges(
 ) -> pa.Array:
     """Whether each ``origin``/``row`` lies in one of the ``origin``/``row``/``count`` ranges; with
     ``count``, whether each of the ``count`` messages from ``row`` on does."""
-    ranges = merge_ranges(ranges)
-    if ranges.num_rows == 0:
+    names, [(first, ends)] = _keyed([ranges])
+    if not len(first):
         return pa.array(np.zeros(len(row), dtype=bool))
-    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
     number = pc.fill_null(pc.index_in(origin, value_set=names), -1).to_numpy().astype(np.int64)
     key = number << 32 | np.asarray(row, dtype=np.int64)
-    first = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64) << 32 | ranges["row"].to_numpy()
-    # merge_ranges sorts by origin then row, and origin numbers follow that order: ``first`` is sorted.
     at = np.searchsorted(first, key, side="right") - 1
-    ends = first + ranges["count"].to_numpy()
     # Merged ranges are disjoint and never adjacent: a run lies in one of them or not in all of them.
     last = key if count is None else key + np.asarray(count, dtype=np.int64) - 1
     return pa.array((number >= 0) & (at >= 0) & (last < ends[np.maximum(at, 0)]))
 
 
 def _keyed(sets: list[pa.Table]) -> tuple[pa.Array, list[tuple[np.ndarray, np.ndarray]]]:
-    """The origins of ``sets`` (sorted), and each set's ranges as sorted, disjoint ``[start, end)``
-    keys (origin number << 32 | row)."""
-    merged = [merge_ranges(ranges) for ranges in sets]
-    names = pc.unique(pa.chunked_array([ranges["origin"] for ranges in merged], pa.string()))
-    names = names.take(pc.sort_indices(names))
+    """The origins of ``sets`` (sorted), and each set's ranges merged (see :func:`merge_ranges`) as
+    sorted, disjoint, never adjacent ``[start, end)`` keys (origin number << 32 | row)."""
+    names = pc.unique(pa.chunked_array([chunk for ranges in sets for chunk in ranges["origin"].chunks], pa.string()))
+    names = names.take(pc.sort_indices(names)).drop_null()
     keyed = []
-    for ranges in merged:
-        start = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64) << 32
-        start = start | ranges["row"].to_numpy()
-        end = start + ranges["count"].to_numpy()
+    for ranges in sets:
+        number = pc.fill_null(pc.index_in(ranges["origin"], value_set=names), -1).to_numpy().astype(np.int64)
+        # A checkpoint row holding only a position has no origin, row or count.
+        count = pc.fill_null(ranges["count"], 0).to_numpy().astype(np.int64)
         # An empty range would split a stretch of the others in two.
-        keyed.append((start[end > start], end[end > start]))
+        kept = (number >= 0) & (count > 0)
+        start = (number << 32 | pc.fill_null(ranges["row"], 0).to_numpy().astype(np.int64))[kept]
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], start[order] + count[kept][order]
+        if not len(start):
+            keyed.append((start, end))
+            continue
+        reach = np.maximum.accumulate(end)
+        # A range starting at or before the reach of those before it joins them.
+        first = np.flatnonzero(np.append(True, start[1:] > reach[:-1]))
+        keyed.append((start[first], reach[np.append(first[1:], len(start)) - 1]))
     return names, keyed
+
+
+def _ranges_of(names: pa.Array, start: np.ndarray, end: np.ndarray) -> pa.Table:
+    """The ``[start, end)`` keys of :func:`_keyed` as an ``origin``/``row``/``count`` range table."""
+    return pa.table(
+        {
+            "origin": names.take(pa.array(start >> 32, pa.int64())),
+            "row": pa.array(start & 0xFFFFFFFF, pa.int64()),
+            "count": pa.array(end - start, pa.int64()),
+        }
+    )
 
 
 def intersect_ranges(sets: list[pa.Table]) -> pa.Table:
@@ -157,14 +154,7 @@ def _sweep(within: list[pa.Table], outside: list[pa.Table]) -> pa.Table:
     inside = np.cumsum(np.where(of_within, step, 0))
     excluded = np.cumsum(np.where(of_within, 0, step))
     segment = np.flatnonzero((inside[:-1] == len(within)) & (excluded[:-1] == 0) & (position[1:] > position[:-1]))
-    start = position[segment]
-    return pa.table(
-        {
-            "origin": names.take(pa.array(start >> 32)),
-            "row": pa.array(start & 0xFFFFFFFF),
-            "count": pa.array(position[segment + 1] - start),
-        }
-    )
+    return _ranges_of(names, position[segment], position[segment + 1])
 
 
 def overlap_counts(ranges: pa.Table, within: pa.Table) -> np.ndarray:
