@@ -192,14 +192,14 @@ class QueueManager(Queues):
     def consumers(self, queue: str) -> list[str]:
         """The consumer groups that count for the queue's depth, by name: those that have read it, and
         those declared on it."""
-        return self._state(self._resolve(queue).name).groups()
+        return self.consumer_state(self._resolve(queue).name).groups()
 
     @store.connected
     def declare_consumer(self, queue: str, consumer: str) -> None:
         """Declare consumer group ``consumer`` on ``queue`` before it first reads: from now on, messages
         wait for it (maintenance keeps them) and count in the queue's depth."""
         local = self._resolve(queue).name
-        self._state(local).declare(validate_name(consumer, "consumer group"))
+        self.consumer_state(local).declare(validate_name(consumer, "consumer group"))
 
     @store.connected
     def delete_consumer(self, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> None:
@@ -207,7 +207,7 @@ class QueueManager(Queues):
         no longer wait for it. Refused while a query of the group runs (its lease younger than
         ``lease_timeout``)."""
         local = self._resolve(queue).name
-        self._state(local).delete(validate_name(consumer, "consumer group"), lease_timeout)
+        self.consumer_state(local).delete(validate_name(consumer, "consumer group"), lease_timeout)
 
     @store.connected
     def backlog(self, queue: str, consumer: str | None = None, *, oldest: bool = True) -> Backlog:
@@ -218,7 +218,7 @@ class QueueManager(Queues):
         if consumer is not None:
             validate_name(consumer, "consumer group")
         count, first = self.oldest_waiting(local, consumer) if oldest else (self.waiting_count(local, consumer), None)
-        lease = None if consumer is None else self._state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
+        lease = None if consumer is None else self.consumer_state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
         return Backlog(local, consumer, count, first, None if lease is None else lease.owner)
 
     @store.connected

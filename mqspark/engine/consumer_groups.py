@@ -337,7 +337,10 @@ class ConsumerState:
 
     def all_groups(self) -> GroupsSnapshot:
         """Every counted group's consumed messages, and the messages of plans not yet consumed (which a
-        replay may still deliver), from one read of the table."""
+        replay may still deliver), from one read of the table; kept until the rows change."""
+        return self.derived(("all_groups",), self._all_groups)
+
+    def _all_groups(self) -> GroupsSnapshot:
         rows = self.rows()
         groups = sorted(pc.unique(rows["consumer"]).to_pylist())
         consumed = {g: consumed_of(rows.filter(pc.equal(rows["consumer"], g))) for g in groups}

@@ -315,7 +315,7 @@ class Queues:
         _, live = self._with_snapshot(
             local, lambda table: live_messages(table, ["dlq_original_queue"], self._file_reads)
         )
-        mask = waiting(live, self._state(local).all_groups(), datetime.now(UTC))
+        mask = waiting(live, self.consumer_state(local).all_groups(), datetime.now(UTC))
         counts = pc.value_counts(live["dlq_original_queue"].filter(pa.array(mask)).drop_null())
         return {item["values"].as_py(): item["counts"].as_py() for item in counts}
 
@@ -334,7 +334,10 @@ class Queues:
         self._tables[queue] = handle
         return handle[0]
 
-    def _state(self, queue: str) -> ConsumerState:
+    def consumer_state(self, queue: str) -> ConsumerState:
+        """The state table of local queue ``queue``, kept by this queue manager and brought up to date
+        at each look (its rows read incrementally): the one its own reads and writes use, so not for
+        concurrent use by threads."""
         state = self._states.get(queue)
         if state is None:
             state = self._states[queue] = ConsumerState(self.root, queue, self.storage_options)
@@ -389,7 +392,7 @@ class Queues:
 
     def _groups(self, queue: str, consumer: str | None) -> GroupsSnapshot:
         """The counted groups of local queue ``queue``; refused (2085) when ``consumer`` is not one."""
-        groups = self._state(queue).all_groups()
+        groups = self.consumer_state(queue).all_groups()
         if consumer is not None:
             groups.require(queue, consumer)
         return groups

@@ -360,7 +360,7 @@ def instances(
     is active, the others whose heartbeat is within ``lease_timeout`` stand by. Entries older than a
     day are removed."""
     local = qm.resolve(queue).name
-    holder = ConsumerState(qm.root, local, qm.storage_options).lease(consumer, lease_timeout)
+    holder = qm.consumer_state(local).lease(consumer, lease_timeout)
     filesystem, path = store.filesystem_of(registry_location(qm.root, local, consumer))
     selector = pafs.FileSelector(path, allow_not_found=True)
     now = datetime.now(UTC)

@@ -283,7 +283,7 @@ def group_health(
     now = now or datetime.now(UTC)
     definition = qm.resolve(queue)
     consumer = validate_name(consumer, "consumer group")
-    state = ConsumerState(qm.root, definition.name, qm.storage_options)
+    state = qm.consumer_state(definition.name)
     parked = parked_messages(definition, state, consumer, now)
     backlog = qm.group_backlog(definition.name, state.all_groups(), now, consumer, parked)
     lease = state.lease(consumer, lease_timeout, now)
