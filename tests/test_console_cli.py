@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 
 from mqspark import QueueManager
+from mqspark.console.app import SERVING_NICE
+from mqspark.console.reader import NICE
 from mqspark.console.security import TOKEN_VARIABLE
 
 from .support.processes import free_port, start_server, stop_server
@@ -69,3 +71,39 @@ def test_the_token_from_the_environment_is_not_printed(qm: QueueManager, tmp_pat
         stop_server(process)
     printed = log.read_text()
     assert "from-the-environment" not in printed and "admin token" not in printed
+
+
+def _nice_values(pid: int) -> set[int]:
+    """The nice values of process ``pid``'s threads (the 19th field of /proc/PID/task/TID/stat)."""
+    return {
+        int((thread / "stat").read_text().rpartition(")")[2].split()[16])
+        for thread in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
+def _children(pid: int) -> list[tuple[int, bytes]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+                command = (entry / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if parent == pid:
+                found.append((int(entry.name), command))
+    return found
+
+
+def test_the_console_serves_at_a_low_priority_and_reads_at_the_lowest(qm: QueueManager, tmp_path: Path) -> None:
+    qm.define_queue("Q")
+    process, base = _console(["--root", qm.root], tmp_path / "console.log")
+    try:
+        assert _request(f"{base}/")[0] == 200
+        [reader] = [pid for pid, command in _children(process.pid) if b"spawn_main" in command]
+        # Every thread: the event loop's, the request workers', the refresher's.
+        serving = _nice_values(process.pid)
+        assert (len(list(Path(f"/proc/{process.pid}/task").iterdir())) > 2, serving) == (True, {SERVING_NICE})
+        assert _nice_values(reader) == {NICE}
+    finally:
+        stop_server(process)

@@ -21,6 +21,7 @@ from mqspark.console import api, dead_letters, pages
 from mqspark.console.admin import routes as admin_routes
 from mqspark.console.jobs import Redrives
 from mqspark.console.managers import Managers
+from mqspark.console.reader import renice
 from mqspark.console.reads import Reads
 from mqspark.console.security import Security
 
@@ -91,6 +92,9 @@ def build_app(
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
+# The nice value the console serves pages at: a request wakes a thread at once, and at nice 0 those
+# wake-ups cost a streaming get on a busy machine more than their CPU (see docs/architecture.md).
+SERVING_NICE = 10
 # How long an idle connection is kept: longer than the pages poll (every 5 s), so a browser's next
 # poll never meets a connection the console is closing (uvicorn's default is 5 s; nginx's is 75 s).
 KEEP_ALIVE_SECONDS = 75
@@ -99,8 +103,9 @@ KEEP_ALIVE_SECONDS = 75
 def serve(
     roots: Sequence[str], host: str, port: int, admin: bool, token: str | None, hosts: Sequence[str] = ()
 ) -> None:
-    """Serve the console on ``host`` until interrupted; it answers for the local names, ``host``
-    and ``hosts``."""
+    """Serve the console on ``host`` until interrupted, at nice ``SERVING_NICE`` (its reader process
+    at :data:`~mqspark.console.reader.NICE`); it answers for the local names, ``host`` and ``hosts``."""
+    renice(SERVING_NICE)
     names = [*LOCAL_HOSTS, host, *hosts]
     app = build_app(roots, admin, token, names)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_SECONDS)

@@ -32,14 +32,19 @@ NICE = 19
 _managers: Managers | None = None  # the queue managers a reader process reads, opened at its start
 
 
+def renice(value: int) -> None:
+    """Give every thread of this process the nice value ``value``. Linux keeps a nice value per
+    thread: every thread started so far is set, and those started later inherit it from the thread
+    that starts them."""
+    threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+    for thread in threads:
+        os.setpriority(os.PRIO_PROCESS, int(thread), value)
+
+
 def _start(roots: list[str]) -> None:
     global _managers
     threading.Thread(target=_end_with_parent, name="console-reader-parent", daemon=True).start()
-    # Linux keeps a nice value per thread: every thread started so far is lowered, and those started
-    # later inherit it.
-    threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
-    for thread in threads:
-        os.setpriority(os.PRIO_PROCESS, int(thread), NICE)
+    renice(NICE)
     _managers = Managers(roots)
 
 
