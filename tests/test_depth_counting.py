@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from mqspark import store
 from mqspark.engine.depth import put_files
-from mqspark.model.ranges import in_ranges, intersect_ranges, merge_ranges, overlap_counts, subtract_ranges
+from mqspark.model.ranges import (
+    in_ranges,
+    intersect_ranges,
+    merge_ranges,
+    overlap_counts,
+    subtract_messages,
+    subtract_ranges,
+)
 
 ORIGINS = ["1:0", "2:0", "10:3"]
 
@@ -88,6 +95,10 @@ def test_merged_ranges_hold_the_same_identities_sorted_and_apart(rows, probes):
     origin = pa.array([origin for origin, _ in probes], pa.string())
     row = pa.array([row for _, row in probes], pa.int64())
     assert in_ranges(origin, row, _ranges(rows)).to_pylist() == [probe in _identities(kept) for probe in probes]
+    without = subtract_messages(_ranges(rows), pa.table({"origin": origin, "row": row}))
+    rest = list(zip(*(without[name].to_pylist() for name in ("origin", "row", "count")), strict=True))
+    assert _identities(rest) == _identities(kept) - set(probes)
+    assert rest == sorted(rest) and all(count > 0 for _, _, count in rest)
 
 
 def _listed(qm, consumer: str | None = None) -> int:

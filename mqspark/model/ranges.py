@@ -26,13 +26,9 @@ def merge_ranges(ranges: pa.Table) -> pa.Table:
 def subtract_messages(ranges: pa.Table, messages: pa.Table) -> pa.Table:
     """``origin``/``row``/``count`` ranges without the single messages ``messages`` (``origin``, ``row``),
     merged as :func:`merge_ranges` leaves them."""
-    ranges = merge_ranges(ranges)
-    if messages.num_rows == 0 or ranges.num_rows == 0:
-        return ranges
-    names = pa.array(pc.unique(ranges["origin"]).to_pylist(), pa.string())
-    number = pc.index_in(ranges["origin"], value_set=names).to_numpy().astype(np.int64)
-    starts = number << 32 | ranges["row"].to_numpy()
-    ends = starts + ranges["count"].to_numpy()
+    names, [(starts, ends)] = _keyed([ranges])
+    if messages.num_rows == 0 or not len(starts):
+        return _ranges_of(names, starts, ends)
     point_number = pc.fill_null(pc.index_in(messages["origin"], value_set=names), -1).to_numpy().astype(np.int64)
     points = np.unique((point_number << 32 | messages["row"].to_numpy())[point_number >= 0])
     at = np.searchsorted(starts, points, side="right") - 1
@@ -41,14 +37,7 @@ def subtract_messages(ranges: pa.Table, messages: pa.Table) -> pa.Table:
     new_starts = np.sort(np.concatenate([starts, inside + 1]))
     new_ends = np.sort(np.concatenate([ends, inside]))
     keep = new_ends > new_starts
-    new_starts, new_ends = new_starts[keep], new_ends[keep]
-    return pa.table(
-        {
-            "origin": names.take(pa.array(new_starts >> 32)),
-            "row": pa.array(new_starts & 0xFFFFFFFF),
-            "count": pa.array(new_ends - new_starts),
-        }
-    )
+    return _ranges_of(names, new_starts[keep], new_ends[keep])
 
 
 def single_ranges(messages: pa.Table) -> pa.Table:
