@@ -15,7 +15,7 @@ from mqspark.console.app import SERVING_NICE
 from mqspark.console.reader import NICE
 from mqspark.console.security import TOKEN_VARIABLE
 
-from .support.processes import free_port, start_server, stop_server
+from .support.processes import free_port, nice_values, spawned_children, start_server, stop_server
 
 
 def _request(url: str, method: str = "GET", token: str | None = None, body: bytes | None = None) -> tuple[int, str]:
@@ -73,37 +73,15 @@ def test_the_token_from_the_environment_is_not_printed(qm: QueueManager, tmp_pat
     assert "from-the-environment" not in printed and "admin token" not in printed
 
 
-def _nice_values(pid: int) -> set[int]:
-    """The nice values of process ``pid``'s threads (the 19th field of /proc/PID/task/TID/stat)."""
-    return {
-        int((thread / "stat").read_text().rpartition(")")[2].split()[16])
-        for thread in Path(f"/proc/{pid}/task").iterdir()
-    }
-
-
-def _children(pid: int) -> list[tuple[int, bytes]]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-                command = (entry / "cmdline").read_bytes()
-            except (OSError, ValueError):
-                continue
-            if parent == pid:
-                found.append((int(entry.name), command))
-    return found
-
-
 def test_the_console_serves_at_a_low_priority_and_reads_at_the_lowest(qm: QueueManager, tmp_path: Path) -> None:
     qm.define_queue("Q")
     process, base = _console(["--root", qm.root], tmp_path / "console.log")
     try:
         assert _request(f"{base}/")[0] == 200
-        [reader] = [pid for pid, command in _children(process.pid) if b"spawn_main" in command]
+        [reader] = spawned_children(process.pid)
         # Every thread: the event loop's, the request workers', the refresher's.
-        serving = _nice_values(process.pid)
+        serving = nice_values(process.pid)
         assert (len(list(Path(f"/proc/{process.pid}/task").iterdir())) > 2, serving) == (True, {SERVING_NICE})
-        assert _nice_values(reader) == {NICE}
+        assert nice_values(reader) == {NICE}
     finally:
         stop_server(process)

@@ -19,7 +19,7 @@ import pytest
 from mqspark import MQError, QueueManager
 from mqspark.console.reader import NICE, Reader
 
-from .support.processes import free_port, marked_processes, start_server, stop_server
+from .support.processes import free_port, marked_processes, nice_values, spawned_children, start_server, stop_server
 
 
 @pytest.fixture
@@ -33,16 +33,7 @@ def reader(qm: QueueManager) -> Iterator[Reader]:
 
 def _readers() -> list[int]:
     """The reader processes this process started (the pool's spawned workers)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if int(stat.rpartition(")")[2].split()[1]) == os.getpid() and b"spawn_main" in command:
-            found.append(int(entry.name))
-    return sorted(found)
+    return spawned_children(os.getpid())
 
 
 def _wait_for(condition, timeout: float = 30.0) -> None:
@@ -61,8 +52,7 @@ def test_answers_are_read_in_another_process_whose_every_thread_has_the_lowest_p
     [pid] = _readers()
     assert pid != os.getpid()
     threads = list(Path(f"/proc/{pid}/task").iterdir())
-    nice = {int((thread / "stat").read_text().rpartition(")")[2].split()[16]) for thread in threads}
-    assert (len(threads) > 1, nice) == (True, {NICE})
+    assert (len(threads) > 1, nice_values(pid)) == (True, {NICE})
     assert os.getpriority(os.PRIO_PROCESS, 0) != NICE
 
 

@@ -45,6 +45,28 @@ def last_spark_commit(checkpoint: Path) -> int:
     return max(done, default=-1)
 
 
+def spawned_children(parent: int) -> list[int]:
+    """The processes ``parent`` started with multiprocessing's ``spawn`` (a process pool's workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == parent and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def nice_values(pid: int) -> set[int]:
+    """The nice values of process ``pid``'s threads (the 19th field of /proc/PID/task/TID/stat)."""
+    return {
+        int((thread / "stat").read_text().rpartition(")")[2].split()[16])
+        for thread in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
 def marked_processes(token: str) -> list[int]:
     """Live processes (the JVM's Python daemons included) started with MQSPARK_TEST_RUN=token."""
     marker = f"MQSPARK_TEST_RUN={token}".encode()
