@@ -8,6 +8,7 @@ import textwrap
 import threading
 import time
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -211,6 +212,30 @@ def test_a_move_another_get_has_under_way_makes_a_move_of_the_same_message_stale
     with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
         check()
     # The next get finishes the first one's move, and moves nothing again.
+    assert _payloads(qm.get("Q")) == ["two"]
+    assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
+
+
+def test_a_move_of_other_messages_waits_while_another_move_of_the_group_is_under_way(qm, monkeypatch):
+    # Two moves under way at once would carry the same txn version of the backout queue: the second
+    # put to land would be taken for a repeat and skipped, and its messages lost for the group.
+    state = _one_failed(qm)
+    real_put = Transfer._put
+
+    def stopped_before_the_put(self, move, pending):
+        raise RuntimeError("stopped before the put")
+
+    monkeypatch.setattr(Transfer, "_put", stopped_before_the_put)
+    with pytest.raises(RuntimeError, match="stopped before the put"):
+        qm.get("Q")  # the first get: its move of "one" recorded, its copy not put yet
+    monkeypatch.setattr(Transfer, "_put", real_put)
+
+    two = qm.waiting_messages("Q", "default", ["payload"])
+    two = two.filter(pa.array([p == b"two" for p in two["payload"].to_pylist()]))
+    check = _late_move_check(qm, state, two)  # another get moves "two" meanwhile
+    with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
+        check()
+    # The next get finishes the first one's move; "one" is on the backout queue, "two" delivered.
     assert _payloads(qm.get("Q")) == ["two"]
     assert _payloads(qm.browse("Q.BACKOUT")) == ["one"]
 

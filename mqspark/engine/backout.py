@@ -420,13 +420,13 @@ class Transfer:
 
     def _alone(self, target: str, committed: int | None, chosen: pa.Table) -> Callable[[], None]:
         """A check that no other move of the group was recorded since ``target``'s ``txn`` version was
-        read as ``committed``: moves of competing gets go one at a time, each with its own version,
-        and none moves a message another moved meanwhile (:class:`Stale` otherwise). Moves are told
-        by their ids, and the messages ``chosen`` must be neither consumed nor in another move under
-        way: a compaction folds finished moves into the group's consumed ranges, so a move by another
-        process that finished and was folded meanwhile shows only as its messages consumed; and a
-        get that planned before another recorded its move may read the move ids and ``committed``
-        after that move's put, before its ``consumed`` record."""
+        read as ``committed``, and none is under way (recorded, neither consumed nor abandoned): moves
+        of competing gets go one at a time, each with its own version, and none moves a message
+        another moved meanwhile (:class:`Stale` otherwise). Two moves under way at once would carry
+        the same version, and the later put would be skipped as a repeat, its messages lost for the
+        group. The messages ``chosen`` must not be consumed either: a compaction folds finished moves
+        into the group's consumed ranges, so a move by another process that finished and was folded
+        meanwhile shows only as its messages consumed."""
         seen = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
         wanted = single_ranges(chosen)
 
@@ -435,8 +435,7 @@ class Transfer:
             table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
             now = table.transaction_version(self.app_id) if table is not None else None
             taken = overlap_counts(wanted, self.state.consumed_ranges(self.consumer)).any()
-            taken = taken or overlap_counts(wanted, self._under_way()).any()
-            if moves - seen or now != committed or taken:
+            if moves - seen or now != committed or taken or self._under_way().num_rows:
                 raise Stale(f"queue {self.queue}: consumer group {self.consumer!r} moved messages since")
 
         return check
