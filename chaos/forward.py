@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql.streaming import StreamingQuery
 
 import mqspark
 from chaos import driver
@@ -42,19 +43,25 @@ def main(argv: list[str]) -> None:
     # The service runs in Spark's Python workers, which inherit the driver's environment.
     os.environ[_RUN], os.environ[_ACTOR] = str(run), f"{name}#{incarnation}"
     spark = driver.session(name)
-    query = mqspark.forward(
-        spark,
-        root(run),
-        QUEUE,
-        "chaos.forward:echo",
-        consumer=FORWARD_GROUP,
-        checkpoint_location=str(run / "checkpoints" / FORWARD_GROUP),
-        maxMessagesPerTrigger=200,
-        reconnect="qmgr",
-    )
-    while query.isActive and not stopping(run):
-        time.sleep(0.2)
-    driver.finish(spark, query, "the forwarder")
+
+    def start() -> StreamingQuery:
+        return mqspark.forward(
+            spark,
+            root(run),
+            QUEUE,
+            "chaos.forward:echo",
+            consumer=FORWARD_GROUP,
+            checkpoint_location=str(run / "checkpoints" / FORWARD_GROUP),
+            maxMessagesPerTrigger=200,
+            reconnect="qmgr",
+        )
+
+    history = History(run, f"{name}#{incarnation}")
+    try:
+        driver.run_query(start, lambda _: stopping(run), history, "the forwarder")
+    finally:
+        history.close()
+        spark.stop()
 
 
 if __name__ == "__main__":

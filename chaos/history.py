@@ -27,7 +27,8 @@ actor is a new incarnation) and ``e``, its kind:
 - ``given_up``: a streaming get's replay of ``batch`` that delivered nothing though its sink had
   written that batch: the planner gave the batch up (its replay failed again) and delivers its
   messages again in smaller batches, so the sink sees them twice (docs/failed-messages.md).
-- ``failure``: a streaming query that failed (its instance starts it again): ``error``, its MQ or
+- ``failure``: a streaming query that failed and was started again (by a streaming instance; by
+  the forwarder or the streaming put only after a documented failure): ``error``, its MQ or
   Python error line, and ``documented``, the name of the documented limit it is, or None.
 - ``monitor``: a backlog monitor's point: ``consumer``, ``backlog`` and ``verdict``.
 - ``maintain``: a maintenance run of queue manager ``qmgr``: ``removed`` (messages removed), or ``error``.

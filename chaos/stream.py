@@ -9,7 +9,6 @@ written: they move to the backout queue at the queue's backout threshold.
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from datetime import timedelta
@@ -59,29 +58,10 @@ def stream_get(run: Path, qm: QueueManager, history: History) -> None:
         query.stop()
         instance.stop()
         if failure is not None and "(2042)" not in str(failure):
-            history.record("failure", error=first_line(str(failure)), documented=documented_failure(str(failure)))
+            text = str(failure)
+            history.record("failure", error=driver.first_line(text), documented=driver.documented_failure(text))
         instance = None
     spark.stop()
-
-
-def documented_failure(error: str) -> str | None:
-    """The name of the documented limit a query failure is, else None."""
-    if "FileNotFoundError" in error and "/qm/queues/" in error:
-        return "retention shorter than a micro-batch (docs/limits.md)"
-    if "Python worker failed to connect back" in error:
-        return "a Python data source's worker that started too slowly (docs/limits.md)"
-    return None
-
-
-def first_line(error: str) -> str:
-    """The line of a query's error that says what went wrong: its MQ line, else the last line of a
-    Python traceback, else the error's first line (Spark's own, before its stack and thread dumps)."""
-    lines = [line.strip() for line in error.splitlines() if line.strip() and not line.strip().startswith("at ")]
-    mq = [line for line in lines if "MQRC_" in line]
-    if mq:
-        return mq[0][:500]
-    python = [line for line in lines if re.match(r"[\w.]*(Error|Exception): ", line)]
-    return (python[-1] if python else lines[0] if lines else "")[:500]
 
 
 def _written(target: str) -> int:

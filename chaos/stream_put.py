@@ -20,8 +20,11 @@ import random
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql.streaming import StreamingQuery
 
 from chaos import driver
 from chaos.actor import CLUSTER, FRONT, MAIN, QUEUE, put_row, puts, root, stopping, timing
@@ -78,16 +81,22 @@ def main(argv: list[str]) -> None:
     )
     if routed:
         writer = writer.option("cluster", CLUSTER).option("bind", "on_group")
-    query = writer.start(root(run, FRONT if routed else MAIN))
     feeder = threading.Thread(target=feed, args=(run, folder, history, rng), daemon=True)
     feeder.start()
     quiet = 0
-    while query.isActive and not stopping(run) and quiet < 3:
-        time.sleep(1.0)
+
+    def done(query: StreamingQuery) -> bool:
         # Done once the producers stopped, this feeder with them, and three looks found nothing new.
+        nonlocal quiet
         quiet = quiet + 1 if not feeder.is_alive() and _caught_up(query) else 0
-    history.close()
-    driver.finish(spark, query, "the streaming put")
+        return stopping(run) or quiet >= 3
+
+    start = partial(writer.start, root(run, FRONT if routed else MAIN))
+    try:
+        driver.run_query(start, done, history, "the streaming put", every=1.0)
+    finally:
+        history.close()
+        spark.stop()
 
 
 if __name__ == "__main__":

@@ -575,7 +575,7 @@ def test_command_line(tmp_path: Path) -> None:
 
 
 def test_the_streaming_instance_names_the_documented_query_failures() -> None:
-    from chaos.stream import documented_failure
+    from chaos.driver import documented_failure
 
     slow_worker = "org.apache.spark.SparkException: Python worker failed to connect back.\n\tat org.apache..."
     assert documented_failure(slow_worker) == "a Python data source's worker that started too slowly (docs/limits.md)"
@@ -586,7 +586,7 @@ def test_the_streaming_instance_names_the_documented_query_failures() -> None:
 
 
 def test_the_streaming_instance_records_the_line_of_a_query_failure_that_says_what_went_wrong() -> None:
-    from chaos.stream import first_line
+    from chaos.driver import first_line
 
     spark = (
         "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: Python worker failed to connect back.\n"
