@@ -62,7 +62,7 @@ BENCHMARKS = {
     "backlog": lambda: backlog.run(),
     "state_log": lambda: state_log.run(),
     "console": lambda: console.run(),
-    "console_quick": lambda: console.run(minutes=2, messages=50_000),
+    "console_quick": lambda: console.run(minutes=2, messages=50_000, pairs=2),
     "state_log_quick": lambda: state_log.run(entries=2_000, gets=40),
 }
 # Benchmarks that take arguments: called with every argument after their name.

@@ -2,7 +2,7 @@
 100 queues, while a producer puts, gets and maintains and a streaming get drains a backlog. Reports
 the pages' p50 and p99, the streaming get's throughput against the same drain with the console and
 its pollers stopped (the anchor: drains in pairs at the same moments of the run, the median of
-``DRAINS`` each), the CPU (in cores) of the console, of the pollers and of the producer, which share
+``PAIRS`` each), the CPU (in cores) of the console, of the pollers and of the producer, which share
 the machine with the get, and the memory of the console (its reader process too) over the run."""
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ with open(out, "w") as written:
     json.dump({"latencies": latencies, **summary}, written)
 """
 # Pairs of drains of the streaming get, spread over the run: one with the console and its pollers
-# stopped (SIGSTOP), one with them running, in turn first; the medians are compared.
-DRAINS = 3
+# stopped (SIGSTOP), one with them running, in turn first; the medians are compared. Drains of the
+# same condition spread by 0.4 s (2.3-2.7 s, 30-minute runs), so that three pairs could not tell 5%.
+PAIRS = 8
 # The run's p99 is also given for each of this many equal parts of it: a slow start, or a trend.
 WINDOWS = 6
 # Until killed, every 100 ms: puts 10 messages to a queue and gets 10 of that queue's (group app);
@@ -87,15 +88,17 @@ while True:
 """
 
 
-def run(minutes: float = 30.0, clients: int = 50, queues: int = 100, messages: int = 200_000) -> dict:
+def run(
+    minutes: float = 30.0, clients: int = 50, queues: int = 100, messages: int = 200_000, pairs: int = PAIRS
+) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
     try:
-        return _measure(root, minutes, clients, queues, messages)
+        return _measure(root, minutes, clients, queues, messages, pairs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(root: Path, minutes: float, clients: int, queues: int, messages: int) -> dict:
+def _measure(root: Path, minutes: float, clients: int, queues: int, messages: int, pairs: int) -> dict:
     qm = QueueManager.create(root / "qm", "BENCH")
     for number in range(queues):
         qm.define_queue(f"Q{number:03d}")
@@ -130,8 +133,8 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         anchors: list[float] = []
         loads: list[float] = []
         paused: list[list[float]] = []  # the console's pauses: their start and end, epoch seconds
-        for n in range(DRAINS):
-            time.sleep(max(0.0, started + seconds * (n + 1) / (DRAINS + 1) - time.monotonic()))
+        for n in range(pairs):
+            time.sleep(max(0.0, started + seconds * (n + 1) / (pairs + 1) - time.monotonic()))
             # The first drain after minutes without one took 2-3 s longer, the console stopped or
             # not (a 30-minute run): one drain first, not counted, so that the pair compares alike.
             _drain(spark, qm.root, root / f"warm{n}", f"warm{n}", messages)
