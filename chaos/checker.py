@@ -247,7 +247,10 @@ def check_poison(run: Run) -> list[Violation]:
         gone = [g for g in groups if i not in run.waiting(g)]
         movers = [str(r.get("consumer")) for r in run.final.moved if r["id"] == i]
         if run.moved[i] != len(gone):
-            problems.append(f"{run.moved[i]} moved records for {len(gone)} groups it is not waiting for")
+            problems.append(
+                f"{run.moved[i]} moved records (by groups {', '.join(sorted(movers))}) for {len(gone)} groups it is"
+                f" not waiting for ({', '.join(sorted(gone))})"
+            )
         elif sorted(movers) != sorted(gone):  # each record names the group that moved it
             problems.append(f"moved by groups {', '.join(sorted(movers))}, not waiting for {', '.join(sorted(gone))}")
         queue = run.put_of[i].queue

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -89,6 +90,34 @@ def events(run: Path) -> Iterator[dict[str, Any]]:
     """Every whole event of the run, file by file, each file in its own order."""
     for path in sorted((run / "history").glob("*.jsonl")):
         yield from json_lines(path)
+
+
+def evidence(run: Path, ids: Iterable[str], limit: int = 80) -> list[str]:
+    """What a failed run's folder says about messages ``ids``, to print where the folder is out of
+    reach (a CI run): the faults applied, then the history events naming one of them (with the other
+    phases of their operations) in time order, at most ``limit``, and the final records naming one."""
+    names = sorted(set(ids))
+    if not names:
+        return []
+    named = re.compile("|".join(f'"{re.escape(name)}"' for name in names))
+    lines = [json.dumps(fault, separators=(",", ":")) for fault in json_lines(run / "faults.jsonl")]
+    every = list(events(run))
+    # An operation's other phases (a put's ok, a redrive's ok or fail) name its op, not the ids.
+    ops = {event["op"] for event in every if "op" in event and named.search(json.dumps(event))}
+    mentions = sorted(
+        (event for event in every if event.get("op") in ops or named.search(json.dumps(event))),
+        key=lambda event: event.get("t", 0.0),
+    )
+    lines += [json.dumps(event, separators=(",", ":")) for event in mentions[:limit]]
+    if len(mentions) > limit:
+        lines.append(f"... {len(mentions) - limit} more events")
+    final = run / "final.json"
+    if final.exists():
+        moved = json.loads(final.read_text()).get("moved", [])
+        lines += [
+            f"final moved: {json.dumps(record, separators=(',', ':'))}" for record in moved if record["id"] in names
+        ]
+    return lines
 
 
 def json_lines(path: Path) -> Iterator[dict[str, Any]]:

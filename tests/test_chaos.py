@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.history import evidence
 from chaos.run import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers-a")]
@@ -33,6 +34,8 @@ def test_a_three_minute_chaos_run_breaks_no_guarantee():
     summary = report.summary
     print(json.dumps(summary))
     print("documented:", json.dumps([v.to_json() for v in report.documented]))
+    if report.violations:  # the folder stays on the machine that ran it: print what it says of them
+        print("\n".join(evidence(folder, [i for v in report.violations for i in v.ids])))
     assert [v.to_json() for v in report.violations] == [], f"seed {SEED}, folder {folder}"
     # The run did what it is for: every fault of the schedule was applied (or skipped, its target
     # already down), kills and pauses among them, and every group got and moved messages.

@@ -285,7 +285,7 @@ def _deliver_poison(s: Scenario) -> None:
         (lambda s: s.final.moved[0].update(original_queue="P"), "poison x1: moved with original queue P, put to Q"),
         (
             lambda s: s.final.moved.append(dict(s.final.moved[0])),
-            "poison x1: 2 moved records for 1 groups it is not waiting for",
+            "poison x1: 2 moved records (by groups workers, workers) for 1 groups it is not waiting for (workers)",
         ),
         (
             lambda s: s.final.moved[0].update(consumer="audit"),
@@ -622,3 +622,22 @@ def test_items_of_a_given_up_batch_still_waiting_when_the_run_ended_are_document
     report = checked(tmp_path, batch_1_waits_again)
     kinds = [("delivered_and_waiting", ["g2"]), ("delivered_and_waiting", ["g3"]), ("order", ["g2", "g3"])]
     assert (found(report), [(v.kind, v.ids) for v in report.documented]) == (([], kinds) if given_up else (kinds, []))
+
+
+def test_evidence_prints_the_faults_and_what_names_the_ids_with_the_other_phases_of_their_operations(tmp_path):
+    from chaos.history import evidence
+
+    (tmp_path / "faults.jsonl").write_text('{"t":5.0,"kind":"kill","target":"G1"}\n')
+    history = History(tmp_path, "G1#1")
+    history.record("get", phase="got", op="G1#1:1", consumer="workers", ids=["x1"])
+    history.record("get", phase="got", op="G1#1:2", consumer="workers", ids=["x10"])
+    history.record("get", phase="backout", op="G1#1:1")
+    history.close()
+    Final(moved=[{"id": "x1", "consumer": "workers"}, {"id": "x10", "consumer": "workers"}]).save(tmp_path)
+
+    lines = evidence(tmp_path, ["x1"])
+    assert lines[0] == '{"t":5.0,"kind":"kill","target":"G1"}'
+    assert [json.loads(line)["op"] for line in lines[1:3]] == ["G1#1:1", "G1#1:1"]
+    assert [json.loads(line)["phase"] for line in lines[1:3]] == ["got", "backout"]
+    assert lines[3:] == ['final moved: {"id":"x1","consumer":"workers"}']
+    assert evidence(tmp_path, []) == []
