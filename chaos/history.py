@@ -101,11 +101,11 @@ def evidence(run: Path, ids: Iterable[str], limit: int = 80) -> list[str]:
         return []
     named = re.compile("|".join(f'"{re.escape(name)}"' for name in names))
     lines = [json.dumps(fault, separators=(",", ":")) for fault in json_lines(run / "faults.jsonl")]
-    every = list(events(run))
+    every = [(event, json.dumps(event)) for event in events(run)]
     # An operation's other phases (a put's ok, a redrive's ok or fail) name its op, not the ids.
-    ops = {event["op"] for event in every if "op" in event and named.search(json.dumps(event))}
+    ops = {event["op"] for event, text in every if "op" in event and named.search(text)}
     mentions = sorted(
-        (event for event in every if event.get("op") in ops or named.search(json.dumps(event))),
+        (event for event, text in every if event.get("op") in ops or named.search(text)),
         key=lambda event: event.get("t", 0.0),
     )
     lines += [json.dumps(event, separators=(",", ":")) for event in mentions[:limit]]
