@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mqspark.console.snapshots import Snapshots
+from mqspark.console.snapshots import NotReady, Snapshots, ready_only
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -122,5 +122,33 @@ def test_an_answer_nobody_asks_for_is_dropped() -> None:
         _wait_for(lambda: ("k",) not in kept._answers)
         assert len(calls) >= 2
         assert kept.get(("k",), lambda: "again").value == "again"
+    finally:
+        kept.close()
+
+
+def test_inside_ready_only_an_answer_not_computed_yet_is_neither_computed_nor_waited_for() -> None:
+    kept = Snapshots(refresh=3600.0, idle=3600.0)
+    try:
+        computing, release = threading.Event(), threading.Event()
+
+        def slow() -> str:
+            computing.set()
+            release.wait(30)
+            return "computed"
+
+        with ready_only(), pytest.raises(NotReady):
+            kept.get(("k",), lambda: pytest.fail("computed inside ready_only"))
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(kept.get, ("k",), slow)
+            assert computing.wait(30)
+            # Being computed by another client: not waited for.
+            with ready_only(), pytest.raises(NotReady):
+                kept.get(("k",), slow)
+            release.set()
+            assert first.result(30).value == "computed"
+        with ready_only():
+            assert kept.get(("k",), lambda: pytest.fail("computed again")).value == "computed"
+        # Outside the block, an answer not computed yet is computed as before.
+        assert kept.get(("other",), lambda: "new").value == "new"
     finally:
         kept.close()

@@ -6,7 +6,7 @@ HTTP status that says the same: 404 for 2085, 409 for 2042, 403 for an inhibited
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from mqspark.console.reads import PAGE, PREVIEW_BYTES, MessageFilter, Reads, message_rows
 from mqspark.console.security import NotAdmin, Security
+from mqspark.console.snapshots import NotReady, polled
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.status import PAYLOAD_VIEWS
 
@@ -160,14 +161,18 @@ def routes(reads: Reads, security: Security) -> list[Route]:
     ]
 
 
-def _json(handler: Callable[[Request], dict[str, Any]]) -> Callable[[Request], Response]:
+def _json(handler: Callable[[Request], dict[str, Any]]) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` answering a polled answer as JSON (see :func:`~mqspark.console.snapshots.polled`)."""
+
     def endpoint(request: Request) -> Response:
         try:
             return JSONResponse(handler(request))
+        except NotReady:
+            raise
         except Exception as error:  # noqa: BLE001 - every failure answers as JSON, never a bare 500
             return error_response(error)
 
-    return endpoint
+    return polled(endpoint)
 
 
 def _message(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -21,6 +21,7 @@ from starlette.routing import Route
 from mqspark.console.api import as_mq_error, error_response, message_filter, payload_option
 from mqspark.console.reads import PAGE, PREVIEW_BYTES, Reads, message_rows
 from mqspark.console.security import CSRF_FIELD, SESSION_COOKIE, Security
+from mqspark.console.snapshots import NotReady, polled
 from mqspark.errors import MQError, MQValidationError
 
 
@@ -81,8 +82,8 @@ class _Pages:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/", self._answering(self.overview), methods=["GET"]),
-            Route("/qmgr/{qmgr}/queue/{queue}", self._answering(self.queue), methods=["GET"]),
+            Route("/", self._polled(self.overview), methods=["GET"]),
+            Route("/qmgr/{qmgr}/queue/{queue}", self._polled(self.queue), methods=["GET"]),
             Route("/qmgr/{qmgr}/queue/{queue}/messages", self._answering(self.messages), methods=["GET"]),
             Route("/qmgr/{qmgr}/queue/{queue}/messages/{msg_id}", self._answering(self.message), methods=["GET"]),
             Route("/qmgr/{qmgr}/instances", self._answering(self.instances), methods=["GET"]),
@@ -95,10 +96,16 @@ class _Pages:
         def endpoint(request: Request) -> Response:
             try:
                 return handler(request)
+            except NotReady:
+                raise
             except Exception as error:  # noqa: BLE001 - every failure is shown as a page, never a bare 500
                 return failed(self.render, request, error)
 
         return endpoint
+
+    def _polled(self, handler: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
+        """``handler`` of a page clients poll (see :func:`~mqspark.console.snapshots.polled`)."""
+        return polled(self._answering(handler))
 
     def overview(self, request: Request) -> Response:
         query = request.query_params
