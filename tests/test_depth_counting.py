@@ -233,3 +233,45 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
     # The groups differ: a consumed, b has parked messages, c waits for everything unexpired.
     assert backlog.claimable == backlog.count - sum(1 for row in live.to_pylist() if row["available_at"] is not None)
     assert parked_messages(definition, state, "b", moment).num_rows
+
+
+def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an_expiry(qm, monkeypatch):
+    """Pollers ask a queue's depth and oldest put time again and again: the answer is kept while the
+    table version, the groups' records and every expiry stay as they were, and counted again after
+    an expiry passes (no commit), a put, a get and a group declared."""
+    import time
+
+    from mqspark.engine import queues
+
+    counted = []
+    oldest_waiting = queues.oldest_waiting
+
+    def counting(*args, **kwargs):
+        counted.append(args[3])
+        return oldest_waiting(*args, **kwargs)
+
+    monkeypatch.setattr(queues, "oldest_waiting", counting)
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "a")
+    qm.put("Q", [{"payload": b"first"}, {"payload": b"second"}])
+    expiry = datetime.now(UTC) + timedelta(seconds=1)
+    qm.put("Q", [{"payload": b"expiring", "expiry": expiry}])
+    first_put = qm.browse("Q", order="physical")["put_time"][0].as_py()
+
+    def backlog(consumer=None):
+        found = qm.backlog("Q", consumer)
+        return found.depth, found.oldest_put_time
+
+    assert [backlog(), backlog("a"), backlog(), backlog("a")] == [(3, first_put), (3, first_put)] * 2
+    assert counted == [None, "a"]
+    while datetime.now(UTC) <= expiry:
+        time.sleep(0.01)
+    assert [backlog(), backlog("a"), backlog()] == [(2, first_put)] * 3
+    assert counted == [None, "a", None, "a"]
+    qm.get("Q", "a", max_messages=1)
+    assert [backlog(), backlog("a")] == [(1, first_put), (1, first_put)]
+    qm.declare_consumer("Q", "b")
+    assert [backlog(), backlog("b")] == [(2, first_put), (2, first_put)]
+    qm.put("Q", [{"payload": b"third"}])
+    assert [backlog(), backlog("b"), backlog("b")] == [(3, first_put), (3, first_put), (3, first_put)]
+    assert counted == [None, "a", None, "a", None, "a", None, "b", None, "b"]

@@ -231,13 +231,24 @@ def count_waiting(table: DeltaTable, groups: GroupsSnapshot, now: datetime, cons
     return count
 
 
+@dataclass(frozen=True)
+class OldestWaiting:
+    """How many messages wait (``count``) and the put time of the oldest (``put_time``), on one
+    version of a queue table for one :class:`GroupsSnapshot`; ``until`` is the earliest expiry still
+    to come of a message they may count, before which only a commit changes them (None: none)."""
+
+    count: int
+    put_time: datetime | None
+    until: datetime | None
+
+
 def oldest_waiting(
     table: DeltaTable,
     groups: GroupsSnapshot,
     now: datetime,
     consumer: str | None = None,
     reads: MutableMapping[tuple, pa.Table] | None = None,
-) -> tuple[int, datetime | None]:
+) -> OldestWaiting:
     """How many live messages wait, as :func:`waiting` decides, and the put time of the oldest of
     them, without listing them: the messages of :func:`put_files` are counted from ranges (see
     :func:`count_waiting`) and their oldest found from statistics first (see :func:`_oldest`); only the
@@ -250,10 +261,13 @@ def oldest_waiting(
     left = subtract_ranges(ranges, intersect_ranges(consumed)) if consumed else merge_ranges(ranges)
     others = _read_identities(table, files, np.flatnonzero(~simple), ["put_time"], reads)
     listed = pa.concat_tables(others) if others else _no_identities(["put_time"])
+    to_come = listed["expiry"].filter(pc.greater(listed["expiry"], pa.scalar(now, TIMESTAMP)))
     listed = listed.filter(pa.array(waiting(listed, groups, now, consumer)))
     oldest = [pc.min(listed["put_time"]).as_py(), _oldest(table.table_uri, files.take(chosen), ranges, left)]
     count = int(pc.sum(left["count"]).as_py() or 0) + listed.num_rows
-    return count, min((stamp for stamp in oldest if stamp is not None), default=None)
+    return OldestWaiting(
+        count, min((stamp for stamp in oldest if stamp is not None), default=None), pc.min(to_come).as_py()
+    )
 
 
 def _consumed(groups: GroupsSnapshot, consumer: str | None) -> list[pa.Table]:

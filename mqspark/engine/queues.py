@@ -27,7 +27,15 @@ from mqspark import store
 from mqspark.engine import group_commit
 from mqspark.engine.catalog import Catalog, CatalogState
 from mqspark.engine.consumer_groups import ConsumerState, GroupsSnapshot
-from mqspark.engine.depth import GroupBacklog, count_waiting, group_backlog, live_messages, oldest_waiting, waiting
+from mqspark.engine.depth import (
+    GroupBacklog,
+    OldestWaiting,
+    count_waiting,
+    group_backlog,
+    live_messages,
+    oldest_waiting,
+    waiting,
+)
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
@@ -77,6 +85,9 @@ class Queues:
         self._file_reads: cachetools.LRUCache = cachetools.LRUCache(
             FILE_READS_BYTES, getsizeof=operator.attrgetter("nbytes")
         )
+        # Each queue's (and group's) last oldest_waiting answer, with the table version and groups it
+        # counted: pollers (a console, a monitor) ask again mostly before either changes.
+        self._oldest: dict[tuple[str, str | None], tuple[tuple[int, int], GroupsSnapshot, OldestWaiting]] = {}
 
     @property
     def name(self) -> str:
@@ -370,12 +381,22 @@ class Queues:
     def oldest_waiting(self, queue: str, consumer: str | None = None) -> tuple[int, datetime | None]:
         """How many messages wait on local queue ``queue`` (as :meth:`waiting_count` counts them) and
         the put time of the oldest; see :func:`mqspark.engine.depth.oldest_waiting`."""
-        return self._with_snapshot(
-            queue,
-            lambda table: oldest_waiting(
-                table, self._groups(queue, consumer), datetime.now(UTC), consumer, self._file_reads
-            ),
-        )
+        answer = self._with_snapshot(queue, lambda table: self._oldest_waiting(queue, table, consumer))
+        return answer.count, answer.put_time
+
+    def _oldest_waiting(self, queue: str, table: DeltaTable, consumer: str | None) -> OldestWaiting:
+        """:func:`oldest_waiting` on ``table``, the answer kept from before while the table version
+        (and its log entry's stamp), the groups snapshot and every message's expiry stay as they were."""
+        groups, now = self._groups(queue, consumer), datetime.now(UTC)
+        stamp = self._tables[queue][1]
+        kept = self._oldest.get((queue, consumer))
+        if kept is not None and kept[0] == (table.version(), stamp) and kept[1] is groups:
+            if kept[2].until is None or now < kept[2].until:
+                return kept[2]
+        answer = oldest_waiting(table, groups, now, consumer, self._file_reads)
+        if stamp is not None:
+            self._oldest[(queue, consumer)] = ((table.version(), stamp), groups, answer)
+        return answer
 
     def group_backlog(
         self, queue: str, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
