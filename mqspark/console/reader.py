@@ -6,13 +6,19 @@
 - The process that serves the pages holds no Delta table, and its threads do not wait for the GIL
   while depths are counted.
 - A reader process that dies (killed, out of memory) is replaced, and the read asked of it again
-  once; one asked nothing for ``IDLE_SECONDS`` ends."""
+  once; one asked nothing for ``IDLE_SECONDS`` ends.
+- A reader process whose peak resident memory grew by ``GROWTH_BYTES`` since its first answer is
+  replaced once that answer is given, as Celery replaces a worker past its
+  ``worker_max_memory_per_child``: under a steady poll its native heap keeps growing (see
+  docs/architecture.md), and a new process starts from its first answer's size."""
 
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
 import os
+import resource
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -28,8 +34,11 @@ from mqspark.errors import MQError
 IDLE_SECONDS = 60.0
 # The nice value of the reader process (the lowest priority there is).
 NICE = 19
+# How far a reader process's peak resident memory may grow past its size at its first answer.
+GROWTH_BYTES = 128 * 1024 * 1024
 
 _managers: Managers | None = None  # the queue managers a reader process reads, opened at its start
+_first_answer_bytes: int | None = None  # its peak resident memory once it gave its first answer
 
 
 def renice(value: int) -> None:
@@ -57,18 +66,26 @@ def _end_with_parent() -> None:
         os._exit(0)
 
 
-def _read(answer: str, args: tuple) -> Any:
+def _read(answer: str, args: tuple, growth: int) -> tuple[Any, bool]:
+    """The answer, and whether this process grew by ``growth`` bytes or more since its first answer."""
+    global _first_answer_bytes
     if _managers is None:
         raise RuntimeError("the reader process was not started with its queue managers")
-    return ANSWERS[answer](_managers, *args)
+    value = ANSWERS[answer](_managers, *args)
+    # Linux gives the peak in KiB, macOS in bytes.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    if _first_answer_bytes is None:
+        _first_answer_bytes = peak
+    return value, peak - _first_answer_bytes >= growth
 
 
 class Reader:
     """Computes answers for the queue managers at ``roots`` in a reader process, started at the first
-    read and ended once no read was asked of it for ``idle`` seconds."""
+    read, ended once no read was asked of it for ``idle`` seconds, and replaced once it grew by
+    ``growth`` bytes."""
 
-    def __init__(self, roots: Sequence[str], idle: float = IDLE_SECONDS) -> None:
-        self.roots, self.idle = list(roots), idle
+    def __init__(self, roots: Sequence[str], idle: float = IDLE_SECONDS, growth: int = GROWTH_BYTES) -> None:
+        self.roots, self.idle, self.growth = list(roots), idle, growth
         self._changed = threading.Condition()
         self._pool: ProcessPoolExecutor | None = None
         self._last_read = 0.0
@@ -97,11 +114,15 @@ class Reader:
     def _answer(self, answer: str, args: tuple) -> Any:
         pool, future = self._submit(answer, args)
         try:
-            return future.result()
+            value, grown = future.result()
         except BrokenProcessPool:
             with self._changed:
                 self._retire(pool)
             raise
+        if grown:
+            with self._changed:
+                self._retire(pool)
+        return value
 
     def _submit(self, answer: str, args: tuple) -> tuple[ProcessPoolExecutor, Future]:
         with self._changed:
@@ -116,7 +137,7 @@ class Reader:
             pool = self._pool
             self._last_read = time.monotonic()
             try:
-                return pool, pool.submit(_read, answer, args)
+                return pool, pool.submit(_read, answer, args, self.growth)
             except BrokenProcessPool:
                 self._retire(pool)
                 raise
