@@ -130,7 +130,8 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
             [sys.executable, "-c", CLIENTS, base, str(seconds), str(clients), str(queues), str(polls)]
         )
         memory: list[float] = []
-        sampling = threading.Thread(target=_sample_rss, args=(console.pid, load, memory), daemon=True)
+        readers: set[int] = set()
+        sampling = threading.Thread(target=_sample_rss, args=(console.pid, load, memory, readers), daemon=True)
         sampling.start()
         # Spread over the run, past its start, where the console computes every page once.
         anchors: list[float] = []
@@ -205,6 +206,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "console_rss_mb_last": memory[-1] if memory else None,
         "console_rss_mb_max": max(memory) if memory else None,
         "console_rss_mb_max_by_window": [max(part, default=None) for part in _parts(memory, WINDOWS)],
+        "reader_processes": len(readers),
     }
 
 
@@ -263,11 +265,22 @@ def _wait_answering(base: str) -> None:
         time.sleep(0.2)
 
 
-def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float]) -> None:
-    """The console's RSS (MB) every 10 s into ``memory``, while the pollers run."""
+def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float], readers: set[int]) -> None:
+    """The console's RSS (MB) every 10 s into ``memory``, and its reader processes seen into
+    ``readers``, while the pollers run."""
     while load.poll() is None:
         memory.append(_rss_mb(pid))
+        readers.update(number for number in _processes(pid) if _is_reader(number))
         time.sleep(10)
+
+
+def _is_reader(pid: int) -> bool:
+    """Whether process ``pid`` is a reader process (a pool's worker, not multiprocessing's tracker)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"spawn_main" in command and b"resource_tracker" not in command
 
 
 def _cpu_s(pid: int) -> float:
