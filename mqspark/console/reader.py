@@ -7,10 +7,11 @@
   while depths are counted.
 - A reader process that dies (killed, out of memory) is replaced, and the read asked of it again
   once; one asked nothing for ``IDLE_SECONDS`` ends.
-- A reader process whose peak resident memory grew by ``GROWTH_BYTES`` since its first answer is
-  replaced once that answer is given, as Celery replaces a worker past its
-  ``worker_max_memory_per_child``: under a steady poll its native heap keeps growing (see
-  docs/architecture.md), and a new process starts from its first answer's size."""
+- A reader process whose peak resident memory grew by ``GROWTH_BYTES`` since it was
+  ``WARM_SECONDS`` old (every polled answer computed once, its working set read) is replaced once
+  its answer is given, as Celery replaces a worker past its ``worker_max_memory_per_child``: under a
+  steady poll its native heap keeps growing (see docs/architecture.md), and a new process starts
+  from its working set again."""
 
 from __future__ import annotations
 
@@ -34,11 +35,14 @@ from mqspark.errors import MQError
 IDLE_SECONDS = 60.0
 # The nice value of the reader process (the lowest priority there is).
 NICE = 19
-# How far a reader process's peak resident memory may grow past its size at its first answer.
+# How far a reader process's peak resident memory may grow past its size once it is WARM_SECONDS
+# old: by then the console's refresher (every 5 s) asked it every polled answer.
 GROWTH_BYTES = 128 * 1024 * 1024
+WARM_SECONDS = 60.0
 
 _managers: Managers | None = None  # the queue managers a reader process reads, opened at its start
-_first_answer_bytes: int | None = None  # its peak resident memory once it gave its first answer
+_started = time.monotonic()  # when a reader process started (its module was imported there)
+_warm_bytes: int | None = None  # its peak resident memory at its first answer once WARM_SECONDS old
 
 
 def renice(value: int) -> None:
@@ -66,26 +70,35 @@ def _end_with_parent() -> None:
         os._exit(0)
 
 
-def _read(answer: str, args: tuple, growth: int) -> tuple[Any, bool]:
-    """The answer, and whether this process grew by ``growth`` bytes or more since its first answer."""
-    global _first_answer_bytes
+def _read(answer: str, args: tuple, growth: int, warm: float) -> tuple[Any, bool]:
+    """The answer, and whether this process grew by ``growth`` bytes or more since it was ``warm``
+    seconds old."""
+    global _warm_bytes
     if _managers is None:
         raise RuntimeError("the reader process was not started with its queue managers")
     value = ANSWERS[answer](_managers, *args)
+    if time.monotonic() - _started < warm:
+        return value, False
     # Linux gives the peak in KiB, macOS in bytes.
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    if _first_answer_bytes is None:
-        _first_answer_bytes = peak
-    return value, peak - _first_answer_bytes >= growth
+    if _warm_bytes is None:
+        _warm_bytes = peak
+    return value, peak - _warm_bytes >= growth
 
 
 class Reader:
     """Computes answers for the queue managers at ``roots`` in a reader process, started at the first
     read, ended once no read was asked of it for ``idle`` seconds, and replaced once it grew by
-    ``growth`` bytes."""
+    ``growth`` bytes since it was ``warm`` seconds old."""
 
-    def __init__(self, roots: Sequence[str], idle: float = IDLE_SECONDS, growth: int = GROWTH_BYTES) -> None:
-        self.roots, self.idle, self.growth = list(roots), idle, growth
+    def __init__(
+        self,
+        roots: Sequence[str],
+        idle: float = IDLE_SECONDS,
+        growth: int = GROWTH_BYTES,
+        warm: float = WARM_SECONDS,
+    ) -> None:
+        self.roots, self.idle, self.growth, self.warm = list(roots), idle, growth, warm
         self._changed = threading.Condition()
         self._pool: ProcessPoolExecutor | None = None
         self._last_read = 0.0
@@ -137,7 +150,7 @@ class Reader:
             pool = self._pool
             self._last_read = time.monotonic()
             try:
-                return pool, pool.submit(_read, answer, args, self.growth)
+                return pool, pool.submit(_read, answer, args, self.growth, self.warm)
             except BrokenProcessPool:
                 self._retire(pool)
                 raise
