@@ -116,31 +116,3 @@ def test_the_reader_process_of_a_killed_console_ends(qm: QueueManager, tmp_path:
     finally:
         stop_server(console)
         subprocess.run(["pkill", "-KILL", "-s", str(console.pid)], check=False)
-
-
-def test_a_warm_reader_process_grown_by_its_limit_ends_once_its_answer_is_given_and_the_next_read_starts_one(
-    qm: QueueManager,
-) -> None:
-    qm.define_queue("Q")
-    reader = Reader([qm.root], growth=0, warm=0)
-    try:
-        assert _depth(reader) == 0
-        # Its idle time is a minute: it ends because it grew (by 0 bytes or more) once warm (at once).
-        _wait_for(lambda: _readers() == [])
-        qm.put("Q", [{"payload": b"a"}])
-        assert _depth(reader) == 1
-        _wait_for(lambda: _readers() == [])
-    finally:
-        reader.close()
-
-
-def test_a_reader_process_is_not_replaced_for_growing_before_it_is_warm(qm: QueueManager) -> None:
-    qm.define_queue("Q")
-    reader = Reader([qm.root], growth=0, warm=60)
-    try:
-        assert _depth(reader) == 0
-        [first] = _readers()
-        assert _depth(reader) == 0
-        assert _readers() == [first]
-    finally:
-        reader.close()

@@ -6,20 +6,13 @@
 - The process that serves the pages holds no Delta table, and its threads do not wait for the GIL
   while depths are counted.
 - A reader process that dies (killed, out of memory) is replaced, and the read asked of it again
-  once; one asked nothing for ``IDLE_SECONDS`` ends.
-- A reader process whose peak resident memory grew by ``GROWTH_BYTES`` since it was
-  ``WARM_SECONDS`` old (every polled answer computed once, its working set read) is replaced once
-  its answer is given, as Celery replaces a worker past its ``worker_max_memory_per_child``: under a
-  steady poll its native heap keeps growing (see docs/architecture.md), and a new process starts
-  from its working set again."""
+  once; one asked nothing for ``IDLE_SECONDS`` ends."""
 
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
 import os
-import resource
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -35,14 +28,8 @@ from mqspark.errors import MQError
 IDLE_SECONDS = 60.0
 # The nice value of the reader process (the lowest priority there is).
 NICE = 19
-# How far a reader process's peak resident memory may grow past its size once it is WARM_SECONDS
-# old: by then the console's refresher (every 5 s) asked it every polled answer.
-GROWTH_BYTES = 128 * 1024 * 1024
-WARM_SECONDS = 60.0
 
 _managers: Managers | None = None  # the queue managers a reader process reads, opened at its start
-_started = time.monotonic()  # when a reader process started (its module was imported there)
-_warm_bytes: int | None = None  # its peak resident memory at its first answer once WARM_SECONDS old
 
 
 def renice(value: int) -> None:
@@ -70,35 +57,18 @@ def _end_with_parent() -> None:
         os._exit(0)
 
 
-def _read(answer: str, args: tuple, growth: int, warm: float) -> tuple[Any, bool]:
-    """The answer, and whether this process grew by ``growth`` bytes or more since it was ``warm``
-    seconds old."""
-    global _warm_bytes
+def _read(answer: str, args: tuple) -> Any:
     if _managers is None:
         raise RuntimeError("the reader process was not started with its queue managers")
-    value = ANSWERS[answer](_managers, *args)
-    if time.monotonic() - _started < warm:
-        return value, False
-    # Linux gives the peak in KiB, macOS in bytes.
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    if _warm_bytes is None:
-        _warm_bytes = peak
-    return value, peak - _warm_bytes >= growth
+    return ANSWERS[answer](_managers, *args)
 
 
 class Reader:
     """Computes answers for the queue managers at ``roots`` in a reader process, started at the first
-    read, ended once no read was asked of it for ``idle`` seconds, and replaced once it grew by
-    ``growth`` bytes since it was ``warm`` seconds old."""
+    read and ended once no read was asked of it for ``idle`` seconds."""
 
-    def __init__(
-        self,
-        roots: Sequence[str],
-        idle: float = IDLE_SECONDS,
-        growth: int = GROWTH_BYTES,
-        warm: float = WARM_SECONDS,
-    ) -> None:
-        self.roots, self.idle, self.growth, self.warm = list(roots), idle, growth, warm
+    def __init__(self, roots: Sequence[str], idle: float = IDLE_SECONDS) -> None:
+        self.roots, self.idle = list(roots), idle
         self._changed = threading.Condition()
         self._pool: ProcessPoolExecutor | None = None
         self._last_read = 0.0
@@ -127,15 +97,11 @@ class Reader:
     def _answer(self, answer: str, args: tuple) -> Any:
         pool, future = self._submit(answer, args)
         try:
-            value, grown = future.result()
+            return future.result()
         except BrokenProcessPool:
             with self._changed:
                 self._retire(pool)
             raise
-        if grown:
-            with self._changed:
-                self._retire(pool)
-        return value
 
     def _submit(self, answer: str, args: tuple) -> tuple[ProcessPoolExecutor, Future]:
         with self._changed:
@@ -150,7 +116,7 @@ class Reader:
             pool = self._pool
             self._last_read = time.monotonic()
             try:
-                return pool, pool.submit(_read, answer, args, self.growth, self.warm)
+                return pool, pool.submit(_read, answer, args)
             except BrokenProcessPool:
                 self._retire(pool)
                 raise
