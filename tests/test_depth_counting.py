@@ -237,11 +237,17 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
 
 def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an_expiry(qm, monkeypatch):
     """Pollers ask a queue's depth and oldest put time again and again: the answer is kept while the
-    table version, the groups' records and every expiry stay as they were, and counted again after
-    an expiry passes (no commit), a put, a get and a group declared."""
-    import time
-
+    table version, the groups' records and every expiry stay as they were, and counted again once
+    an expiry is reached (no commit), after a get, a group declared and a put. The queue manager's
+    depth reads see a clock the test moves; the put and the get see the real one."""
     from mqspark.engine import queues
+
+    class Clock(datetime):
+        at = datetime.now(UTC)
+
+        @classmethod
+        def now(cls, tz=None):
+            return cls.at
 
     counted = []
     oldest_waiting = queues.oldest_waiting
@@ -251,10 +257,11 @@ def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an
         return oldest_waiting(*args, **kwargs)
 
     monkeypatch.setattr(queues, "oldest_waiting", counting)
+    monkeypatch.setattr(queues, "datetime", Clock)
     qm.define_queue("Q")
     qm.declare_consumer("Q", "a")
     qm.put("Q", [{"payload": b"first"}, {"payload": b"second"}])
-    expiry = datetime.now(UTC) + timedelta(seconds=1)
+    expiry = Clock.at + timedelta(hours=1)
     qm.put("Q", [{"payload": b"expiring", "expiry": expiry}])
     first_put = qm.browse("Q", order="physical")["put_time"][0].as_py()
 
@@ -264,8 +271,10 @@ def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an
 
     assert [backlog(), backlog("a"), backlog(), backlog("a")] == [(3, first_put), (3, first_put)] * 2
     assert counted == [None, "a"]
-    while datetime.now(UTC) <= expiry:
-        time.sleep(0.01)
+    Clock.at = expiry - timedelta(microseconds=1)
+    assert [backlog(), backlog("a")] == [(3, first_put)] * 2
+    assert counted == [None, "a"]
+    Clock.at = expiry
     assert [backlog(), backlog("a"), backlog()] == [(2, first_put)] * 3
     assert counted == [None, "a", None, "a"]
     qm.get("Q", "a", max_messages=1)
