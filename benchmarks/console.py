@@ -269,8 +269,9 @@ def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float], readers: 
     """The console's RSS (MB) every 10 s into ``memory``, and its reader processes seen into
     ``readers``, while the pollers run."""
     while load.poll() is None:
-        memory.append(_rss_mb(pid))
-        readers.update(number for number in _processes(pid) if _is_reader(number))
+        processes = _processes(pid)
+        memory.append(_rss_mb(processes))
+        readers.update(number for number in processes if _is_reader(number))
         time.sleep(10)
 
 
@@ -294,9 +295,9 @@ def _cpu_s(pid: int) -> float:
     return used / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mb(pid: int) -> float:
-    """The resident memory (MB) of process ``pid`` and its processes."""
-    pages = sum(int(fields[21]) for fields in _processes(pid).values())
+def _rss_mb(processes: dict[int, list[str]]) -> float:
+    """The resident memory (MB) of ``processes`` (see :func:`_processes`)."""
+    pages = sum(int(fields[21]) for fields in processes.values())
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
