@@ -62,6 +62,8 @@ BENCHMARKS = {
     "backlog": lambda: backlog.run(),
     "state_log": lambda: state_log.run(),
     "console": lambda: console.run(),
+    # An hour, to tell memory that levels off from memory that keeps growing; its parts are 5 minutes.
+    "console_hour": lambda: console.run(minutes=60, pairs=16, windows=12),
     "console_quick": lambda: console.run(minutes=2, messages=50_000, pairs=2),
     "state_log_quick": lambda: state_log.run(entries=2_000, gets=40),
 }

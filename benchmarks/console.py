@@ -69,7 +69,8 @@ with open(out, "w") as written:
 # stopped (SIGSTOP), one with them running, in turn first; the medians are compared. Drains of the
 # same condition spread by 0.4 s (2.3-2.7 s, 30-minute runs), so that three pairs could not tell 5%.
 PAIRS = 8
-# The run's p99 is also given for each of this many equal parts of it: a slow start, or a trend.
+# The run's p99, and the console's highest memory, are also given for each of this many equal parts
+# of it (by default): a slow start, or a trend.
 WINDOWS = 6
 # Until killed, every 100 ms: puts 10 messages to a queue and gets 10 of that queue's (group app);
 # every 6 s maintains a queue, round the queues, so that they stay the same size as a queue
@@ -92,16 +93,21 @@ while True:
 
 
 def run(
-    minutes: float = 30.0, clients: int = 50, queues: int = 100, messages: int = 200_000, pairs: int = PAIRS
+    minutes: float = 30.0,
+    clients: int = 50,
+    queues: int = 100,
+    messages: int = 200_000,
+    pairs: int = PAIRS,
+    windows: int = WINDOWS,
 ) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
     try:
-        return _measure(root, minutes, clients, queues, messages, pairs)
+        return _measure(root, minutes, clients, queues, messages, pairs, windows)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(root: Path, minutes: float, clients: int, queues: int, messages: int, pairs: int) -> dict:
+def _measure(root: Path, minutes: float, clients: int, queues: int, messages: int, pairs: int, windows: int) -> dict:
     qm = QueueManager.create(root / "qm", "BENCH")
     for number in range(queues):
         qm.define_queue(f"Q{number:03d}")
@@ -171,7 +177,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         for kind in ("overview", "queue")
     }
     overview, queue = (sorted(ms for _, ms in answered[kind]) for kind in ("overview", "queue"))
-    windows = _windows(answered["overview"] + answered["queue"], seconds / WINDOWS)
+    p99_by_window = _windows(answered["overview"] + answered["queue"], seconds, windows)
     asked = sum(len(polled["latencies"][kind]) for kind in ("overview", "queue"))
     anchor, loaded = statistics.median(anchors), statistics.median(loads)
     pair_ratios = [stopped / running for stopped, running in zip(anchors, loads, strict=True)]
@@ -194,7 +200,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "overview_p99_ms": _p(overview, 0.99),
         "queue_p50_ms": _p(queue, 0.5),
         "queue_p99_ms": _p(queue, 0.99),
-        "pages_p99_ms_by_window": windows,
+        "pages_p99_ms_by_window": p99_by_window,
         "pages": len(overview) + len(queue),
         "pages_left_out_paused": asked - len(overview) - len(queue),
         "failed": polled["failed"],
@@ -205,7 +211,7 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "console_rss_mb_first": memory[0] if memory else None,
         "console_rss_mb_last": memory[-1] if memory else None,
         "console_rss_mb_max": max(memory) if memory else None,
-        "console_rss_mb_max_by_window": [max(part, default=None) for part in _parts(memory, WINDOWS)],
+        "console_rss_mb_max_by_window": [max(part, default=None) for part in _parts(memory, windows)],
         "reader_processes": len(readers),
     }
 
@@ -344,11 +350,11 @@ def _parts(values: list[float], count: int) -> list[list[float]]:
     return [values[round(n * size) : round((n + 1) * size)] for n in range(count)]
 
 
-def _windows(answers: list[tuple[float, float]], width: float) -> list[float | None]:
-    """The p99 of the answers' latencies in each window of ``width`` seconds of the run."""
-    by_window: list[list[float]] = [[] for _ in range(WINDOWS)]
+def _windows(answers: list[tuple[float, float]], seconds: float, count: int) -> list[float | None]:
+    """The p99 of the answers' latencies in each of ``count`` equal windows of a run of ``seconds``."""
+    by_window: list[list[float]] = [[] for _ in range(count)]
     for at, ms in answers:
-        by_window[min(WINDOWS - 1, int(at // width))].append(ms)
+        by_window[min(count - 1, int(at // (seconds / count)))].append(ms)
     return [_p(sorted(window), 0.99) for window in by_window]
 
 
