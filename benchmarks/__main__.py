@@ -64,7 +64,9 @@ BENCHMARKS = {
     "console": lambda: console.run(),
     # An hour, to tell memory that levels off from memory that keeps growing; its parts are 5 minutes.
     "console_hour": lambda: console.run(minutes=60, pairs=16, windows=12),
-    "console_quick": lambda: console.run(minutes=2, messages=50_000, pairs=2),
+    # The same load with a bare server in place of the console: what serving the pollers costs at least.
+    "console_bare": lambda: console.run(minutes=10, server="bare"),
+    "console_quick": lambda: console.run(minutes=2, messages=50_000, pairs=2, aged=False),
     "state_log_quick": lambda: state_log.run(entries=2_000, gets=40),
 }
 # Benchmarks that take arguments: called with every argument after their name.

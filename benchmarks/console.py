@@ -1,5 +1,6 @@
 """The console under load: 50 clients each polling the overview and a queue page every second, at
-100 queues, while a producer puts, gets and maintains and a streaming get drains a backlog. Reports
+100 queues, while a producer puts, gets and maintains (the queues aged first, as ten minutes of it
+leave them, unless ``aged`` is false) and a streaming get drains a backlog. Reports
 the pages' p50 and p99, the streaming get's throughput against the same drain with the console and
 its pollers stopped (the anchor: drains in pairs at the same moments of the run, the median of
 ``PAIRS`` each), the CPU (in cores) of the console, of the pollers and of the producer, which share
@@ -27,6 +28,7 @@ import pyarrow as pa
 
 import mqspark
 from mqspark import MQError, QueueManager, Reason
+from mqspark.console.app import KEEP_ALIVE_SECONDS, SERVING_NICE
 
 # Runs ``clients`` pollers for ``seconds``: each asks for the overview and then one queue's page,
 # once a second; writes each page kind's answers (seconds into the run, latency in ms), and the
@@ -74,21 +76,47 @@ PAIRS = 8
 WINDOWS = 6
 # Until killed, every 100 ms: puts 10 messages to a queue and gets 10 of that queue's (group app);
 # every 6 s maintains a queue, round the queues, so that they stay the same size as a queue
-# manager's in service do (each is maintained every 10 minutes).
+# manager's in service do (each is maintained every 10 minutes). Its first ``ahead`` rounds run at
+# once, unpaced, and then it prints "aged": with ``ahead`` = 60 x queues, every queue has been
+# maintained once, and the queues are as 10 minutes of it leave them, before the console starts.
 PRODUCER = """
 import sys, time
 from mqspark import QueueManager
 qm = QueueManager.open(sys.argv[1])
-queues = int(sys.argv[2])
+queues, ahead = int(sys.argv[2]), int(sys.argv[3])
 number = 0
 while True:
+    if number == ahead:
+        print("aged", flush=True)
     queue = f"Q{number % queues:03d}"
     qm.put(queue, [{"payload": b"x" * 100}] * 10)
     qm.get(queue, "app", max_messages=10)
     if number % 60 == 0:
         qm.maintain(f"Q{number // 60 % queues:03d}")
     number += 1
-    time.sleep(0.1)
+    if number > ahead:
+        time.sleep(0.1)
+"""
+# The pollers' pages served by the least a server can do: a bare Starlette app on uvicorn at the
+# console's nice value and keep-alive, answering with fixed bytes of the sizes of the console's
+# pages at 100 queues (the overview 20,630 B, a queue's page 3,187 B), computing nothing. Run in
+# place of the console (``server="bare"``), it tells what serving 50 clients on this machine costs
+# the get whatever the console does.
+BARE = """
+import os, sys
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+port, nice, keep_alive = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+os.nice(nice)
+def page(size):
+    body = b"x" * size
+    async def answer(request):
+        return Response(body, media_type="text/html")
+    return answer
+routes = [Route("/", page(20_630)), Route("/qmgr/{qmgr}/queue/{queue}", page(3_187)), Route("/api/v1/qmgr", page(2))]
+uvicorn.run(Starlette(routes=routes), host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=keep_alive)
 """
 
 
@@ -99,33 +127,52 @@ def run(
     messages: int = 200_000,
     pairs: int = PAIRS,
     windows: int = WINDOWS,
+    server: str = "console",
+    aged: bool = True,
 ) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
     try:
-        return _measure(root, minutes, clients, queues, messages, pairs, windows)
+        return _measure(root, minutes, clients, queues, messages, pairs, windows, server, aged)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(root: Path, minutes: float, clients: int, queues: int, messages: int, pairs: int, windows: int) -> dict:
+def _measure(
+    root: Path,
+    minutes: float,
+    clients: int,
+    queues: int,
+    messages: int,
+    pairs: int,
+    windows: int,
+    server: str,
+    aged: bool,
+) -> dict:
     qm = QueueManager.create(root / "qm", "BENCH")
     for number in range(queues):
         qm.define_queue(f"Q{number:03d}")
         qm.declare_consumer(f"Q{number:03d}", "app")
     qm.define_queue("GET")
-    batch = pa.table({"payload": [b"m" * 1000] * (messages // 20)})
-    for _ in range(20):
-        qm.put("GET", batch)
-    spark = mqspark.session(app_name="mqspark-bench", master="local[2]", **{"spark.ui.showConsoleProgress": "false"})
-    producer = subprocess.Popen([sys.executable, "-c", PRODUCER, qm.root, str(queues)])
-    console = None
+    aging = time.monotonic()
+    ahead = 60 * queues if aged else 0
+    producer = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, qm.root, str(queues), str(ahead)], stdout=subprocess.PIPE
+    )
+    console = spark = None
     try:
+        batch = pa.table({"payload": [b"m" * 1000] * (messages // 20)})
+        for _ in range(20):
+            qm.put("GET", batch)
+        spark = mqspark.session(
+            app_name="mqspark-bench", master="local[2]", **{"spark.ui.showConsoleProgress": "false"}
+        )
+        aged_line = producer.stdout.readline()
+        if aged_line != b"aged\n":
+            raise RuntimeError(f"the producer ended (exit code {producer.wait()}) before it aged the queues")
+        aged_s = time.monotonic() - aging
         _drain(spark, qm.root, root / "warm", "warm", 1000)
         port = _free_port()
-        console = subprocess.Popen(
-            [sys.executable, "-m", "mqspark.cli", "console", "--root", qm.root, "--port", str(port)],
-            stderr=subprocess.DEVNULL,
-        )
+        console = subprocess.Popen(_server_command(server, qm.root, port), stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         _wait_answering(base)
         seconds = minutes * 60
@@ -170,7 +217,8 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         producer.kill()
         if console is not None:
             console.kill()
-        spark.stop()
+        if spark is not None:
+            spark.stop()
     # A page asked while the console was stopped waited for the pause, not for the console.
     answered = {
         kind: [(at - begun, ms) for at, ms in polled["latencies"][kind] if not _overlaps(at, ms, paused)]
@@ -183,10 +231,13 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
     pair_ratios = [stopped / running for stopped, running in zip(anchors, loads, strict=True)]
     return {
         "benchmark": "console",
+        "server": server,
         "minutes": minutes,
         "clients": clients,
         "queues": queues,
         "messages": messages,
+        # Seconds until the producer had aged the queues (0 rounds ahead when not ``aged``).
+        "queues_aged_s": round(aged_s, 1),
         "anchor_get_per_s": round(messages / anchor, 1),
         "get_per_s_under_load": round(messages / loaded, 1),
         "get_ratio_to_anchor": round(anchor / loaded, 3),
@@ -214,6 +265,15 @@ def _measure(root: Path, minutes: float, clients: int, queues: int, messages: in
         "console_rss_mb_max_by_window": [max(part, default=None) for part in _parts(memory, windows)],
         "reader_processes": len(readers),
     }
+
+
+def _server_command(server: str, root: str, port: int) -> list[str]:
+    """The command serving the pollers' pages: the console of ``root``, or (``bare``) :data:`BARE`."""
+    if server == "console":
+        return [sys.executable, "-m", "mqspark.cli", "console", "--root", root, "--port", str(port)]
+    if server == "bare":
+        return [sys.executable, "-c", BARE, str(port), str(SERVING_NICE), str(KEEP_ALIVE_SECONDS)]
+    raise ValueError(f"option server must be console or bare, got {server!r}")
 
 
 def _drain(spark, root: str, checkpoint: Path, consumer: str, messages: int) -> float:
