@@ -1,6 +1,6 @@
 """The console under load: 50 clients each polling the overview and a queue page every second, at
-100 queues, while a producer puts, gets and maintains (the queues aged first, as ten minutes of it
-leave them, unless ``aged`` is false) and a streaming get drains a backlog. Reports
+100 queues, while a producer puts, gets and maintains (the queues aged first, by one round of its
+maintenance, unless ``aged`` is false) and a streaming get drains a backlog. Reports
 the pages' p50 and p99, the streaming get's throughput against the same drain with the console and
 its pollers stopped (the anchor: drains in pairs at the same moments of the run, the median of
 ``PAIRS`` each), the CPU (in cores) of the console, of the pollers and of the producer, which share
@@ -74,11 +74,12 @@ PAIRS = 8
 # The run's p99, and the console's highest memory, are also given for each of this many equal parts
 # of it (by default): a slow start, or a trend.
 WINDOWS = 6
-# Until killed, every 100 ms: puts 10 messages to a queue and gets 10 of that queue's (group app);
-# every 6 s maintains a queue, round the queues, so that they stay the same size as a queue
-# manager's in service do (each is maintained every 10 minutes). Its first ``ahead`` rounds run at
-# once, unpaced, and then it prints "aged": with ``ahead`` = 60 x queues, every queue has been
-# maintained once, and the queues are as 10 minutes of it leave them, before the console starts.
+# Until killed, in rounds 100 ms apart: puts 10 messages to a queue and gets 10 of that queue's
+# (group app); every 60th round maintains a queue, round the queues, so that they stay the same size
+# as a queue manager's in service do (a round took 56 ms on new queues, so each queue is maintained
+# about every 15 minutes). Its first ``ahead`` rounds run at once, unpaced, and then it prints
+# "aged": with ``ahead`` = 60 x queues, every queue has been maintained once before the console
+# starts, and the queues are as the producer keeps them from then on.
 PRODUCER = """
 import sys, time
 from mqspark import QueueManager
