@@ -66,6 +66,8 @@ BENCHMARKS = {
     "console_hour": lambda: console.run(minutes=60, pairs=16, windows=12),
     # The same load with a bare server in place of the console: what serving the pollers costs at least.
     "console_bare": lambda: console.run(minutes=10, server="bare"),
+    # Rounds of three drains: a third with the console's reader process alone stopped.
+    "console_reader": lambda: console.run(minutes=10, pairs=16, aged=False, reader_stopped=True),
     "console_quick": lambda: console.run(minutes=2, messages=50_000, pairs=2, aged=False),
     "state_log_quick": lambda: state_log.run(entries=2_000, gets=40),
 }

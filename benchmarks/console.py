@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import pyarrow as pa
@@ -130,10 +130,11 @@ def run(
     windows: int = WINDOWS,
     server: str = "console",
     aged: bool = True,
+    reader_stopped: bool = False,
 ) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
     try:
-        return _measure(root, minutes, clients, queues, messages, pairs, windows, server, aged)
+        return _measure(root, minutes, clients, queues, messages, pairs, windows, server, aged, reader_stopped)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -148,6 +149,7 @@ def _measure(
     windows: int,
     server: str,
     aged: bool,
+    reader_stopped: bool,
 ) -> dict:
     qm = QueueManager.create(root / "qm", "BENCH")
     for number in range(queues):
@@ -187,25 +189,19 @@ def _measure(
         readers: set[int] = set()
         sampling = threading.Thread(target=_sample_rss, args=(console.pid, load, memory, readers), daemon=True)
         sampling.start()
-        # Spread over the run, past its start, where the console computes every page once.
-        anchors: list[float] = []
-        loads: list[float] = []
         paused: list[list[float]] = []  # the console's pauses: their start and end, epoch seconds
+        conditions = ("stopped", "reader_stopped", "running") if reader_stopped else ("stopped", "running")
+        drains: dict[str, list[float]] = {condition: [] for condition in conditions}
+        # Spread over the run, past its start, where the console computes every page once.
         for n in range(pairs):
             time.sleep(max(0.0, started + seconds * (n + 1) / (pairs + 1) - time.monotonic()))
             # The first drain after minutes without one took 2-3 s longer, the console stopped or
             # not (a 30-minute run): one drain first, not counted, so that the pair compares alike.
             _drain(spark, qm.root, root / f"warm{n}", f"warm{n}", messages)
-            for stopped in (True, False) if n % 2 == 0 else (False, True):
-                with _stopped([*_processes(console.pid), load.pid], paused) if stopped else nullcontext():
-                    drained = _drain(
-                        spark,
-                        qm.root,
-                        root / f"drain{len(anchors) + len(loads)}",
-                        f"{'stopped' if stopped else 'running'}{n}",
-                        messages,
-                    )
-                (anchors if stopped else loads).append(drained)
+            for condition in conditions[n % len(conditions) :] + conditions[: n % len(conditions)]:
+                with _paused(condition, console.pid, load.pid, paused):
+                    drained = _drain(spark, qm.root, root / f"drain{n}-{condition}", f"{condition}{n}", messages)
+                drains[condition].append(drained)
         load.wait()
         elapsed = time.monotonic() - started
         console_cores = (_cpu_s(console.pid) - cpu_at_start) / elapsed
@@ -228,6 +224,7 @@ def _measure(
     overview, queue = (sorted(ms for _, ms in answered[kind]) for kind in ("overview", "queue"))
     p99_by_window = _windows(answered["overview"] + answered["queue"], seconds, windows)
     asked = sum(len(polled["latencies"][kind]) for kind in ("overview", "queue"))
+    anchors, loads = drains["stopped"], drains["running"]
     anchor, loaded = statistics.median(anchors), statistics.median(loads)
     pair_ratios = [stopped / running for stopped, running in zip(anchors, loads, strict=True)]
     return {
@@ -248,6 +245,7 @@ def _measure(
         "pair_ratio_median": round(statistics.median(pair_ratios), 3),
         "anchor_drains_s": [round(drain, 2) for drain in anchors],
         "loaded_drains_s": [round(drain, 2) for drain in loads],
+        **(_reader_stopped(drains["reader_stopped"], loads) if reader_stopped else {}),
         "overview_p50_ms": _p(overview, 0.5),
         "overview_p99_ms": _p(overview, 0.99),
         "queue_p50_ms": _p(queue, 0.5),
@@ -383,6 +381,28 @@ def _processes(pid: int) -> dict[int, list[str]]:
         tree |= children
         added = bool(children)
     return {number: every[number] for number in tree if number in every}
+
+
+def _paused(condition: str, console: int, load: int, paused: list[list[float]]) -> AbstractContextManager:
+    """What a drain of ``condition`` runs beside: the console, its reader process and the pollers
+    stopped (their pauses appended to ``paused``); the reader process alone stopped, the console
+    serving its pages from the answers it has; or everything running."""
+    if condition == "stopped":
+        return _stopped([*_processes(console), load], paused)
+    if condition == "reader_stopped":
+        return _stopped([number for number in _processes(console) if _is_reader(number)], [])
+    return nullcontext()
+
+
+def _reader_stopped(drains: list[float], loads: list[float]) -> dict:
+    """The drains with the reader process alone stopped, and each against the running drain of its
+    round: what the reader's work costs the get, apart from serving the pages."""
+    ratios = [stopped / running for stopped, running in zip(drains, loads, strict=True)]
+    return {
+        "reader_stopped_drains_s": [round(drain, 2) for drain in drains],
+        "reader_stopped_ratios": [round(ratio, 3) for ratio in ratios],
+        "reader_stopped_ratio_median": round(statistics.median(ratios), 3),
+    }
 
 
 @contextmanager
