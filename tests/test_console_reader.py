@@ -19,7 +19,15 @@ import pytest
 from mqspark import MQError, QueueManager
 from mqspark.console.reader import NICE, Reader
 
-from .support.processes import free_port, marked_processes, nice_values, spawned_children, start_server, stop_server
+from .support.processes import (
+    free_port,
+    marked_processes,
+    nice_values,
+    scheduling_policies,
+    spawned_children,
+    start_server,
+    stop_server,
+)
 
 
 @pytest.fixture
@@ -52,8 +60,9 @@ def test_answers_are_read_in_another_process_whose_every_thread_has_the_lowest_p
     [pid] = _readers()
     assert pid != os.getpid()
     threads = list(Path(f"/proc/{pid}/task").iterdir())
-    assert (len(threads) > 1, nice_values(pid)) == (True, {NICE})
+    assert (len(threads) > 1, nice_values(pid), scheduling_policies(pid)) == (True, {NICE}, {os.SCHED_IDLE})
     assert os.getpriority(os.PRIO_PROCESS, 0) != NICE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE
 
 
 def test_a_killed_reader_process_is_replaced_and_the_read_answered(qm: QueueManager, reader: Reader) -> None:

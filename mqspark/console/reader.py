@@ -41,10 +41,21 @@ def renice(value: int) -> None:
         os.setpriority(os.PRIO_PROCESS, int(thread), value)
 
 
+def idle_policy() -> None:
+    """Put every thread of this process under Linux's ``SCHED_IDLE`` policy: on a busy CPU it gets
+    the smallest share (weight 3, nice 19's is 15), and a thread of another policy that wakes takes
+    the CPU from it at once, where at nice 19 it may first run out its slice. Threads started later
+    inherit it."""
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+
+
 def _start(roots: list[str]) -> None:
     global _managers
     threading.Thread(target=_end_with_parent, name="console-reader-parent", daemon=True).start()
     renice(NICE)
+    if hasattr(os, "SCHED_IDLE"):
+        idle_policy()
     _managers = Managers(roots)
 
 

@@ -67,6 +67,14 @@ def nice_values(pid: int) -> set[int]:
     }
 
 
+def scheduling_policies(pid: int) -> set[int]:
+    """The scheduling policies of process ``pid``'s threads (the 41st field of /proc/PID/task/TID/stat)."""
+    return {
+        int((thread / "stat").read_text().rpartition(")")[2].split()[38])
+        for thread in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
 def marked_processes(token: str) -> list[int]:
     """Live processes (the JVM's Python daemons included) started with MQSPARK_TEST_RUN=token."""
     marker = f"MQSPARK_TEST_RUN={token}".encode()
