@@ -36,9 +36,8 @@ def renice(value: int) -> None:
     """Give every thread of this process the nice value ``value``. Linux keeps a nice value per
     thread: every thread started so far is set, and those started later inherit it from the thread
     that starts them."""
-    threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
-    for thread in threads:
-        os.setpriority(os.PRIO_PROCESS, int(thread), value)
+    for thread in _threads():
+        os.setpriority(os.PRIO_PROCESS, thread, value)
 
 
 def idle_policy() -> None:
@@ -46,8 +45,13 @@ def idle_policy() -> None:
     the smallest share (weight 3, nice 19's is 15), and a thread of another policy that wakes takes
     the CPU from it at once, where at nice 19 it may first run out its slice. Threads started later
     inherit it."""
-    for thread in os.listdir("/proc/self/task"):
-        os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+    for thread in _threads():
+        os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _threads() -> list[int]:
+    """The ids of this process's threads so far (0, this thread, where /proc does not list them)."""
+    return [int(thread) for thread in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
 
 
 def _start(roots: list[str]) -> None:

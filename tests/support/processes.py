@@ -61,16 +61,19 @@ def spawned_children(parent: int) -> list[int]:
 
 def nice_values(pid: int) -> set[int]:
     """The nice values of process ``pid``'s threads (the 19th field of /proc/PID/task/TID/stat)."""
-    return {
-        int((thread / "stat").read_text().rpartition(")")[2].split()[16])
-        for thread in Path(f"/proc/{pid}/task").iterdir()
-    }
+    return _thread_fields(pid, 19)
 
 
 def scheduling_policies(pid: int) -> set[int]:
     """The scheduling policies of process ``pid``'s threads (the 41st field of /proc/PID/task/TID/stat)."""
+    return _thread_fields(pid, 41)
+
+
+def _thread_fields(pid: int, field: int) -> set[int]:
+    """The values of the ``field``-th field (counted from 1, as proc(5) does) of /proc/PID/task/TID/stat
+    over process ``pid``'s threads."""
     return {
-        int((thread / "stat").read_text().rpartition(")")[2].split()[38])
+        int((thread / "stat").read_text().rpartition(")")[2].split()[field - 3])
         for thread in Path(f"/proc/{pid}/task").iterdir()
     }
 
