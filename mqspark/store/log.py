@@ -18,17 +18,25 @@ from mqspark.errors import MQError
 from mqspark.store.filesystems import filesystem_of
 
 
-def add_versions(location: str, paths: list[str], newest: int) -> dict[str, int]:
+def add_versions(
+    location: str, paths: list[str], newest: int, known: tuple[int, dict[str, int]] | None = None
+) -> dict[str, int]:
     """The version of the commit that added each of ``paths``, read from the log entries from
     ``newest`` back to the last checkpoint, and further while a path is not found. Maintenance
     stamps every file it leaves behind before it cleans up log entries, so the files that need this
     were added since the last maintenance, whose entries are still there. Every entry read is
-    checked (see :func:`log_entry`), so a recent edit behind mqspark's back fails loudly."""
-    wanted = set(paths)
-    found: dict[str, int] = {}
+    checked (see :func:`log_entry`), so a recent edit behind mqspark's back fails loudly.
+
+    ``known`` (an older version of the same table and the versions found for its files) stands for
+    its entry and those before it: they were read and checked for it, and log entries never change,
+    so the entries after it and the last checkpoint are read (and further while a path is not found)."""
+    since, before = last_checkpoint(location), {}
+    if known is not None:
+        since, before = max(since, known[0]), known[1]
+    found = {path: before[path] for path in paths if path in before}
+    wanted = set(paths) - found.keys()
     version = newest
-    checkpoint = last_checkpoint(location)
-    while (wanted or version > checkpoint) and version >= 0:
+    while (wanted or version > since) and version >= 0:
         for path in log_entry(location, version).added:
             if path in wanted:
                 found[path] = version

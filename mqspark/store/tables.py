@@ -126,6 +126,9 @@ LIVE_FILES_BYTES = 16 * 1024 * 1024
 _live_files: cachetools.LRUCache = cachetools.LRUCache(
     LIVE_FILES_BYTES, getsizeof=lambda files: files.nbytes + 12 * 1024
 )
+# The key of the newest version of each table whose live files were kept: a newer version's read
+# takes the versions of the files it shares with it from there (see :func:`add_versions`).
+_newest_key: cachetools.LRUCache = cachetools.LRUCache(4096)
 _live_files_lock = threading.Lock()
 
 
@@ -144,19 +147,36 @@ def live_files(table: DeltaTable) -> pa.Table:
     key = (table.table_uri, version, log_stamp(table.table_uri, version))
     with _live_files_lock:
         files = _live_files.get(key) if key[2] is not None else None
+        known = _known_versions(table.table_uri, version) if files is None else None
     if files is None:
-        files = _read_live_files(table)
+        files = _read_live_files(table, known)
         if key[2] is not None:
             # A copy: the columns taken from the add actions are slices that keep the whole
             # snapshot's log data alive (about 0.4 MB a version, measured).
             files = files.take(pa.array(range(files.num_rows), pa.int64()))
             with _live_files_lock:
                 _live_files[key] = files
+                _newest_key[key[0]] = key
     return files
 
 
-def _read_live_files(table: DeltaTable) -> pa.Table:
-    """:func:`live_files`, from the table's add actions and log."""
+def _known_versions(uri: str, version: int) -> tuple[int, dict[str, int]] | None:
+    """The newest version of table ``uri`` before ``version`` whose live files are kept, with the
+    versions of those files, while its log entry is still the one they were read from (the table was
+    not made anew); None otherwise. Called under the lock."""
+    key = _newest_key.get(uri)
+    if key is None or key[1] >= version:
+        return None
+    files = _live_files.get(key)
+    if files is None or log_stamp(uri, key[1]) != key[2]:
+        return None
+    paths, versions = files["path"].to_pylist(), files["version"].to_pylist()
+    return key[1], {path: added for path, added in zip(paths, versions, strict=True) if added is not None}
+
+
+def _read_live_files(table: DeltaTable, known: tuple[int, dict[str, int]] | None = None) -> pa.Table:
+    """:func:`live_files`, from the table's add actions and its log: the entries after ``known``'s
+    version, when given (see :func:`add_versions`)."""
     actions = pa.table(table.get_add_actions(flatten=True))
     paths = actions["path"]
     rows = actions["num_records"]
@@ -166,7 +186,7 @@ def _read_live_files(table: DeltaTable) -> pa.Table:
 
     stamped = pc.fill_null(pc.equal(stat("null_count.commit_version", pa.int64()), 0), False)
     unstamped = paths.filter(pc.invert(stamped)).to_pylist()
-    found = add_versions(table.table_uri, unstamped, table.version())
+    found = add_versions(table.table_uri, unstamped, table.version(), known)
     versions = pa.array([found.get(path) for path in paths.to_pylist()], pa.int64())
     return pa.table(
         {

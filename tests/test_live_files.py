@@ -1,0 +1,35 @@
+"""The live files of a queue table's version, read from the log entries after the version read before."""
+
+from __future__ import annotations
+
+from mqspark import store
+from mqspark.store import log, tables
+
+
+def test_a_newer_versions_live_files_read_only_the_entries_after_the_version_kept(qm, monkeypatch):
+    qm.define_queue("Q")
+    location = store.queue_location(qm.root, "Q")
+    read: list[int] = []
+    entry = log.log_entry
+
+    def counted(where: str, version: int) -> log.LogEntry:
+        read.append(version)
+        return entry(where, version)
+
+    monkeypatch.setattr(log, "log_entry", counted)
+    for n in range(3):
+        qm.put("Q", [{"payload": f"m{n}".encode()}])
+    table = store.open_table(location, None)
+    first = table.version()
+    kept = store.live_files(table)
+    assert read == list(range(first, -1, -1))  # no checkpoint yet: back to the first entry
+
+    for n in range(2):
+        qm.put("Q", [{"payload": f"n{n}".encode()}])
+    table = store.open_table(location, None)
+    read.clear()
+    newer = store.live_files(table)
+    assert read == [first + 2, first + 1]
+    # What the versions found this way say is what reading the whole log says.
+    assert newer.to_pydict() == tables._read_live_files(table).to_pydict()
+    assert sorted(newer["version"].to_pylist()) == sorted([*kept["version"].to_pylist(), first + 1, first + 2])
