@@ -33,3 +33,28 @@ def test_a_newer_versions_live_files_read_only_the_entries_after_the_version_kep
     # What the versions found this way say is what reading the whole log says.
     assert newer.to_pydict() == tables._read_live_files(table).to_pydict()
     assert sorted(newer["version"].to_pylist()) == sorted([*kept["version"].to_pylist(), first + 1, first + 2])
+
+
+def test_a_queue_made_anew_reads_its_whole_log_not_the_versions_kept_for_the_one_before(qm, monkeypatch):
+    qm.define_queue("Q")
+    location = store.queue_location(qm.root, "Q")
+    for n in range(2):
+        qm.put("Q", [{"payload": f"old{n}".encode()}])
+    store.live_files(store.open_table(location, None))
+    qm.delete_queue("Q", purge=True)
+    qm.define_queue("Q")
+    for n in range(4):
+        qm.put("Q", [{"payload": f"new{n}".encode()}])
+    read: list[int] = []
+    entry = log.log_entry
+
+    def counted(where: str, version: int) -> log.LogEntry:
+        read.append(version)
+        return entry(where, version)
+
+    monkeypatch.setattr(log, "log_entry", counted)
+    table = store.open_table(location, None)
+    files = store.live_files(table)
+    # Every entry of the new table is read and checked, its first (which added no file) too.
+    assert read == list(range(table.version(), -1, -1))
+    assert files.to_pydict() == tables._read_live_files(table).to_pydict()

@@ -147,9 +147,10 @@ def live_files(table: DeltaTable) -> pa.Table:
     key = (table.table_uri, version, log_stamp(table.table_uri, version))
     with _live_files_lock:
         files = _live_files.get(key) if key[2] is not None else None
-        known = _known_versions(table.table_uri, version) if files is None else None
+        before = _newest_key.get(key[0]) if files is None else None
+        kept = _live_files.get(before) if before is not None and before[1] < version else None
     if files is None:
-        files = _read_live_files(table, known)
+        files = _read_live_files(table, _known_versions(before, kept))
         if key[2] is not None:
             # A copy: the columns taken from the add actions are slices that keep the whole
             # snapshot's log data alive (about 0.4 MB a version, measured).
@@ -160,15 +161,11 @@ def live_files(table: DeltaTable) -> pa.Table:
     return files
 
 
-def _known_versions(uri: str, version: int) -> tuple[int, dict[str, int]] | None:
-    """The newest version of table ``uri`` before ``version`` whose live files are kept, with the
-    versions of those files, while its log entry is still the one they were read from (the table was
-    not made anew); None otherwise. Called under the lock."""
-    key = _newest_key.get(uri)
-    if key is None or key[1] >= version:
-        return None
-    files = _live_files.get(key)
-    if files is None or log_stamp(uri, key[1]) != key[2]:
+def _known_versions(key: tuple[str, int, int] | None, files: pa.Table | None) -> tuple[int, dict[str, int]] | None:
+    """The version of ``key`` (an older version of the same table) and the versions of its live
+    ``files``, while its log entry is still the one they were read from (the table was not made
+    anew); None otherwise."""
+    if key is None or files is None or log_stamp(key[0], key[1]) != key[2]:
         return None
     paths, versions = files["path"].to_pylist(), files["version"].to_pylist()
     return key[1], {path: added for path, added in zip(paths, versions, strict=True) if added is not None}
