@@ -284,3 +284,45 @@ def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an
     qm.put("Q", [{"payload": b"third"}])
     assert [backlog(), backlog("b"), backlog("b")] == [(3, first_put), (3, first_put), (3, first_put)]
     assert counted == [None, "a", None, "a", None, "a", None, "b", None, "b"]
+
+
+def test_a_groups_backlog_asked_again_is_counted_again_only_after_a_commit_a_delay_or_parked_messages(qm, monkeypatch):
+    """A queue page asks each group's backlog again and again: the answer is kept while the table
+    version, the groups' records and the parked messages stay as they were and no message it counts
+    stopped being delayed or expired, and counted again after each of those."""
+    from mqspark.engine import queues
+    from mqspark.model.ranges import NO_RANGES, single_ranges
+
+    counted = []
+    group_backlog = queues.group_backlog
+
+    def counting(*args, **kwargs):
+        counted.append(args[2])
+        return group_backlog(*args, **kwargs)
+
+    monkeypatch.setattr(queues, "group_backlog", counting)
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "a")
+    now = datetime.now(UTC)
+    available = now + timedelta(hours=1)
+    qm.put("Q", [{"payload": b"first"}, {"payload": b"delayed", "available_at": available}])
+    state = qm.consumer_state("Q")
+
+    def claimable(at, parked=NO_RANGES):
+        found = qm.group_backlog("Q", state.all_groups(), at, "a", parked)
+        return found.count, found.claimable
+
+    assert [claimable(now), claimable(now + timedelta(minutes=1))] == [(2, 1), (2, 1)]
+    assert counted == [now]
+    assert claimable(available) == (2, 2)  # the delay ended: counted again
+    assert counted == [now, available]
+    assert claimable(now) == (2, 1)  # asked for a moment before the one counted for
+    assert claimable(available) == (2, 2)
+    assert counted == [now, available, now, available]
+    _, live = qm.live_messages("Q", [])
+    first = live.sort_by("row").slice(0, 1)  # parked after a failure
+    assert claimable(available, single_ranges(first)) == (2, 1)
+    assert len(counted) == 5
+    qm.get("Q", "a", max_messages=1)
+    assert claimable(available) == (1, 1)
+    assert len(counted) == 6

@@ -291,13 +291,15 @@ class GroupBacklog:
     """What waits for one consumer group at one moment: its waiting messages as merged
     ``origin``/``row``/``count`` ranges and their ``count``, CURDEPTH (``depth``), how many are
     ``claimable`` (neither delayed by ``available_at`` nor parked after a failure) and the put time of
-    the oldest claimable one."""
+    the oldest claimable one. ``until`` is the earliest moment still to come at which a message it
+    counts expires or stops being delayed, before which only a commit changes it (None: none)."""
 
     waiting: pa.Table
     count: int
     depth: int
     claimable: int
     oldest_claimable: datetime | None
+    until: datetime | None = None
 
 
 # What the claimable count and age need of the messages that file statistics do not describe.
@@ -324,6 +326,10 @@ def group_backlog(
     mine = _consumed(groups, consumer)
     others = _read_identities(table, files, np.flatnonzero(~described), _CLAIM_COLUMNS, reads)
     listed = pa.concat_tables(others) if others else _no_identities(_CLAIM_COLUMNS)
+    moments = pa.chunked_array(
+        [*listed["expiry"].cast(TIMESTAMP).chunks, *listed["available_at"].cast(TIMESTAMP).chunks], TIMESTAMP
+    )
+    to_come = moments.filter(pc.greater(moments, pa.scalar(now, TIMESTAMP)))
     listed_mine, listed_depth = waiting_and_depth(listed, groups, now, consumer)
     listed = listed.filter(pa.array(listed_mine))
     free = pc.invert(pc.fill_null(pc.greater(listed["available_at"], pa.scalar(now, TIMESTAMP)), False))
@@ -340,6 +346,7 @@ def group_backlog(
         depth=_count_ranges(ranges, _consumed(groups, None)) + listed_depth,
         claimable=int(pc.sum(claimable["count"]).as_py() or 0) + int(pc.sum(free).as_py() or 0),
         oldest_claimable=min((stamp for stamp in oldest if stamp is not None), default=None),
+        until=pc.min(to_come).as_py(),
     )
 
 

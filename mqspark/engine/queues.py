@@ -88,6 +88,10 @@ class Queues:
         # Each queue's (and group's) last oldest_waiting answer, with the table version and groups it
         # counted: pollers (a console, a monitor) ask again mostly before either changes.
         self._oldest: dict[tuple[str, str | None], tuple[tuple[int, int], GroupsSnapshot, OldestWaiting]] = {}
+        # Each group's last group_backlog answer, kept the same way, with the parked messages it counted.
+        self._backlogs: dict[
+            tuple[str, str], tuple[tuple[int, int], GroupsSnapshot, pa.Table, GroupBacklog, datetime]
+        ] = {}
 
     @property
     def name(self) -> str:
@@ -405,8 +409,26 @@ class Queues:
         :func:`mqspark.engine.depth.group_backlog`."""
         groups.require(queue, consumer)
         return self._with_snapshot(
-            queue, lambda table: group_backlog(table, groups, now, consumer, parked, self._file_reads)
+            queue, lambda table: self._group_backlog(queue, table, groups, now, consumer, parked)
         )
+
+    def _group_backlog(
+        self, queue: str, table: DeltaTable, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
+    ) -> GroupBacklog:
+        """:func:`group_backlog` on ``table``, the answer kept from before while the table version (and
+        its log entry's stamp), the groups snapshot and the parked messages stay as they were and no
+        message it counts expired or stopped being delayed between the moment it was counted for and
+        ``now``."""
+        stamp = self._tables[queue][1]
+        kept = self._backlogs.get((queue, consumer))
+        if kept is not None and kept[0] == (table.version(), stamp) and kept[1] is groups and kept[2].equals(parked):
+            answer, counted_at = kept[3], kept[4]
+            if counted_at <= now and (answer.until is None or now < answer.until):
+                return answer
+        answer = group_backlog(table, groups, now, consumer, parked, self._file_reads)
+        if stamp is not None:
+            self._backlogs[(queue, consumer)] = ((table.version(), stamp), groups, parked, answer, now)
+        return answer
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
         return count_waiting(table, self._groups(queue, consumer), datetime.now(UTC), consumer)
