@@ -24,6 +24,8 @@ from mqspark.model.ranges import (
     subtract_ranges,
 )
 
+from .support.calls import record_calls
+
 ORIGINS = ["1:0", "2:0", "10:3"]
 
 range_rows = st.lists(
@@ -116,14 +118,7 @@ def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_onl
         qm.put("Q", [{"payload": f"{put}-{n}".encode(), "expiry": expiry} for n in range(rng.randint(2, 6))])
     for consumer in ("a", "b", "c"):
         qm.declare_consumer("Q", consumer)
-    reads = []
-    read_messages = store.read_messages
-
-    def counted(*args, **kwargs):
-        reads.append(args[1])
-        return read_messages(*args, **kwargs)
-
-    monkeypatch.setattr(store, "read_messages", counted)
+    reads = record_calls(monkeypatch, store, "read_messages", 1)
     steps = []
     for step in range(6):
         qm.get("Q", "a", max_messages=rng.randint(1, 5))
@@ -249,14 +244,7 @@ def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an
         def now(cls, tz=None):
             return cls.at
 
-    counted = []
-    oldest_waiting = queues.oldest_waiting
-
-    def counting(*args, **kwargs):
-        counted.append(args[3])
-        return oldest_waiting(*args, **kwargs)
-
-    monkeypatch.setattr(queues, "oldest_waiting", counting)
+    counted = record_calls(monkeypatch, queues, "oldest_waiting", 3)
     monkeypatch.setattr(queues, "datetime", Clock)
     qm.define_queue("Q")
     qm.declare_consumer("Q", "a")
@@ -293,14 +281,7 @@ def test_a_groups_backlog_asked_again_is_counted_again_only_after_a_commit_a_del
     from mqspark.engine import queues
     from mqspark.model.ranges import NO_RANGES, single_ranges
 
-    counted = []
-    group_backlog = queues.group_backlog
-
-    def counting(*args, **kwargs):
-        counted.append(args[2])
-        return group_backlog(*args, **kwargs)
-
-    monkeypatch.setattr(queues, "group_backlog", counting)
+    counted = record_calls(monkeypatch, queues, "group_backlog", 2)
     qm.define_queue("Q")
     qm.declare_consumer("Q", "a")
     now = datetime.now(UTC)

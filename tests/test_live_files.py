@@ -5,18 +5,13 @@ from __future__ import annotations
 from mqspark import store
 from mqspark.store import log, tables
 
+from .support.calls import record_calls
+
 
 def test_a_newer_versions_live_files_read_only_the_entries_after_the_version_kept(qm, monkeypatch):
     qm.define_queue("Q")
     location = store.queue_location(qm.root, "Q")
-    read: list[int] = []
-    entry = log.log_entry
-
-    def counted(where: str, version: int) -> log.LogEntry:
-        read.append(version)
-        return entry(where, version)
-
-    monkeypatch.setattr(log, "log_entry", counted)
+    read = record_calls(monkeypatch, log, "log_entry", 1)
     for n in range(3):
         qm.put("Q", [{"payload": f"m{n}".encode()}])
     table = store.open_table(location, None)
@@ -45,14 +40,7 @@ def test_a_queue_made_anew_reads_its_whole_log_not_the_versions_kept_for_the_one
     qm.define_queue("Q")
     for n in range(4):
         qm.put("Q", [{"payload": f"new{n}".encode()}])
-    read: list[int] = []
-    entry = log.log_entry
-
-    def counted(where: str, version: int) -> log.LogEntry:
-        read.append(version)
-        return entry(where, version)
-
-    monkeypatch.setattr(log, "log_entry", counted)
+    read = record_calls(monkeypatch, log, "log_entry", 1)
     table = store.open_table(location, None)
     files = store.live_files(table)
     # Every entry of the new table is read and checked, its first (which added no file) too.

@@ -2,4 +2,4 @@
 S3 server), a Spark standalone cluster and the spark-submit job it runs, starting and killing
 drivers and servers, storage outages, sample queue contents, the service functions the forwarder
 tests run, the reference model of the spec's ordering, reading a streaming get's batches directly,
-and checks that an error changes nothing."""
+checks that an error changes nothing, and recording a function's calls."""
