@@ -21,7 +21,7 @@ import itertools
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -304,6 +304,34 @@ class GroupBacklog:
 
 # What the claimable count and age need of the messages that file statistics do not describe.
 _CLAIM_COLUMNS = ["put_time", "available_at"]
+
+
+_Answer = TypeVar("_Answer", OldestWaiting, GroupBacklog)
+
+
+@dataclass(frozen=True)
+class KeptAnswer(Generic[_Answer]):
+    """An answer counted on one version of a queue table (``version``: the version and its log
+    entry's stamp) for one :class:`GroupsSnapshot` (and, for a group's backlog, its ``parked``
+    messages) at the moment ``counted_at``. Pollers (a console, a monitor) ask again mostly before
+    any of these changes: the answer holds for any later moment before its ``until``."""
+
+    version: tuple[int, int]
+    groups: GroupsSnapshot
+    parked: pa.Table | None
+    counted_at: datetime
+    answer: _Answer
+
+    def holds(self, version: tuple[int, int], groups: GroupsSnapshot, parked: pa.Table | None, now: datetime) -> bool:
+        """Whether the answer is the one counting again would give for these and ``now``."""
+        same_parked = self.parked is None if parked is None else self.parked is not None and self.parked.equals(parked)
+        return (
+            self.version == version
+            and self.groups is groups
+            and same_parked
+            and self.counted_at <= now
+            and (self.answer.until is None or now < self.answer.until)
+        )
 
 
 def group_backlog(

@@ -29,6 +29,7 @@ from mqspark.engine.catalog import Catalog, CatalogState
 from mqspark.engine.consumer_groups import ConsumerState, GroupsSnapshot
 from mqspark.engine.depth import (
     GroupBacklog,
+    KeptAnswer,
     OldestWaiting,
     count_waiting,
     group_backlog,
@@ -54,6 +55,7 @@ PUT_ATTEMPTS = 100
 _READ_ATTEMPTS = 3
 
 _Read = TypeVar("_Read")
+_Answer = TypeVar("_Answer", OldestWaiting, GroupBacklog)
 
 # A put that leaves the queue table with this many data files runs maintenance, which compacts them:
 # a queue fed by many small puts keeps few files even when no consumer runs maintenance.
@@ -85,13 +87,9 @@ class Queues:
         self._file_reads: cachetools.LRUCache = cachetools.LRUCache(
             FILE_READS_BYTES, getsizeof=operator.attrgetter("nbytes")
         )
-        # Each queue's (and group's) last oldest_waiting answer, with the table version and groups it
-        # counted: pollers (a console, a monitor) ask again mostly before either changes.
-        self._oldest: dict[tuple[str, str | None], tuple[tuple[int, int], GroupsSnapshot, OldestWaiting]] = {}
-        # Each group's last group_backlog answer, kept the same way, with the parked messages it counted.
-        self._backlogs: dict[
-            tuple[str, str], tuple[tuple[int, int], GroupsSnapshot, pa.Table, GroupBacklog, datetime]
-        ] = {}
+        # Each queue's (and group's) last oldest_waiting answer and each group's last group_backlog
+        # answer, by kind, queue and group: see KeptAnswer.
+        self._kept: dict[tuple[str, str, str | None], KeptAnswer[Any]] = {}
 
     @property
     def name(self) -> str:
@@ -389,18 +387,16 @@ class Queues:
         return answer.count, answer.put_time
 
     def _oldest_waiting(self, queue: str, table: DeltaTable, consumer: str | None) -> OldestWaiting:
-        """:func:`oldest_waiting` on ``table``, the answer kept from before while the table version
-        (and its log entry's stamp), the groups snapshot and every message's expiry stay as they were."""
+        """:func:`oldest_waiting` on ``table``, or the answer kept from before while it holds."""
         groups, now = self._groups(queue, consumer), datetime.now(UTC)
-        stamp = self._tables[queue][1]
-        kept = self._oldest.get((queue, consumer))
-        if kept is not None and kept[0] == (table.version(), stamp) and kept[1] is groups:
-            if kept[2].until is None or now < kept[2].until:
-                return kept[2]
-        answer = oldest_waiting(table, groups, now, consumer, self._file_reads)
-        if stamp is not None:
-            self._oldest[(queue, consumer)] = ((table.version(), stamp), groups, answer)
-        return answer
+        return self._kept_or_counted(
+            ("oldest", queue, consumer),
+            table,
+            groups,
+            None,
+            now,
+            lambda: oldest_waiting(table, groups, now, consumer, self._file_reads),
+        )
 
     def group_backlog(
         self, queue: str, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
@@ -415,19 +411,34 @@ class Queues:
     def _group_backlog(
         self, queue: str, table: DeltaTable, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
     ) -> GroupBacklog:
-        """:func:`group_backlog` on ``table``, the answer kept from before while the table version (and
-        its log entry's stamp), the groups snapshot and the parked messages stay as they were and no
-        message it counts expired or stopped being delayed between the moment it was counted for and
-        ``now``."""
-        stamp = self._tables[queue][1]
-        kept = self._backlogs.get((queue, consumer))
-        if kept is not None and kept[0] == (table.version(), stamp) and kept[1] is groups and kept[2].equals(parked):
-            answer, counted_at = kept[3], kept[4]
-            if counted_at <= now and (answer.until is None or now < answer.until):
-                return answer
-        answer = group_backlog(table, groups, now, consumer, parked, self._file_reads)
+        """:func:`group_backlog` on ``table``, or the answer kept from before while it holds."""
+        return self._kept_or_counted(
+            ("backlog", queue, consumer),
+            table,
+            groups,
+            parked,
+            now,
+            lambda: group_backlog(table, groups, now, consumer, parked, self._file_reads),
+        )
+
+    def _kept_or_counted(
+        self,
+        key: tuple[str, str, str | None],
+        table: DeltaTable,
+        groups: GroupsSnapshot,
+        parked: pa.Table | None,
+        now: datetime,
+        count: Callable[[], _Answer],
+    ) -> _Answer:
+        """The answer kept under ``key`` while it holds for ``table`` (see :class:`KeptAnswer`), else
+        ``count()``, kept in its place when the table's log entry has a stamp."""
+        stamp = self._tables[key[1]][1]
+        kept = self._kept.get(key)
+        if stamp is not None and kept is not None and kept.holds((table.version(), stamp), groups, parked, now):
+            return kept.answer
+        answer = count()
         if stamp is not None:
-            self._backlogs[(queue, consumer)] = ((table.version(), stamp), groups, parked, answer, now)
+            self._kept[key] = KeptAnswer((table.version(), stamp), groups, parked, now, answer)
         return answer
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
