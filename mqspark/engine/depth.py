@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -332,6 +332,27 @@ class KeptAnswer(Generic[_Answer]):
             and self.counted_at <= now
             and (self.answer.until is None or now < self.answer.until)
         )
+
+
+def kept_or_counted(
+    kept: MutableMapping[tuple, KeptAnswer[Any]],
+    key: tuple,
+    version: tuple[int, int] | None,
+    groups: GroupsSnapshot,
+    parked: pa.Table | None,
+    now: datetime,
+    count: Callable[[], _Answer],
+) -> _Answer:
+    """The answer ``kept`` under ``key`` while it holds (see :meth:`KeptAnswer.holds`), else
+    ``count()``, kept in its place; nothing is kept without a ``version`` (its log entry's stamp
+    unknown)."""
+    held = kept.get(key)
+    if version is not None and held is not None and held.holds(version, groups, parked, now):
+        return held.answer
+    answer = count()
+    if version is not None:
+        kept[key] = KeptAnswer(version, groups, parked, now, answer)
+    return answer
 
 
 def group_backlog(

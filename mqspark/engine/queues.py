@@ -33,6 +33,7 @@ from mqspark.engine.depth import (
     OldestWaiting,
     count_waiting,
     group_backlog,
+    kept_or_counted,
     live_messages,
     oldest_waiting,
     waiting,
@@ -55,7 +56,6 @@ PUT_ATTEMPTS = 100
 _READ_ATTEMPTS = 3
 
 _Read = TypeVar("_Read")
-_Answer = TypeVar("_Answer", OldestWaiting, GroupBacklog)
 
 # A put that leaves the queue table with this many data files runs maintenance, which compacts them:
 # a queue fed by many small puts keeps few files even when no consumer runs maintenance.
@@ -389,9 +389,10 @@ class Queues:
     def _oldest_waiting(self, queue: str, table: DeltaTable, consumer: str | None) -> OldestWaiting:
         """:func:`oldest_waiting` on ``table``, or the answer kept from before while it holds."""
         groups, now = self._groups(queue, consumer), datetime.now(UTC)
-        return self._kept_or_counted(
+        return kept_or_counted(
+            self._kept,
             ("oldest", queue, consumer),
-            table,
+            self._kept_version(queue, table),
             groups,
             None,
             now,
@@ -412,34 +413,21 @@ class Queues:
         self, queue: str, table: DeltaTable, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
     ) -> GroupBacklog:
         """:func:`group_backlog` on ``table``, or the answer kept from before while it holds."""
-        return self._kept_or_counted(
+        return kept_or_counted(
+            self._kept,
             ("backlog", queue, consumer),
-            table,
+            self._kept_version(queue, table),
             groups,
             parked,
             now,
             lambda: group_backlog(table, groups, now, consumer, parked, self._file_reads),
         )
 
-    def _kept_or_counted(
-        self,
-        key: tuple[str, str, str | None],
-        table: DeltaTable,
-        groups: GroupsSnapshot,
-        parked: pa.Table | None,
-        now: datetime,
-        count: Callable[[], _Answer],
-    ) -> _Answer:
-        """The answer kept under ``key`` while it holds for ``table`` (see :class:`KeptAnswer`), else
-        ``count()``, kept in its place when the table's log entry has a stamp."""
-        stamp = self._tables[key[1]][1]
-        kept = self._kept.get(key)
-        if stamp is not None and kept is not None and kept.holds((table.version(), stamp), groups, parked, now):
-            return kept.answer
-        answer = count()
-        if stamp is not None:
-            self._kept[key] = KeptAnswer((table.version(), stamp), groups, parked, now, answer)
-        return answer
+    def _kept_version(self, queue: str, table: DeltaTable) -> tuple[int, int] | None:
+        """``table``'s version and its log entry's stamp, by which answers are kept; None when the
+        stamp is unknown (nothing is kept then)."""
+        stamp = self._tables[queue][1]
+        return None if stamp is None else (table.version(), stamp)
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
         return count_waiting(table, self._groups(queue, consumer), datetime.now(UTC), consumer)
