@@ -152,3 +152,27 @@ def test_inside_ready_only_an_answer_not_computed_yet_is_neither_computed_nor_wa
         assert kept.get(("other",), lambda: "new").value == "new"
     finally:
         kept.close()
+
+
+def test_while_the_machine_is_busy_an_answer_is_refreshed_only_every_busy_refresh_seconds() -> None:
+    busy = threading.Event()
+    busy.set()
+    kept = Snapshots(refresh=0.05, idle=60.0, busy=busy.is_set, busy_refresh=0.6)
+    try:
+        computed: list[float] = []
+
+        def compute() -> int:
+            computed.append(time.monotonic())
+            return len(computed)
+
+        kept.get(("k",), compute)
+        _wait_for(lambda: len(computed) >= 3)
+        busy.clear()
+        counted = len(computed)
+        _wait_for(lambda: len(computed) >= counted + 3)
+        gaps = [later - earlier for earlier, later in zip(computed, computed[1:], strict=False)]
+        # Busy: 0.6 s apart at least; then, as often as ``refresh`` says (well within 0.6 s).
+        assert min(gaps[:2]) >= 0.6, gaps
+        assert max(gaps[counted:]) < 0.6, gaps
+    finally:
+        kept.close()

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark.console.answers import json_value
+from mqspark.console.machine import MachineLoad
 from mqspark.console.managers import Managers
 from mqspark.console.reader import Reader
 from mqspark.console.snapshots import Dated, Snapshots
@@ -24,6 +25,8 @@ from mqspark.status import holds_failed_messages, payload_view
 # and RabbitMQ's management statistics interval; and how long one nobody asks for is kept.
 REFRESH_SECONDS = 5.0
 IDLE_SECONDS = 30.0
+# How often while the machine is busy with other work (a streaming get, say).
+BUSY_REFRESH_SECONDS = 30.0
 # Browse pages: the default and the largest number of messages per page.
 PAGE = 50
 MAX_PAGE = 500
@@ -73,7 +76,7 @@ class Reads:
     def __init__(self, managers: Managers) -> None:
         self.managers = managers
         self._reader = Reader(list(managers.roots.values()))
-        self._snapshots = Snapshots(REFRESH_SECONDS, IDLE_SECONDS)
+        self._snapshots = Snapshots(REFRESH_SECONDS, IDLE_SECONDS, MachineLoad().busy, BUSY_REFRESH_SECONDS)
 
     def _cached(self, answer: str, *args: Any) -> Dated[Any]:
         """The newest value of ``answer`` for ``args``, dated, computed by the reader process (see

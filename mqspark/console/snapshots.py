@@ -3,7 +3,10 @@ one background thread: a client is served the newest answer at once, and only th
 ask for one waits while it is computed. An answer is computed again every ``refresh`` seconds while
 clients keep asking for it, and dropped once none has asked for ``idle`` seconds. As RabbitMQ's
 management plugin does with its statistics interval, the console so costs the queue managers the
-same whether one client watches or fifty.
+same whether one client watches or fifty. While ``busy()`` says the machine is busy with other work
+(:class:`~mqspark.console.machine.MachineLoad`), an answer is computed again only every
+``busy_refresh`` seconds: on a busy machine the console's answers get older, not the queue
+managers' work slower.
 
 Inside :func:`ready_only`, an answer not computed yet is not waited for: :class:`NotReady` is raised
 instead, so that a page can be served on the event loop when its answers are ready, and in a thread
@@ -82,8 +85,11 @@ class Snapshots:
     """Answers by key, each computed by the callable first given with it (which must look up what
     it reads when called: it runs in the refresher's thread too)."""
 
-    def __init__(self, refresh: float, idle: float) -> None:
+    def __init__(
+        self, refresh: float, idle: float, busy: Callable[[], bool] = lambda: False, busy_refresh: float | None = None
+    ) -> None:
         self.refresh, self.idle = refresh, idle
+        self.busy, self.busy_refresh = busy, refresh if busy_refresh is None else busy_refresh
         self._answers: dict[tuple, _Answer] = {}
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -153,15 +159,17 @@ class Snapshots:
 
     def _next(self) -> tuple[tuple, _Answer] | None:
         """The next answer to compute, once one is due; None once closed."""
-        with self._changed:
-            while not self._closed:
-                due = self._due()
+        while True:
+            refresh = self.busy_refresh if self.busy() else self.refresh
+            with self._changed:
+                if self._closed:
+                    return None
+                due = self._due(refresh)
                 if due is not None:
                     return due
                 self._changed.wait(self.refresh / 4)
-            return None
 
-    def _due(self) -> tuple[tuple, _Answer] | None:
+    def _due(self, refresh: float) -> tuple[tuple, _Answer] | None:
         """The answer to compute next (the one computed longest ago, when that was ``refresh``
         seconds ago or more), after dropping the answers nobody asked for in ``idle`` seconds."""
         now = time.monotonic()
@@ -172,4 +180,4 @@ class Snapshots:
         if not ready:
             return None
         computed, key = min(ready, key=lambda item: item[0])
-        return (key, self._answers[key]) if now - computed >= self.refresh else None
+        return (key, self._answers[key]) if now - computed >= refresh else None
