@@ -29,6 +29,7 @@ import pyarrow as pa
 import mqspark
 from mqspark import MQError, QueueManager, Reason
 from mqspark.console.app import KEEP_ALIVE_SECONDS, SERVING_NICE
+from mqspark.console.machine import BUSY_SHARE, MachineLoad
 
 # Runs ``clients`` pollers for ``seconds``: each asks for the overview and then one queue's page,
 # once a second; writes each page kind's answers (seconds into the run, latency in ms), and the
@@ -187,11 +188,13 @@ def _measure(
         )
         memory: list[float] = []
         readers: set[int] = set()
-        sampling = threading.Thread(target=_sample_rss, args=(console.pid, load, memory, readers), daemon=True)
+        shares: list[float] = []
+        sampling = threading.Thread(target=_sample_rss, args=(console.pid, load, memory, readers, shares), daemon=True)
         sampling.start()
         paused: list[list[float]] = []  # the console's pauses: their start and end, epoch seconds
         conditions = ("stopped", "reader_stopped", "running") if reader_stopped else ("stopped", "running")
         drains: dict[str, list[float]] = {condition: [] for condition in conditions}
+        in_drains: list[list[float]] = []  # the serving and the reader processes' cores in each running drain
         # Spread over the run, past its start, where the console computes every page once.
         for n in range(pairs):
             time.sleep(max(0.0, started + seconds * (n + 1) / (pairs + 1) - time.monotonic()))
@@ -200,8 +203,12 @@ def _measure(
             _drain(spark, qm.root, root / f"warm{n}", f"warm{n}", messages)
             for condition in conditions[n % len(conditions) :] + conditions[: n % len(conditions)]:
                 with _paused(condition, console.pid, load.pid, paused):
+                    before = _cpu_by_part(console.pid)
                     drained = _drain(spark, qm.root, root / f"drain{n}-{condition}", f"{condition}{n}", messages)
+                    after = _cpu_by_part(console.pid)
                 drains[condition].append(drained)
+                if condition == "running":
+                    in_drains.append([(used - start) / drained for start, used in zip(before, after, strict=True)])
         load.wait()
         elapsed = time.monotonic() - started
         console_cores = (_cpu_s(console.pid) - cpu_at_start) / elapsed
@@ -256,6 +263,9 @@ def _measure(
         "failed": polled["failed"],
         "failures": polled["failures"],
         "console_cpu_cores": round(console_cores, 2),
+        # What the console used during the drains it ran beside (the run's average hides its bursts).
+        "serving_cores_in_drains": [round(serving, 2) for serving, _ in in_drains],
+        "reader_cores_in_drains": [round(reader, 2) for _, reader in in_drains],
         "clients_cpu_cores": round(polled["cpu_s"] / polled["seconds"], 2),
         "producer_cpu_cores": round(producer_cores, 2),
         "console_rss_mb_first": memory[0] if memory else None,
@@ -263,6 +273,7 @@ def _measure(
         "console_rss_mb_max": max(memory) if memory else None,
         "console_rss_mb_max_by_window": [max(part, default=None) for part in _parts(memory, windows)],
         "reader_processes": len(readers),
+        **_busy(shares[1:]),
     }
 
 
@@ -330,13 +341,16 @@ def _wait_answering(base: str) -> None:
         time.sleep(0.2)
 
 
-def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float], readers: set[int]) -> None:
-    """The console's RSS (MB) every 10 s into ``memory``, and its reader processes seen into
-    ``readers``, while the pollers run."""
+def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float], readers: set[int], shares: list[float]) -> None:
+    """The console's RSS (MB) every 10 s into ``memory``, its reader processes seen into
+    ``readers``, and the share of the CPUs the other processes used in those 10 s (as the console
+    measures it) into ``shares``, while the pollers run."""
+    others = MachineLoad(own=lambda: list(_processes(pid)))
     while load.poll() is None:
         processes = _processes(pid)
         memory.append(_rss_mb(processes))
         readers.update(number for number in processes if _is_reader(number))
+        shares.append(others.others_share())
         time.sleep(10)
 
 
@@ -358,6 +372,28 @@ def _cpu_s(pid: int) -> float:
         if number == pid:
             used += int(fields[13]) + int(fields[14])  # its ended children's, once waited for
     return used / os.sysconf("SC_CLK_TCK")
+
+
+def _busy(shares: list[float]) -> dict:
+    """How busy the other processes kept the machine, by 10 s (the first sample measures nothing):
+    the median share of the CPUs they used, and the part of the run the console counted as busy
+    (refreshing its answers less often)."""
+    if not shares:
+        return {}
+    return {
+        "others_cpu_share_median": round(statistics.median(shares), 2),
+        "machine_busy_part": round(sum(share >= BUSY_SHARE for share in shares) / len(shares), 3),
+    }
+
+
+def _cpu_by_part(pid: int) -> tuple[float, float]:
+    """The CPU time (user and system, seconds) used so far by the console's serving process ``pid``
+    and by its reader processes (those alive: a reader that ended takes its time with it)."""
+    processes = _processes(pid)
+    ticks = os.sysconf("SC_CLK_TCK")
+    serving = (int(processes[pid][11]) + int(processes[pid][12])) / ticks
+    readers = [fields for number, fields in processes.items() if _is_reader(number)]
+    return serving, sum(int(fields[11]) + int(fields[12]) for fields in readers) / ticks
 
 
 def _rss_mb(processes: dict[int, list[str]]) -> float:
