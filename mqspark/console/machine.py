@@ -2,8 +2,8 @@
 process but the console's own used over the last second, from Linux's ``/proc``.
 
 The console's answers can wait; the queue managers' work cannot. ``SCHED_IDLE`` keeps the reader
-process off a CPU another thread is ready to use, but a streaming get on two cores leaves a third of
-them idle between its steps, and the reader's work there still slowed it by 8-11% (see
+process off a CPU another thread is ready to use, but a streaming get on two cores leaves about a
+third of them idle between its steps, and work there still slowed it by 6-9% (see
 docs/architecture.md, the console's reader). So, as at(1)'s ``batch`` waits for the load to drop,
 the console refreshes its answers less often while the machine is busy (:mod:`.snapshots`)."""
 
