@@ -351,9 +351,11 @@ def _sample_rss(pid: int, load: subprocess.Popen, memory: list[float], readers: 
     """The console's RSS (MB) every 10 s into ``memory``, its reader processes seen into
     ``readers``, and the share of the CPUs the other processes used in those 10 s (as the console
     measures it) into ``shares``, while the pollers run."""
-    others = MachineLoad(own=lambda: list(_processes(pid)))
+    console: list[int] = []  # the console's processes, as this sample found them
+    others = MachineLoad(own=lambda: console)
     while load.poll() is None:
         processes = _processes(pid)
+        console[:] = processes
         memory.append(_rss_mb(processes))
         readers.update(number for number in processes if _is_reader(number))
         shares.append(others.others_share())
@@ -374,7 +376,7 @@ def _cpu_s(pid: int) -> float:
     reader process) have used, ended ones included."""
     used = 0.0
     for number, fields in _processes(pid).items():
-        used += int(fields[11]) + int(fields[12])
+        used += _ticks(fields)
         if number == pid:
             used += int(fields[13]) + int(fields[14])  # its ended children's, once waited for
     return used / os.sysconf("SC_CLK_TCK")
@@ -396,10 +398,13 @@ def _cpu_by_part(pid: int) -> tuple[float, float]:
     """The CPU time (user and system, seconds) used so far by the console's serving process ``pid``
     and by its reader processes (those alive: a reader that ended takes its time with it)."""
     processes = _processes(pid)
-    ticks = os.sysconf("SC_CLK_TCK")
-    serving = (int(processes[pid][11]) + int(processes[pid][12])) / ticks
-    readers = [fields for number, fields in processes.items() if _is_reader(number)]
-    return serving, sum(int(fields[11]) + int(fields[12]) for fields in readers) / ticks
+    readers = sum(_ticks(fields) for number, fields in processes.items() if _is_reader(number))
+    return _ticks(processes[pid]) / os.sysconf("SC_CLK_TCK"), readers / os.sysconf("SC_CLK_TCK")
+
+
+def _ticks(fields: list[str]) -> int:
+    """The ticks a process spent on a CPU (user and system), from its /proc stat fields."""
+    return int(fields[11]) + int(fields[12])
 
 
 def _rss_mb(processes: dict[int, list[str]]) -> float:

@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from mqspark.console.api import as_mq_error, error_response, message_filter, payload_option
-from mqspark.console.reads import PAGE, PREVIEW_BYTES, Reads, message_rows
+from mqspark.console.reads import BUSY_REFRESH_SECONDS, PAGE, PREVIEW_BYTES, REFRESH_SECONDS, Reads, message_rows
 from mqspark.console.security import CSRF_FIELD, SESSION_COOKIE, Security
 from mqspark.console.snapshots import NotReady, polled
 from mqspark.errors import MQError, MQValidationError
@@ -42,6 +42,7 @@ TEMPLATES = Environment(
 )
 TEMPLATES.filters["segment"] = segment
 TEMPLATES.filters["clock"] = clock
+TEMPLATES.globals.update(refresh_seconds=REFRESH_SECONDS, busy_refresh_seconds=BUSY_REFRESH_SECONDS)
 # The overview's columns a click sorts by.
 SORTS = ("qmgr", "name", "type", "depth", "oldest_age_s")
 Render = Callable[..., HTMLResponse]
