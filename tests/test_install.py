@@ -47,7 +47,7 @@ def _wheel(tmp_path: Path) -> Path:
     """The project's wheel, built from a copy of its package files."""
     source = tmp_path / "source"
     shutil.copytree(PROJECT / "mqspark", source / "mqspark", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(PROJECT / name, source / name)
     subprocess.run(
         [sys.executable, *PIP, "--quiet", "wheel", "--no-deps", "-w", str(tmp_path / "wheel"), str(source)],
