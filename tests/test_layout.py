@@ -37,8 +37,10 @@ def test_setup_py_prints_the_installed_version():
 
 
 def test_conf_holds_the_spark_settings_the_package_ships():
+    # conf/ is the copy a reader of the checkout edits; the package ships its own, so the two must agree.
     def files(folder: Path) -> dict[str, bytes]:
         return {path.name: path.read_bytes() for path in folder.iterdir()}
 
+    assert not (PROJECT / "conf").is_symlink()
     assert files(PROJECT / "conf") == files(PACKAGED_CONF)
     assert {"spark-defaults.conf", "log4j2.properties"} <= files(PACKAGED_CONF).keys()
