@@ -10,9 +10,8 @@ its own ``txn``. Only after every replica committed does the journal record the 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -61,8 +60,6 @@ class ClusterRoute:
     # The repository versions a one-off batch write routes with, read when it started: its tasks
     # must agree, and a streaming put's journal is not there to make them.
     versions: tuple[int, ...] = ()
-    # Names the producer of a one-off batch write (a streaming put is named by its query id).
-    write_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def request(self, queue: str, producer: str) -> RouteRequest:
         return RouteRequest(queue, self.from_qmgr, producer, self.bind, self.qmgr)
@@ -218,29 +215,61 @@ def _member_root(snapshots: Sequence[ClusterSnapshot], qmgr: str) -> str:
     raise MQError(f"queue manager {qmgr} is in no cluster snapshot", Reason.MQRC_CLUSTER_RESOLUTION_ERROR)
 
 
-def record_routing(
+@dataclass(frozen=True)
+class BatchRouting:
+    """How every task of one batch routed, merged and checked before any replica commit; the cluster
+    journals record it once every replica share is committed (:func:`record_routing`)."""
+
+    queue: str
+    producer: str
+    batch_id: int | None
+    versions: dict[str, int]
+    used: tuple[str, ...]
+    bindings: tuple[Binding, ...]
+    finished_groups: tuple[str, ...]
+
+
+def batch_routing(
     route: ClusterRoute, queue: str, producer: str, batch_id: int | None, records: Sequence[TaskRouting | None]
-) -> None:
-    """Record a batch's routing in each cluster journal, once every replica share has been committed."""
+) -> BatchRouting | None:
+    """Merge the tasks' routing of batch ``batch_id`` (None: a one-off write) by ``producer``, or None
+    when no task routed a row. Raises 2003 when the tasks disagree, before anything is committed."""
     routed = [record for record in records if record is not None]
     if not routed:
-        return
-    # Least recent first over the whole batch: a queue manager's last use is in the last task that used it.
-    used = list(dict.fromkeys(reversed([qmgr for record in routed for qmgr in record.used])))[::-1]
-    bindings = list(dict.fromkeys(binding for record in routed for binding in record.bindings))
-    finished = sorted({group for record in routed for group in record.finished_groups})
-    at = datetime.now(UTC)
+        return None
+    what = f"cluster queue {queue}: {'write' if batch_id is None else f'batch {batch_id}'} of producer {producer}"
+    versions = {}
     for root in route.repositories:
-        versions = {record.versions[root] for record in routed}
-        if len(versions) != 1:
+        seen = {record.versions[root] for record in routed}
+        if len(seen) != 1:
             raise MQError(
-                f"cluster queue {queue}: the tasks of batch {batch_id} of producer {producer} routed with "
-                f"different snapshots of {root} (versions {sorted(versions)}); the batch is backed out",
+                f"{what}: its tasks routed with different snapshots of {root} (versions {sorted(seen)}); "
+                "nothing was committed",
                 Reason.MQRC_BACKED_OUT,
             )
+        versions[root] = seen.pop()
+    bindings = tuple(dict.fromkeys(binding for record in routed for binding in record.bindings))
+    strangers = sorted({b.producer for b in bindings if (b.queue, b.producer) != (queue, producer)})
+    if strangers:
+        raise MQError(
+            f"{what}: its tasks made bindings for producers {', '.join(strangers)}; nothing was committed",
+            Reason.MQRC_BACKED_OUT,
+        )
+    # Least recent first over the whole batch: a queue manager's last use is in the last task that used it.
+    used = tuple(dict.fromkeys(reversed([qmgr for record in routed for qmgr in record.used])))[::-1]
+    finished = tuple(sorted({group for record in routed for group in record.finished_groups}))
+    return BatchRouting(queue, producer, batch_id, versions, used, bindings, finished)
+
+
+def record_routing(batch: BatchRouting) -> None:
+    """Record a batch's routing in each cluster journal, once every replica share has been committed."""
+    at = datetime.now(UTC)
+    for root, version in batch.versions.items():
         cluster = Cluster.open(root)
-        mine = [binding for binding in bindings if binding.cluster == cluster.name]
-        cluster.record_routing(producer, queue, batch_id, versions.pop(), used, mine, finished, at)
+        mine = [binding for binding in batch.bindings if binding.cluster == cluster.name]
+        cluster.record_routing(
+            batch.producer, batch.queue, batch.batch_id, version, batch.used, mine, batch.finished_groups, at
+        )
 
 
 def route(

@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 
 from mqspark import store
 from mqspark.engine.queues import before_targets
-from mqspark.errors import MQError
+from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
@@ -55,7 +55,8 @@ class SinkPlan:
     producer: str | None
     reconnect: Reconnect | None = None
     cluster: routing.ClusterRoute | None = None
-    # A batch write's own transaction id: with it, a commit in doubt after a reconnect is recognised.
+    # A one-off write's own id: the producer of its rows unless option producerId names one, and the
+    # transaction that recognises its commits in doubt after a reconnect.
     write_id: str = ""
 
     @classmethod
@@ -89,6 +90,11 @@ class SinkPlan:
     def reconnects(self) -> bool:
         """Whether a broken connection is retried (else it fails the write with 2009)."""
         return self.reconnect is not None and self.reconnect.mode in (ReconnectMode.YES, ReconnectMode.QMGR)
+
+    def producer_of(self, query: str | None) -> str:
+        """The one producer identity of this write's rows, from routing to the binding records: option
+        producerId, else the streaming query's id, else the one-off write's own."""
+        return self.producer or query or self.write_id
 
     def call(self, operation: Callable[[], _Result]) -> _Result:
         """``operation()`` under the write's reconnect policy."""
@@ -169,9 +175,7 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
     reconnect."""
     context = task_context()
     partition = context.partitionId()
-    producer = plan.producer or context.getLocalProperty("sql.streaming.queryId")
-    if producer is None and plan.cluster is not None:
-        producer = plan.cluster.write_id
+    producer = plan.producer_of(context.getLocalProperty("sql.streaming.queryId"))
     batch_id = context.getLocalProperty("streaming.sql.batchId")
     if not plan.reconnects() and plan.cluster is None:
         return plan.call(lambda: _write_task(plan, partition, producer, batch_id, batches))
@@ -180,7 +184,7 @@ def write_partition(plan: SinkPlan, batches: Iterator[pa.RecordBatch]) -> PutCom
 
 
 def _write_task(
-    plan: SinkPlan, partition: int, producer: str | None, batch_id: str | None, batches: Iterator[pa.RecordBatch]
+    plan: SinkPlan, partition: int, producer: str, batch_id: str | None, batches: Iterator[pa.RecordBatch]
 ) -> PutCommitMessage:
     first_seq = partition << PARTITION_SHIFT
     message = PutCommitMessage(producer)
@@ -192,7 +196,6 @@ def _write_task(
     rows = list(batches)
     if not rows:
         return message
-    assert producer is not None, "a routed put's producer is its query, or its write (write_partition)"
     routed = routing.route_task(
         plan.cluster,
         plan.queue,
@@ -210,69 +213,109 @@ def _write_task(
     return message
 
 
+@dataclass(frozen=True)
+class BatchCommit:
+    """What the driver commits for one batch: whose rows, under which Delta ``txn`` (producer,
+    batch), and the routing the cluster journals record after the replica commits."""
+
+    producer: str
+    batch_id: int | None
+    transaction: tuple[str, int] | None
+    routed: routing.BatchRouting | None
+
+    def describe(self) -> str:
+        what = "write" if self.batch_id is None else f"batch {self.batch_id}"
+        return f"{what} of producer {self.producer}"
+
+
 def commit_batch(plan: SinkPlan, messages: Sequence[PutCommitMessage | None], batch_id: int | None) -> None:
     """Commit every task's files, once per target queue, then record how the rows were routed (driver
-    side). A commit in doubt after a reconnect is resolved by its transaction: a batch write that
-    may reconnect gets one of its own."""
-    if batch_id is None and plan.reconnects():
-        plan.call(lambda: _commit_batch(plan, messages, 0, plan.write_id))
+    side). ``batch_id`` is a streaming micro-batch's, None for a one-off write. A commit in doubt after
+    a reconnect is resolved by its transaction: a one-off write that may reconnect gets one of its own."""
+    given = [message for message in messages if message is not None]
+    producer = plan.producer_of(given[0].producer if given else None)
+    if batch_id is not None:
+        transaction: tuple[str, int] | None = (producer, batch_id)
     else:
-        plan.call(lambda: _commit_batch(plan, messages, batch_id, None))
+        transaction = (plan.write_id, 0) if plan.reconnects() else None
+    routed = None
+    if plan.cluster is not None:
+        routed = routing.batch_routing(plan.cluster, plan.queue, producer, batch_id, [m.routing for m in given])
+    batch = BatchCommit(producer, batch_id, transaction, routed)
+    plan.call(lambda: _commit_batch(plan, given, batch))
 
 
-def _commit_batch(
-    plan: SinkPlan, given: Sequence[PutCommitMessage | None], batch_id: int | None, write_id: str | None
-) -> None:
+def _commit_batch(plan: SinkPlan, messages: list[PutCommitMessage], batch: BatchCommit) -> None:
     # With commitInfo's own timestamp this gives the driver-side commit time of every batch.
-    started_ms = int(time.time() * 1000)
-    messages = [message for message in given if message is not None]
+    metadata = {"mqspark.commit_started_ms": int(time.time() * 1000), "mqspark.producer": batch.producer}
     targets = sorted({target for message in messages for target in message.files})
-    producer = write_id or (
-        (plan.producer or (messages[0].producer if messages else None)) if batch_id is not None else None
-    )
+    landed: list[str] = []
     managers: dict[str, QueueManager] = {}
-    for target in targets:
-        root, queue = target
-        qm = managers.setdefault(root, QueueManager.open(root))
-        files = [file for message in messages for file in message.files.get(target, [])]
-        groups = pa.concat_tables(
-            [_from_ipc(message.groups[target]) for message in messages if target in message.groups]
-        )
-        try:
-            # Across tasks: a group may be spread over several of them.
-            check_group_items(queue, groups)
-        except MQError:
-            store.remove_data_files(store.queue_location(root, queue), files)
+    try:
+        for target in targets:
+            qm = managers.setdefault(target[0], QueueManager.open(target[0]))
+            where = f"queue {target[1]} of {qm.name}" if plan.cluster is not None else f"queue {target[1]}"
+            rows, version = _commit_target(qm, target, messages, batch.transaction, metadata)
+            landed.append(f"{where} ({rows} messages)")
+            if version is None:
+                _report(f"{where}: {batch.describe()} was committed before; skipped {rows} rows")
+            else:
+                _report(f"{where}: {batch.describe()} committed {rows} messages at version {version}")
+        if batch.routed is not None:
+            routing.record_routing(batch.routed)
+    except Exception as error:
+        if not landed:
             raise
-        before = sorted({name for message in messages for name in message.targets.get(target, [])})
-        version = qm.commit_put(
-            queue,
-            files,
-            groups.select(GROUP_COLUMNS),
-            before,
-            producer=producer,
-            batch_id=batch_id,
-            metadata={"mqspark.commit_started_ms": started_ms},
-        )
-        rows = sum(file.rows for file in files)
-        where = f"queue {queue} of {qm.name}" if plan.cluster is not None else f"queue {queue}"
-        if version is None:
-            _report(f"{where}: batch {batch_id} of producer {producer} was committed before; skipped {rows} rows")
-        else:
-            what = f"batch {batch_id} of producer {producer}" if batch_id is not None else "batch write"
-            _report(f"{where}: {what} committed {rows} messages at version {version}")
-    if plan.cluster is not None and messages:
-        routed_by = producer or messages[0].producer
-        assert routed_by is not None, "a routed put's tasks name their producer (write_partition)"
-        routing.record_routing(plan.cluster, plan.queue, routed_by, batch_id, [m.routing for m in messages])
+        raise _partly_committed(plan.queue, batch, error, landed) from error
+
+
+def _partly_committed(queue: str, batch: BatchCommit, error: Exception, landed: list[str]) -> MQError:
+    """One line for a batch that failed after some of its commits: the cause, then exactly what landed."""
+    reason = error.reason if isinstance(error, MQError) else Reason.MQRC_UNEXPECTED_ERROR
+    detail = error.detail if isinstance(error, MQError) else f"{type(error).__name__}: {error}"
+    journal = "" if batch.routed is None else "; its routing was not recorded"
+    return MQError(
+        f"put to queue {queue}, {batch.describe()}: {detail}; already committed: {', '.join(landed)}{journal}", reason
+    )
+
+
+def _commit_target(
+    qm: QueueManager,
+    target: Target,
+    messages: list[PutCommitMessage],
+    transaction: tuple[str, int] | None,
+    metadata: dict[str, object],
+) -> tuple[int, int | None]:
+    """Commit the tasks' files for one target queue: their rows, and the version (None: committed before)."""
+    root, queue = target
+    files = [file for message in messages for file in message.files.get(target, [])]
+    groups = pa.concat_tables([_from_ipc(message.groups[target]) for message in messages if target in message.groups])
+    try:
+        # Across tasks: a group may be spread over several of them.
+        check_group_items(queue, groups)
+    except MQError:
+        store.remove_data_files(store.queue_location(root, queue), files)
+        raise
+    before = sorted({name for message in messages for name in message.targets.get(target, [])})
+    producer, batch_id = transaction if transaction is not None else (None, None)
+    version = qm.commit_put(
+        queue, files, groups.select(GROUP_COLUMNS), before, producer=producer, batch_id=batch_id, metadata=metadata
+    )
+    return sum(file.rows for file in files), version
 
 
 def abort_batch(plan: SinkPlan, messages: Sequence[PutCommitMessage | None]) -> None:
-    """Delete the files of a failed batch; nothing of it was committed."""
+    """Delete the files of a failed batch that no commit took. A batch to several queues can fail
+    after some of them committed: their files stay, and the commit's error says which landed."""
+    shares: dict[Target, list[store.DataFile]] = {}
     for message in messages:
-        if message is not None:
-            for (root, queue), files in message.files.items():
-                store.remove_data_files(store.queue_location(root, queue), files)
+        for target, files in message.files.items() if message is not None else ():
+            shares.setdefault(target, []).extend(files)
+    for (root, queue), files in shares.items():
+        location = store.queue_location(root, queue)
+        table = store.open_table(location, store.options_for(location))
+        committed = set(store.live_paths(table)) if table is not None else set()
+        store.remove_data_files(location, [file for file in files if file.path not in committed])
 
 
 def _report(text: str) -> None:
