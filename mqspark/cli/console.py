@@ -47,3 +47,5 @@ def _console(args: argparse.Namespace) -> None:
         print(f"mqspark console: admin token {token}", file=sys.stderr, flush=True)
     print(f"mqspark console: serving {', '.join(roots)} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     serve(roots, args.host, args.port, args.admin, token, args.allowed_hosts)
+    # uvicorn ends on Ctrl-C by returning: the command ends as every interrupted command does.
+    raise KeyboardInterrupt

@@ -1,12 +1,13 @@
 """The ``mqspark`` command's entry points: :func:`main` parses the arguments, runs the function the
 command's parser names (its ``handler``), prints the result and turns errors into exit codes;
-:func:`entry` is the console script."""
+:func:`entry` is the console script, which also ends Ctrl-C and a closed stdout without a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import select
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -15,6 +16,11 @@ from mqspark.cli import cluster, console, messages, monitor, queues, services
 from mqspark.cli.parser import AddCommand, build_parser
 from mqspark.cli.render import render
 from mqspark.errors import MQError
+
+# Printed on stderr when Ctrl-C ends a command, which then exits like a shell's command killed by
+# SIGINT (128 + 2).
+INTERRUPTED = "mqspark: interrupted"
+INTERRUPTED_EXIT = 130
 
 # Every command, in the order ``mqspark --help`` lists them; each sets the handler that runs it.
 COMMANDS: tuple[AddCommand, ...] = (
@@ -73,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"mqspark: error: {aborted}", file=sys.stderr)
         return 2
     except (MQError, OSError, tomllib.TOMLDecodeError) as error:
+        if isinstance(error, BrokenPipeError) and _stdout_gone():
+            raise  # the reader went away (monitor | head): no error; entry ends the command quietly
         print(f"mqspark: error: {error}", file=sys.stderr)
         return 1
     finally:
@@ -82,8 +90,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stdout_gone() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll says so with POLLERR)."""
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
 def entry() -> None:
     """The console command: run :func:`main`, then leave without running interpreter shutdown.
+    Ctrl-C ends any command with one line, :data:`INTERRUPTED`, and exit code 130.
 
     delta-rs can abort the process at shutdown ("terminate called without an active exception",
     delta-io/delta-rs#2184) while its threads are torn down, turning a clean exit into SIGABRT.
@@ -92,6 +108,9 @@ def entry() -> None:
     try:
         code = main()
         sys.stdout.flush()
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        code = INTERRUPTED_EXIT
     except BrokenPipeError:
         # The reader stopped reading (``| head``): nothing more can be written, and nothing needs to be.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

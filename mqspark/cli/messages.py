@@ -18,6 +18,8 @@ from mqspark.model.messages import BROWSE_SCHEMA, DEAD_LETTER_FIELDS
 from mqspark.qmgr import QueueManager
 from mqspark.status import PAYLOAD_VIEWS, holds_failed_messages, payload_view
 
+# What put prints before it reads messages from a terminal.
+STDIN_NOTICE = "mqspark put: reading messages from standard input, one per line; end them with Ctrl-D"
 # The block consumer's prefetch for ``get --count``: Kafka's default max.poll.records.
 _COUNT_PREFETCH = 500
 _BROWSE_COLUMNS = ("msg_id", "priority", "group_id", "msg_seq_number", "offset", "correl_id", "put_time", "payload")
@@ -73,6 +75,9 @@ def _payloads(args: argparse.Namespace) -> list[str]:
     if args.file and args.file != "-":
         with open(args.file, encoding="utf-8") as handle:
             return handle.read().splitlines()
+    if sys.stdin.isatty():
+        # Else the command seems to hang, waiting for input nobody knew it wanted.
+        print(STDIN_NOTICE, file=sys.stderr, flush=True)
     return sys.stdin.read().splitlines()
 
 

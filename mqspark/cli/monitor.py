@@ -1,5 +1,6 @@
 """The ``mqspark monitor`` command: the OpenTP1 backlog monitor of a queue and consumer group, a line
-(or a JSON object) printed per point, and :class:`Aborted` for its abort verdict (exit code 2)."""
+(or a JSON object) printed per point until Ctrl-C or ``--points``, and :class:`Aborted` for its abort
+verdict (exit code 2)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,8 @@ def _monitor(args: argparse.Namespace) -> None:
     def show(point: Any) -> None:
         print(json.dumps(point.as_dict()) if args.json else point.line(), flush=True)
 
-    try:
-        last = monitor.run(args.points, show)
-    except KeyboardInterrupt:
-        return None
+    # Ctrl-C ends it as it ends every command (mqspark.cli.main.entry).
+    last = monitor.run(args.points, show)
     if last.verdict is Verdict.ABORT:
         raise Aborted(str(monitor.error))
     return None
