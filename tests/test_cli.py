@@ -308,7 +308,8 @@ def test_put_options_may_come_between_queue_and_payloads(qm):
     ]
 
 
-def test_apply_creates_then_alters_and_refuses_a_type_change(tmp_path):
+@pytest.mark.slow  # one mqspark process per step
+def test_apply_creates_then_alters_what_changed_and_refuses_a_type_change(tmp_path):
     root = tmp_path / "qm"
     first = ok_json(root, "apply", str(REPO_CONF))
     assert first == {
@@ -334,18 +335,33 @@ def test_apply_creates_then_alters_and_refuses_a_type_change(tmp_path):
     assert definitions["REPLIES"].delivery_sequence == "fifo"
     assert (definitions["ORDERS.ALIAS"].type, definitions["ORDERS.ALIAS"].target_queue) == ("alias", "ORDERS")
 
+    # An unchanged queue is not altered: the catalog gets no commit.
+    commits = sorted((root / "_qmgr" / "_delta_log").glob("*.json"))
     again = ok_json(root, "apply", str(REPO_CONF))
     assert again == {
         "queue_manager": "QM1",
         "root": str(root),
         "changes": [
-            {"queue": name, "action": "altered"} for name in ("ORDERS.BACKOUT", "REPLIES", "ORDERS", "ORDERS.ALIAS")
+            {"queue": name, "action": "unchanged"} for name in ("ORDERS.BACKOUT", "REPLIES", "ORDERS", "ORDERS.ALIAS")
         ],
     }
     assert {q.name: q for q in qm.queues()} == definitions
+    assert sorted((root / "_qmgr" / "_delta_log").glob("*.json")) == commits
+
+    text = REPO_CONF.read_text(encoding="utf-8")
+    deeper = tmp_path / "deeper.toml"
+    deeper.write_text(text.replace("max_depth = 100000", "max_depth = 200000"), encoding="utf-8")
+    assert ok_json(root, "apply", str(deeper))["changes"] == [
+        {"queue": "ORDERS.BACKOUT", "action": "unchanged"},
+        {"queue": "REPLIES", "action": "unchanged"},
+        {"queue": "ORDERS", "action": "altered"},
+        {"queue": "ORDERS.ALIAS", "action": "unchanged"},
+    ]
+    assert qm.inquire_queue("ORDERS").max_depth == 200000
+    ok(root, "apply", str(REPO_CONF))
+    definitions = {q.name: q for q in qm.queues()}
 
     retyped = tmp_path / "retyped.toml"
-    text = REPO_CONF.read_text(encoding="utf-8")
     assert text.count('type = "alias"') == 1
     retyped.write_text(text.replace('type = "alias"', 'type = "local"'), encoding="utf-8")
     assert fails(root, "apply", str(retyped)) == (

@@ -177,9 +177,12 @@ def _depth(args: argparse.Namespace) -> list[dict[str, Any]]:
 def add_apply(commands: Commands, output: argparse.ArgumentParser) -> None:
     """``apply``: create or update a queue manager from a TOML file."""
     apply = commands.add_parser(
-        "apply", parents=[output], help="create or update a queue manager from a TOML definition file"
+        "apply",
+        parents=[output],
+        help="create or update a queue manager from a TOML definition file; each queue is reported as "
+        "defined, altered or unchanged",
     )
-    apply.add_argument("file")
+    apply.add_argument("file", help="the TOML file (examples/queue-manager.toml is one)")
     apply.set_defaults(handler=_apply)
 
 
@@ -208,7 +211,9 @@ def _apply(args: argparse.Namespace) -> dict[str, Any]:
         return definition.type != "local", bool(definition.backout_queue or definition.error_queue)
 
     for queue, attributes in sorted(queues.items(), key=order):
-        if queue in existing:
+        if planned[queue] == existing.get(queue):
+            changes.append({"queue": queue, "action": "unchanged"})
+        elif queue in existing:
             attributes = {key: value for key, value in attributes.items() if key != "type"}
             qm.alter_queue(queue, **attributes)
             changes.append({"queue": queue, "action": "altered"})
