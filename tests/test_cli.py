@@ -446,10 +446,12 @@ def test_error_when_no_queue_manager_at_root(tmp_path):
     assert not root.exists()
 
 
-def test_a_root_that_is_a_file_is_refused_in_one_line(tmp_path):
+@pytest.mark.slow  # one mqspark process per command
+def test_a_root_that_is_a_file_is_refused_in_the_same_line_by_every_command(tmp_path):
     root = tmp_path / "notes.txt"
     root.write_text("not a queue manager")
-    assert fails(root, "qmgr", "create", "QM1") == f"mqspark: error: queue manager root {root} is a file, not a folder"
+    for command in (("qmgr", "create", "QM1"), ("queue", "list"), ("apply", str(REPO_CONF)), ("console",)):
+        assert fails(root, *command) == f"mqspark: error: --root {root} is a file, not a queue manager folder"
     assert root.read_text() == "not a queue manager"
 
 

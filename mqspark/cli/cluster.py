@@ -9,11 +9,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from mqspark.cli.parser import Commands, duration
+from mqspark.cli.parser import Commands, duration, open_root
 from mqspark.cluster.records import ROUTE_STATES
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.maintenance import DEFAULT_RETENTION
-from mqspark.qmgr import QueueManager
 
 
 def add_cluster(commands: Commands, output: argparse.ArgumentParser) -> None:
@@ -40,7 +39,13 @@ def add_cluster(commands: Commands, output: argparse.ArgumentParser) -> None:
     member.add_argument("--qmgr", metavar="QMGR", help="the member (default: the --root queue manager)")
 
     join = cluster.add_parser("join", parents=[output, which], help="the --root queue manager joins the cluster")
-    join.add_argument("--network-priority", type=int, default=0, metavar="0-9")
+    join.add_argument(
+        "--network-priority",
+        type=int,
+        default=0,
+        metavar="0-9",
+        help="0-9, routing prefers the members of highest priority (default 0)",
+    )
     join.set_defaults(handler=_join)
     cluster.add_parser(
         "leave", parents=[output, which, member], help="a member leaves, with its advertisements"
@@ -60,19 +65,36 @@ def add_cluster(commands: Commands, output: argparse.ArgumentParser) -> None:
     shown = show.add_mutually_exclusive_group()
     shown.add_argument("--queues", action="store_true", help="show the advertised queues")
     shown.add_argument("--bindings", action="store_true", help="show the bindings of producers and groups")
-    show.add_argument("--snapshot", type=int, metavar="VERSION", help="as at this version of the repository")
+    show.add_argument(
+        "--snapshot",
+        type=int,
+        metavar="VERSION",
+        help="as at this version number of the repository's table (default: the latest)",
+    )
     show.set_defaults(handler=_show)
     trim = cluster.add_parser(
         "maintain",
         parents=[output, which],
         help="trim the repository's history, keeping every snapshot a producer's replay may route with",
     )
-    trim.add_argument("--retention", type=duration, default=DEFAULT_RETENTION, help="as for maintain (default 1h)")
+    trim.add_argument(
+        "--retention",
+        type=duration,
+        default=DEFAULT_RETENTION,
+        help="keep the history this long: seconds, or a number with s, m, h or d (default 1h)",
+    )
     trim.set_defaults(handler=_maintain)
     refresh = cluster.add_parser(
         "refresh", parents=[output, which], help="health-check every member, then show the members"
     )
-    refresh.add_argument("--active-within", type=float, default=300.0, metavar="SECONDS", help="default: 300")
+    refresh.add_argument(
+        "--active-within",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="seconds: a member is running when a consumer group of a queue it advertises renewed its "
+        "lease this recently (default 300)",
+    )
     refresh.set_defaults(handler=_refresh)
 
 
@@ -90,7 +112,7 @@ def _add_member_actions(cluster: Commands, parents: list[argparse.ArgumentParser
     route_state.add_argument(
         "state", choices=[*ROUTE_STATES, "auto"], metavar="STATE", help=f"{', '.join(ROUTE_STATES)} or auto"
     )
-    route_state.add_argument("--by", help="who sets it (default: the operating-system user)")
+    route_state.add_argument("--by", help="who sets it, any text (default: the operating-system user)")
     route_state.set_defaults(handler=_route_state)
     priority = cluster.add_parser("priority", parents=parents, help="set a member's network priority (0-9)")
     priority.add_argument("network_priority", type=int, metavar="N")
@@ -106,12 +128,12 @@ def _open(args: argparse.Namespace) -> Cluster:
     """The cluster named by ``--cluster-root``, or by ``--cluster`` through the ``--root`` queue manager."""
     if args.cluster_root is not None:
         return Cluster.open(args.cluster_root)
-    return Cluster.open(QueueManager.open(args.root).cluster_repository(args.cluster))
+    return Cluster.open(open_root(args.root).cluster_repository(args.cluster))
 
 
 def _member(args: argparse.Namespace) -> str:
     """The member acted on: ``--qmgr``, or the ``--root`` queue manager."""
-    return args.qmgr or QueueManager.open(args.root).name
+    return args.qmgr or open_root(args.root).name
 
 
 def _rows(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -135,12 +157,12 @@ def _maintain(args: argparse.Namespace) -> dict[str, Any]:
 
 def _join(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _open(args)
-    return dataclasses.asdict(cluster.join(QueueManager.open(args.root), network_priority=args.network_priority))
+    return dataclasses.asdict(cluster.join(open_root(args.root), network_priority=args.network_priority))
 
 
 def _advertise(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _open(args)
-    return dataclasses.asdict(cluster.advertise(QueueManager.open(args.root), args.queue))
+    return dataclasses.asdict(cluster.advertise(open_root(args.root), args.queue))
 
 
 def _leave(args: argparse.Namespace) -> dict[str, Any]:

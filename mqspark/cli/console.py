@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from mqspark.cli.parser import Commands
+from mqspark.cli.parser import Commands, checked_root
 from mqspark.console.app import serve
 from mqspark.console.security import TOKEN_VARIABLE, new_token
 
@@ -18,12 +18,16 @@ def add_console(commands: Commands, output: argparse.ArgumentParser) -> None:
         "console", help="serve the operator console and the REST API (http://127.0.0.1:8080 by default)"
     )
     console.add_argument(
-        "--root", action="append", dest="roots", metavar="ROOT", help="a queue manager root to serve (repeatable)"
+        "--root",
+        action="append",
+        dest="roots",
+        metavar="ROOT",
+        help="a queue manager root to serve (repeatable; default: mqspark's --root, given before console)",
     )
     console.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
-    console.add_argument("--port", type=int, default=8080)
+    console.add_argument("--port", type=int, default=8080, help="TCP port to listen on, 1-65535 (default 8080)")
     console.add_argument(
         "--allowed-host",
         action="append",
@@ -40,7 +44,7 @@ def add_console(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _console(args: argparse.Namespace) -> None:
-    roots = args.roots or [args.root]
+    roots = [checked_root(root) for root in args.roots or [args.root]]
     token = args.token or os.environ.get(TOKEN_VARIABLE)
     if args.admin and not token:
         token = new_token()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from mqspark.cli.parser import Commands, duration, key_value
+from mqspark.cli.parser import Commands, duration, key_value, open_root
 from mqspark.engine.maintenance import DEFAULT_RETENTION
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQError, MQValidationError, Reason
@@ -33,21 +33,30 @@ def add_put(commands: Commands, output: argparse.ArgumentParser) -> None:
     put.add_argument("queue")
     put.add_argument("payloads", nargs="*", metavar="PAYLOAD")
     put.add_argument("--file", help="put one message per line of this file ('-' for stdin)")
-    put.add_argument("--priority", type=int)
-    put.add_argument("--correl-id")
-    put.add_argument("--reply-to-queue")
-    put.add_argument("--reply-to-qmgr")
+    put.add_argument("--priority", type=int, help="0-9, higher first (default: the queue's default_priority)")
+    put.add_argument("--correl-id", help="correlation id, any text (a reply carries the request's)")
+    put.add_argument("--reply-to-queue", help="the queue a reply goes to (a queue name)")
+    put.add_argument("--reply-to-qmgr", help="the queue manager of --reply-to-queue (a queue manager name)")
     put.add_argument("--failure-queue", help="where a forwarding service puts the request when it finally fails")
     put.add_argument("--group-id", help="put the messages as one complete group, numbered 1..N")
-    put.add_argument("--property", action="append", type=key_value, default=[], metavar="KEY=VALUE")
-    put.add_argument("--segmentation", action="store_true", help="split payloads longer than max_message_length")
+    put.add_argument(
+        "--property",
+        action="append",
+        type=key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a message property, text KEY=VALUE (repeatable)",
+    )
+    put.add_argument(
+        "--segmentation", action="store_true", help="split payloads longer than the queue's max_message_length (bytes)"
+    )
     put.add_argument("--top-of-queue", action="store_true", help="put ahead of every message of its priority")
     put.add_argument("--before-msg-id", help="put just before this message")
     put.set_defaults(handler=_put)
 
 
 def _put(args: argparse.Namespace) -> dict[str, Any]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     payloads = _payloads(args)
     common = {
         "priority": args.priority,
@@ -85,20 +94,25 @@ def add_browse(commands: Commands, output: argparse.ArgumentParser) -> None:
     """``browse``: messages shown, not removed."""
     browse = commands.add_parser("browse", parents=[output], help="show messages without removing them")
     browse.add_argument("queue")
-    browse.add_argument("--order", choices=ORDERS, default="logical")
+    browse.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="logical",
+        help="logical (default): the order gets take them, a group's messages together; physical: as stored",
+    )
     browse.add_argument("--all-messages-available", action="store_true", help="only complete groups")
     browse.add_argument("--complete-message", action="store_true", help="join segments into whole messages")
-    browse.add_argument("--msg-id")
-    browse.add_argument("--correl-id")
-    browse.add_argument("--group-id")
-    browse.add_argument("--msg-seq-number", type=int)
-    browse.add_argument("--limit", type=int)
+    browse.add_argument("--msg-id", help="only the message with this msg_id")
+    browse.add_argument("--correl-id", help="only messages with this correl_id")
+    browse.add_argument("--group-id", help="only the messages of this group")
+    browse.add_argument("--msg-seq-number", type=int, help="only this message of the --group-id group, numbered from 1")
+    browse.add_argument("--limit", type=int, help="at most this many messages (default: every one)")
     _add_payload_option(browse)
     browse.set_defaults(handler=_browse)
 
 
 def _browse(args: argparse.Namespace) -> pa.Table:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     options = DeliveryOptions(
         args.order,
         args.all_messages_available,
@@ -118,25 +132,27 @@ def add_get(commands: Commands, output: argparse.ArgumentParser) -> None:
     )
     get.add_argument("queue")
     get.add_argument("--consumer", default="default", help="consumer group (default: default)")
-    get.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a first message (default 0)")
+    get.add_argument(
+        "--wait", type=float, default=0.0, help="seconds to wait for a first message (default 0: do not wait)"
+    )
     how_many = get.add_mutually_exclusive_group()
     how_many.add_argument(
-        "--max", type=int, default=1, dest="max_messages", help="most messages to get in one get (default 1)"
+        "--max", type=int, default=1, dest="max_messages", help="most messages, 1 or more, in one get (default 1)"
     )
     how_many.add_argument(
         "--count",
         type=int,
-        help="get this many messages with the block consumer, waiting up to --wait seconds for each "
+        help="get this many messages (1 or more) with the block consumer, waiting up to --wait seconds for each "
         "(ends early when none comes)",
     )
-    get.add_argument("--correl-id")
-    get.add_argument("--msg-id")
+    get.add_argument("--correl-id", help="only a message with this correl_id")
+    get.add_argument("--msg-id", help="only the message with this msg_id")
     _add_payload_option(get)
     get.set_defaults(handler=_get)
 
 
 def _get(args: argparse.Namespace) -> pa.Table:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     if args.count is not None:
         table = _get_count(qm, args)
     else:
@@ -214,7 +230,7 @@ def add_maintain(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _maintain(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     names = [args.queue] if args.queue else [q.name for q in qm.queues() if q.type == "local"]
     return [qm.maintain(name, retention=args.retention).as_dict() for name in names]
 
@@ -229,7 +245,7 @@ def add_purge(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _purge(args: argparse.Namespace) -> dict[str, Any]:
-    return {"queue": args.queue, "purged": QueueManager.open(args.root).purge(args.queue)}
+    return {"queue": args.queue, "purged": open_root(args.root).purge(args.queue)}
 
 
 def add_redrive(commands: Commands, output: argparse.ArgumentParser) -> None:
@@ -243,12 +259,16 @@ def add_redrive(commands: Commands, output: argparse.ArgumentParser) -> None:
     redrive.add_argument("--msg-id", action="append", dest="msg_ids", help="only this msg_id (repeatable)")
     redrive.add_argument("--correl-id", action="append", dest="correl_ids", help="only this correl_id (repeatable)")
     redrive.add_argument(
-        "--reason", action="append", type=int, dest="reasons", help="only this dlq_reason (repeatable)"
+        "--reason",
+        action="append",
+        type=int,
+        dest="reasons",
+        help="only messages with this dlq_reason, a reason code such as 2362 (repeatable)",
     )
     redrive.set_defaults(handler=_redrive)
 
 
 def _redrive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     moved = qm.redrive(args.queue, msg_ids=args.msg_ids, correl_ids=args.correl_ids, reasons=args.reasons)
     return [{"queue": args.queue, "to": target, "messages": count} for target, count in moved.items()]

@@ -8,8 +8,7 @@ import argparse
 import json
 from typing import Any
 
-from mqspark.cli.parser import Commands, boolean
-from mqspark.qmgr import QueueManager
+from mqspark.cli.parser import Commands, boolean, open_root
 from mqspark.services.backlog_judge import Verdict
 from mqspark.services.monitor import Monitor
 
@@ -26,19 +25,34 @@ def add_monitor(commands: Commands, output: argparse.ArgumentParser) -> None:
         help="the OpenTP1 backlog monitor of a queue and consumer group: a line per point (JSON with "
         "--json); exit code 2 on an abort verdict",
     )
-    monitor.add_argument("--queue", required=True)
+    monitor.add_argument("--queue", required=True, help="the queue watched (a queue name)")
     monitor.add_argument("--consumer", default="default", help="consumer group (default: default)")
     monitor.add_argument("--watch-interval", type=float, required=True, help="seconds between points")
-    monitor.add_argument("--watch-count", type=int, required=True, help="backlog at which judging starts")
+    monitor.add_argument("--watch-count", type=int, required=True, help="backlog, in messages, at which judging starts")
     monitor.add_argument(
         "--expected-count", type=int, required=True, help="messages the group is expected to process per interval"
     )
-    monitor.add_argument("--abort", type=boolean, default=False, help="yes: stop the group's query on falling behind")
-    monitor.add_argument("--points", type=int, help="stop after this many points (default: run until interrupted)")
-    monitor.add_argument("--window", type=int, default=10, help="points the group's status is judged over")
-    monitor.add_argument("--depth-high", type=float, default=80.0, help="depth high event, %% of max_depth")
-    monitor.add_argument("--depth-low", type=float, default=20.0, help="depth low event, %% of max_depth")
-    monitor.add_argument("--service-interval", type=float, help="seconds without a get before that event")
+    monitor.add_argument(
+        "--abort",
+        type=boolean,
+        default=False,
+        help="yes or no (default no): yes stops the group's query on falling behind",
+    )
+    monitor.add_argument(
+        "--points", type=int, help="stop after this many points (default: run until interrupted with Ctrl-C)"
+    )
+    monitor.add_argument("--window", type=int, default=10, help="points the group's status is judged over (default 10)")
+    monitor.add_argument(
+        "--depth-high", type=float, default=80.0, help="depth high event, percent of max_depth (default 80)"
+    )
+    monitor.add_argument(
+        "--depth-low", type=float, default=20.0, help="depth low event, percent of max_depth (default 20)"
+    )
+    monitor.add_argument(
+        "--service-interval",
+        type=float,
+        help="seconds with nothing processed before the service interval event (default: no such event)",
+    )
     monitor.set_defaults(handler=_monitor)
 
 
@@ -46,7 +60,7 @@ def _monitor(args: argparse.Namespace) -> None:
     """A point every ``--watch-interval`` seconds, printed as it is taken; :class:`Aborted` on an
     abort verdict."""
     monitor = Monitor(
-        QueueManager.open(args.root),
+        open_root(args.root),
         args.queue,
         args.consumer,
         watch_interval=args.watch_interval,

@@ -8,9 +8,9 @@ import dataclasses
 import tomllib
 from typing import Any
 
-from mqspark.cli.parser import Commands, add_attribute_options
+from mqspark.cli.parser import Commands, add_attribute_options, checked_root, open_root
 from mqspark.errors import MQError
-from mqspark.model.definitions import ATTRIBUTE_NAMES, RECONNECT_MODES, QueueDefinition
+from mqspark.model.definitions import ATTRIBUTE_NAMES, MAX_DESCRIPTION_LENGTH, RECONNECT_MODES, QueueDefinition
 from mqspark.qmgr import QueueManager
 from mqspark.status import FAILURE_KEYS, HEALTH_KEYS, depths
 
@@ -25,26 +25,27 @@ def add_qmgr(commands: Commands, output: argparse.ArgumentParser) -> None:
     create.set_defaults(handler=_create_qmgr)
     qmgr.add_parser("show", parents=[output], help="show the queue manager").set_defaults(handler=_show_qmgr)
     alter = qmgr.add_parser("alter", parents=[output], help="alter the queue manager's attributes")
-    alter.add_argument("--description")
+    alter.add_argument("--description", help=f"text, up to {MAX_DESCRIPTION_LENGTH} characters")
     alter.add_argument(
         "--default-reconnect",
         choices=RECONNECT_MODES,
-        help="the reconnect mode of clients that give none; disabled overrides every client's (DefRecon)",
+        help=f"{', '.join(RECONNECT_MODES)}: the reconnect mode of clients that give none; disabled overrides "
+        "every client's (DefRecon)",
     )
     alter.set_defaults(handler=_alter_qmgr)
 
 
 def _create_qmgr(args: argparse.Namespace) -> dict[str, Any]:
-    qm = QueueManager.create(args.root, args.name)
+    qm = QueueManager.create(checked_root(args.root), args.name)
     return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue}
 
 
 def _show_qmgr(args: argparse.Namespace) -> dict[str, Any]:
-    return _qmgr_attributes(QueueManager.open(args.root))
+    return _qmgr_attributes(open_root(args.root))
 
 
 def _alter_qmgr(args: argparse.Namespace) -> dict[str, Any]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     given = {"description": args.description, "default_reconnect": args.default_reconnect}
     qm.alter_qmgr(**{name: value for name, value in given.items() if value is not None})
     return _qmgr_attributes(qm)
@@ -70,7 +71,7 @@ def add_queue(commands: Commands, output: argparse.ArgumentParser) -> None:
     for action, handler in (("define", _define_queue), ("alter", _alter_queue)):
         sub = queue.add_parser(action, parents=[output], help=f"{action} a queue")
         sub.add_argument("name")
-        add_attribute_options(sub)
+        add_attribute_options(sub, defined=action == "define")
         sub.set_defaults(handler=handler)
     show = queue.add_parser("show", parents=[output], help="show a queue's attributes")
     show.add_argument("name")
@@ -88,28 +89,28 @@ def _attributes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _define_queue(args: argparse.Namespace) -> dict[str, Any]:
-    return QueueManager.open(args.root).define_queue(args.name, **_attributes(args)).attributes()
+    return open_root(args.root).define_queue(args.name, **_attributes(args)).attributes()
 
 
 def _alter_queue(args: argparse.Namespace) -> dict[str, Any]:
-    return QueueManager.open(args.root).alter_queue(args.name, **_attributes(args)).attributes()
+    return open_root(args.root).alter_queue(args.name, **_attributes(args)).attributes()
 
 
 def _show_queue(args: argparse.Namespace) -> dict[str, Any]:
-    shown = QueueManager.open(args.root).inquire_queue(args.name)
+    shown = open_root(args.root).inquire_queue(args.name)
     # A cluster queue defined elsewhere shows its advertised attributes only.
     return shown.attributes() if isinstance(shown, QueueDefinition) else dataclasses.asdict(shown)
 
 
 def _list_queues(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     return [
         {"name": q.name, "type": q.type, "depth": qm.depth(q.name), "description": q.description} for q in qm.queues()
     ]
 
 
 def _delete_queue(args: argparse.Namespace) -> dict[str, Any]:
-    QueueManager.open(args.root).delete_queue(args.name, purge=args.purge)
+    open_root(args.root).delete_queue(args.name, purge=args.purge)
     return {"deleted": args.name}
 
 
@@ -132,19 +133,19 @@ def add_consumer(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _declare_consumer(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     qm.declare_consumer(args.queue, args.group)
     return _consumers(qm, args.queue)
 
 
 def _delete_consumer(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     qm.delete_consumer(args.queue, args.group)
     return _consumers(qm, args.queue)
 
 
 def _list_consumers(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return _consumers(QueueManager.open(args.root), args.queue)
+    return _consumers(open_root(args.root), args.queue)
 
 
 def _consumers(qm: QueueManager, queue: str) -> list[dict[str, Any]]:
@@ -163,7 +164,7 @@ def add_depth(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _depth(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = depths(QueueManager.open(args.root), args.queue)
+    rows = depths(open_root(args.root), args.queue)
     if args.json:
         return rows
     hidden: set[str] = set()
@@ -193,10 +194,11 @@ def _apply(args: argparse.Namespace) -> dict[str, Any]:
     name = document.get("queue_manager", {}).get("name")
     if not name:
         raise MQError(f"{path}: [queue_manager] name is missing")
+    root = checked_root(args.root)
     try:
-        qm = QueueManager.open(args.root)
+        qm = QueueManager.open(root)
     except MQError:
-        qm = QueueManager.create(args.root, name)
+        qm = QueueManager.create(root, name)
     if qm.name != name:
         raise MQError(f"{path}: the queue manager at {qm.root} is {qm.name}, not {name}")
     existing = {q.name: q for q in qm.queues()}

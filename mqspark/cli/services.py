@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from mqspark import jobs
-from mqspark.cli.parser import Commands
+from mqspark.cli.parser import Commands, open_root
 from mqspark.errors import MQValidationError
-from mqspark.qmgr import QueueManager
 from mqspark.services.instances import instances, switchover
 
 # Job files under mqspark/jobs, for spark-submit.
@@ -90,11 +89,11 @@ def add_instance(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _list_instances(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = QueueManager.open(args.root)
+    qm = open_root(args.root)
     timeout = timedelta(seconds=args.lease_timeout)
     return [info.as_dict() for info in instances(qm, args.queue, args.consumer, timeout)]
 
 
 def _switchover(args: argparse.Namespace) -> dict[str, Any]:
-    switchover(QueueManager.open(args.root), args.queue, args.consumer)
+    switchover(open_root(args.root), args.queue, args.consumer)
     return {"queue": args.queue, "consumer": args.consumer, "switchover": "requested"}
