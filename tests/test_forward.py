@@ -14,7 +14,8 @@ from chispa import assert_df_equality
 
 import mqspark
 from mqspark import MQError, MQValidationError, Reason
-from mqspark.engine.state_rows import STATE_SCHEMA, compact_rows
+from mqspark.engine.state_compaction import compact_rows
+from mqspark.engine.state_rows import STATE_SCHEMA
 
 from .support.service_functions import fails_on_bad, returns_a_number, slow_on_slow, upper
 

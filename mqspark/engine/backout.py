@@ -7,7 +7,7 @@ A delivery of a message to a consumer group fails in one of two ways:
   the batch itself succeeds, and the message is not consumed with it;
 - **implicitly**: the batch fails and Spark replays it (a rolled-back unit of work).
 
-Each failure is a row of the queue's state table (:mod:`mqspark.engine.consumer_groups`): ``backout`` for an
+Each failure is a row of the queue's state table (:mod:`mqspark.engine.state_rows`): ``backout`` for an
 explicit one, ``rollback`` for a replayed plan, with the plan it happened in. A message's
 ``backout_count`` for a group is the number of its failures. A failure **pinpoints** its message
 when it was explicit, or when the replayed plan delivered that message alone; a failed batch of many
@@ -73,8 +73,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.consumer_groups import ConsumerState, Stale
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.pending import lookup
+from mqspark.engine.state_commit import Stale
 from mqspark.engine.state_rows import STATE_SCHEMA, event_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter

@@ -13,7 +13,7 @@ get's recorded plan is its *claim* (owner ``get:<id>``): it holds its messages f
 of others: their messages, and every message of a group with an item claimed, wait (so a group is
 read by one get at a time, in logical order); ungrouped messages go to whichever get asks, higher
 priorities first. The claim commits at exactly the version after the look it was planned on, and
-only when no other plan was recorded meanwhile (:class:`~mqspark.engine.consumer_groups.Stale`
+only when no other plan was recorded meanwhile (:class:`~mqspark.engine.state_commit.Stale`
 otherwise: the get plans again). Its consumption commits only while the claim holds: a get whose
 lock passed is refused (2003), and the next get to plan takes its messages back, each counting one
 rolled-back delivery. Moves to the backout, error and dead-letter queues go one at a time per group
@@ -58,14 +58,15 @@ import pyarrow.compute as pc
 
 from mqspark import store
 from mqspark.engine.backout import RELEASED, check_error_text, failure_rows, plan_messages
-from mqspark.engine.consumer_groups import Claims, ConsumerState, Stale
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
-from mqspark.engine.leases import GET_OWNER
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.pending import PendingMessages
 from mqspark.engine.planner import Planner
 from mqspark.engine.queues import Queues
-from mqspark.engine.state_rows import consumed_rows, event_rows
+from mqspark.engine.state_commit import Stale
+from mqspark.engine.state_reads import Claims
+from mqspark.engine.state_rows import GET_OWNER, consumed_rows, event_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA

@@ -2,7 +2,7 @@
 they are delivered. The streaming get (:mod:`mqspark.spark.stream`) and the Python get
 (:mod:`mqspark.engine.get`) both plan with a :class:`Planner`.
 
-A planner holds the group's lease while it lives (renewed by a :class:`~mqspark.engine.consumer_groups.Heartbeat`)
+A planner holds the group's lease while it lives (renewed by a :class:`~mqspark.engine.heartbeat.Heartbeat`)
 and its pending messages (:mod:`mqspark.engine.pending`). A planning step:
 
 1. records the plan that ended as consumed (:meth:`Planner.consume`), without the messages backed

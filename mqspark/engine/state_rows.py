@@ -1,19 +1,60 @@
-"""The rows of a queue's state table: its schema, the rows each event records, and the compaction
-that folds a consumer group's consumed plans into ranges. :class:`ConsumerState` reads and commits
-them (see :mod:`mqspark.engine.consumer_groups` for the events).
+"""The rows of a queue's state table (``<root>/state/<queue>``): its schema, the events its rows
+record, the rows each event records, and what one group's rows say (its position, its claims, what
+it consumed). :class:`~mqspark.engine.consumer_groups.ConsumerState` reads and commits them.
+
+Rows, by ``event``:
+
+- ``plan``: the messages of a planned micro-batch as ranges: ``count`` messages of origin ``origin``
+  from row ``row`` on (a message's identity, see :func:`mqspark.model.messages.origins`), delivered as
+  ``delivery_seq``, ``delivery_seq`` + 1, ... (null: expired messages the batch discards).
+  Recorded before the batch runs, so a replay after a crash delivers the same messages.
+- ``consumed``: the plan ``plan_id`` has been processed; its messages are gone for the group.
+- ``checkpoint``: what compaction folded the group's consumed plans and finished moves into: ranges
+  of consumed messages, with the group's position (``seq``, next ``delivery_seq``) on every row
+  (null for a group that only moves messages, as redrive's does).
+- ``lease`` / ``release``: the query (``owner``) reading for the group, renewed while it runs.
+- ``declare``: the group was declared on the queue before it first read, so it counts already.
+- ``abort``: the backlog monitor stopped the group's reader (its ``reason`` and ``error`` text); a
+  query whose lease began before it fails at its next trigger (see :mod:`mqspark.services.monitor`).
+- ``switchover``: an administrator asked the group's active instance to hand over (``endmqm -s``):
+  a query whose lease began before it records its last micro-batch, releases the lease and plans
+  nothing more (see :mod:`mqspark.services.instances`).
+- ``backout`` / ``rollback``: a delivery of a message in plan ``plan_id`` failed, explicitly (given
+  back, with its ``error``) or because the plan's batch was replayed; see
+  :mod:`mqspark.engine.backout`. A backed-out message is not consumed with its plan.
+- ``return``: a later item of a backed-out message's group in the same plan, which goes back with
+  it (not a failure of its own); or, with ``batch_limit``, a message of a plan given up after its
+  replay failed too, delivered from then on in batches of at most ``batch_limit`` units.
+- ``reply`` / ``unreplied``: the forwarding service's record of the replies it puts for a range of
+  requests (``target`` queue, ``txn`` version in ``seq``), and its cancellation when that put did not land;
+  see :mod:`mqspark.services.forward`.
+- ``move``: messages that failed too often, on their way to queue ``target`` (the put's ``txn``
+  version in ``seq``, each message's backout count in ``delivery_seq``, the dead-letter ``reason``
+  and ``error`` text). A ``consumed`` record with the move's ``plan_id`` finishes it; an
+  ``abandoned`` one ends it with its messages left in place (the target refused them).
+- ``renew``: a Python get renewed its claim, plan ``plan_id`` (see :mod:`mqspark.engine.get`).
+
+A consumer group's depth is the queue's live messages minus its checkpoint, its consumed plans
+(without the messages backed out of them) and its finished moves.
+Plans never consumed are rolled back: their messages are delivered again. Compaction
+(:mod:`mqspark.engine.state_compaction`) rewrites the table to its compact form.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqspark.engine.leases import GET_OWNER
 from mqspark.model.messages import TIMESTAMP
-from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, in_ranges, merge_ranges, subtract_messages
+from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, subtract_messages
+
+# Owners of the Python get (:mod:`mqspark.engine.get`) are named with this prefix: their plans are
+# claims on messages, and they take no lease.
+GET_OWNER = "get:"
+# The events that say who holds a group's lease: the newest of them by time.
+LEASE_EVENTS = ("lease", "release")
 
 STATE_SCHEMA = pa.schema(
     [
@@ -82,82 +123,6 @@ def without_backouts(consumed: pa.Table, rows: pa.Table) -> pa.Table:
 def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table:
     """The record that plan ``plan_id`` (number ``seq``) of the group has been processed."""
     return event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq)
-
-
-def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
-    """The compact form of a state table's rows, per consumer group: one checkpoint of merged
-    ranges for everything consumed, finished moves included (and the group's position, if it
-    planned), the plans that may still run (those after the last consumed one, and Python gets'
-    claims with their renewals), and the newest lease, abort and switchover records. Rolled-back
-    plans are dropped.
-
-    ``forget`` marks merged ranges to leave out (messages no longer in the queue table). A group
-    whose every range goes keeps one checkpoint row without a range, for its position."""
-    pieces = []
-    for consumer in pc.unique(rows["consumer"]).to_pylist():
-        mine = rows.filter(pc.equal(rows["consumer"], consumer))
-        event = mine["event"]
-        consumed = pc.unique(mine.filter(pc.equal(event, "consumed"))["plan_id"])
-        plans = pc.equal(event, "plan")
-        folded = mine.filter(pc.or_(pc.equal(event, "checkpoint"), pc.and_(plans, pc.is_in(mine["plan_id"], consumed))))
-        moves = pc.equal(event, "move")
-        finished_moves = mine.filter(pc.and_(moves, pc.is_in(mine["plan_id"], consumed)))
-        # Failures, the batch limits of messages returned from a plan given up, and the forwarding
-        # service's reply records (see :mod:`mqspark.services.forward`).
-        failed = pc.or_(
-            pc.is_in(event, pa.array(["backout", "rollback", "reply", "unreplied"])),
-            pc.and_(pc.equal(event, "return"), pc.is_valid(mine["batch_limit"])),
-        )
-        position = pc.max(folded["seq"]).as_py()
-        ranges = None  # the merged ranges of the folded rows, when there are any
-        # A group that only moves messages (redrive) has finished moves and nothing else to fold.
-        if folded.num_rows or finished_moves.num_rows:
-            following = pc.if_else(
-                pc.equal(folded["event"], "plan"),
-                pc.add(folded["delivery_seq"], folded["count"]),
-                folded["delivery_seq"],
-            )
-            ranges = merge_ranges(
-                pa.concat_tables([without_backouts(folded, mine), finished_moves.select(RANGE_COLUMNS)])
-            )
-            if forget is not None:
-                ranges = ranges.filter(pc.invert(forget(ranges)))
-            if ranges.num_rows == 0:
-                ranges = pa.table({name: pa.nulls(1, STATE_SCHEMA.field(name).type) for name in RANGE_COLUMNS})
-            count = ranges.num_rows
-            given = {
-                "consumer": pa.repeat(consumer, count),
-                "owner": pa.repeat("", count),
-                "event": pa.repeat("checkpoint", count),
-                "seq": pa.repeat(pa.scalar(position, pa.int64()), count),
-                "delivery_seq": pa.repeat(pa.scalar(pc.max(following).as_py(), pa.int64()), count),
-                # The group's newest record time, so that compaction does not make an idle group look active.
-                "at": pa.repeat(pc.max(mine["at"]).cast(TIMESTAMP), count),
-                **{name: ranges[name] for name in RANGE_COLUMNS},
-            }
-            pieces.append(pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}))
-        waiting = pc.invert(pc.is_in(mine["plan_id"], consumed))
-        if position is not None:
-            # A Python get's claim stays until it is consumed or rolled back, whatever plans follow it.
-            waiting = pc.and_(waiting, pc.or_(pc.greater(mine["seq"], position), claims_of(mine)))
-        kept = mine.filter(pc.and_(plans, waiting))
-        pieces.append(kept)
-        renewals = mine.filter(pc.equal(event, "renew"))
-        pieces.append(renewals.filter(pc.is_in(renewals["plan_id"], kept["plan_id"])))
-        ended = pa.concat_arrays([consumed, pc.unique(mine.filter(pc.equal(event, "abandoned"))["plan_id"])])
-        pieces.append(mine.filter(pc.and_(moves, pc.invert(pc.is_in(mine["plan_id"], ended)))))
-        # Failures are kept while their message still waits for the group: they make its backout count.
-        failures = mine.filter(failed)
-        if ranges is not None and failures.num_rows:
-            consumed_all = in_ranges(failures["origin"], failures["row"], ranges, pc.fill_null(failures["count"], 1))
-            failures = failures.filter(pc.invert(consumed_all))
-        pieces.append(failures)
-        for kinds in (["lease", "release"], ["abort"], ["switchover"]):
-            latest = mine.filter(pc.is_in(event, pa.array(kinds)))
-            if latest.num_rows:
-                pieces.append(latest.take(pc.sort_indices(latest, [("at", "descending")])[:1]))
-        pieces.append(mine.filter(pc.equal(event, "declare")).slice(0, 1))
-    return pa.concat_tables([piece.cast(STATE_SCHEMA) for piece in pieces]) if pieces else STATE_SCHEMA.empty_table()
 
 
 def event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None, seq: int | None = None) -> pa.Table:
