@@ -31,7 +31,7 @@ from mqspark.engine.leases import Lease, Leases
 from mqspark.engine.state_commit import StateWriter
 from mqspark.engine.state_compaction import Compaction
 from mqspark.engine.state_reads import Claims, GroupsSnapshot, StateReads
-from mqspark.engine.state_rows import event_rows
+from mqspark.engine.state_rows import EventKind, event_rows
 from mqspark.engine.state_table import ATTEMPTS, DELETE_OPERATION, StateTable
 from mqspark.errors import MQError, Reason
 
@@ -101,7 +101,7 @@ class ConsumerState:
     def events(
         self,
         consumer: str,
-        events: tuple[str, ...] | None = None,
+        events: tuple[EventKind, ...] | None = None,
         columns: list[str] | None = None,
         plan_id: str | None = None,
         since: datetime | None = None,
@@ -176,7 +176,7 @@ class ConsumerState:
         """Make ``consumer`` a counted group of the queue before it first reads: the messages put from
         now on wait for it. A group that exists already is left as it is."""
         if consumer not in self.groups():
-            self.append(event_rows(consumer, "", "declare"))
+            self.append(event_rows(consumer, "", EventKind.DECLARE))
 
     def delete(self, consumer: str, timeout: timedelta) -> None:
         """Remove the group and everything recorded for it, which releases its messages. Refused

@@ -66,7 +66,7 @@ from mqspark.engine.planner import Planner
 from mqspark.engine.queues import Queues
 from mqspark.engine.state_commit import Stale
 from mqspark.engine.state_reads import Claims
-from mqspark.engine.state_rows import GET_OWNER, consumed_rows, event_rows
+from mqspark.engine.state_rows import GET_OWNER, EventKind, consumed_rows, event_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA
@@ -165,7 +165,9 @@ class Claim:
 
     def _renew_on(self, state: ConsumerState) -> None:
         planner = self.planner
-        state.append(event_rows(planner.consumer, planner.owner, "renew", self.plan_id, self.seq), self._held(state))
+        state.append(
+            event_rows(planner.consumer, planner.owner, EventKind.RENEW, self.plan_id, self.seq), self._held(state)
+        )
 
     @store.connected
     def commit(self) -> None:
@@ -177,7 +179,7 @@ class Claim:
         """Give the messages back as failed (MQBACK): each counts one failed delivery, with ``error``
         as its error, and the queue's retry and backout rules apply. Refused (2003) once the lock passed."""
         check_error_text(error, f"get from queue {self.planner.queue}: backout error")
-        self._end(self._ending([self._failures("backout", self._identities(), error)]))
+        self._end(self._ending([self._failures(EventKind.BACKOUT, self._identities(), error)]))
 
     def release(self) -> None:
         """Give the messages back unprocessed, at once, without counting a failed delivery."""
@@ -191,10 +193,10 @@ class Claim:
         identities = self._identities()
         rows = []
         if error is not None and processed < identities.num_rows:
-            rows.append(self._failures("backout", identities.slice(processed, 1), error))
+            rows.append(self._failures(EventKind.BACKOUT, identities.slice(processed, 1), error))
             processed += 1
         if processed < identities.num_rows:
-            rows.append(self._failures("return", identities.slice(processed), RELEASED))
+            rows.append(self._failures(EventKind.RETURN, identities.slice(processed), RELEASED))
         self._end(self._ending(rows))
 
     def acknowledgement(self) -> Settlement:
@@ -207,7 +209,7 @@ class Claim:
         identities = plan_messages(self.plan)
         return identities.take(pc.sort_indices(identities, [("delivery_seq", "ascending")])).select(["origin", "row"])
 
-    def _failures(self, event: str, identities: pa.Table, error: str) -> pa.Table:
+    def _failures(self, event: EventKind, identities: pa.Table, error: str) -> pa.Table:
         planner = self.planner
         return failure_rows(planner.consumer, planner.owner, event, self.plan_id, identities, error)
 
@@ -230,7 +232,7 @@ class Claim:
 
         def check() -> None:
             consumer = planner.consumer
-            if state.events(consumer, ("consumed",), ["event"], plan_id).num_rows:
+            if state.events(consumer, (EventKind.CONSUMED,), ["event"], plan_id).num_rows:
                 raise MQError(f"get from queue {planner.queue}: claim {plan_id} ended already", Reason.MQRC_BACKED_OUT)
             # A claim rolled back by another get, or whose lock passed, is not live.
             if plan_id not in state.claims(consumer, planner.lock).live["plan_id"].to_pylist():
@@ -432,7 +434,7 @@ def _unchanged(state: ConsumerState, planner: Planner, seq: int, rolled_back: li
         _refuse_while_a_query_reads(state, planner)
         if state.last_position(planner.consumer)[0] != seq:
             raise Stale(f"queue {planner.queue}: consumer group {planner.consumer!r} planned since")
-        ended = state.events(planner.consumer, ("consumed", "rollback"), ["plan_id"])["plan_id"]
+        ended = state.events(planner.consumer, (EventKind.CONSUMED, EventKind.ROLLBACK), ["plan_id"])["plan_id"]
         if pc.any(pc.is_in(ended, value_set=pa.array(rolled_back, pa.string()))).as_py():
             raise Stale(f"queue {planner.queue}: consumer group {planner.consumer!r}: a lapsed claim ended since")
 

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from mqspark.engine.state_commit import StateWriter
 from mqspark.engine.state_reads import StateReads
-from mqspark.engine.state_rows import GET_OWNER, LEASE_EVENTS, STATE_SCHEMA, event_rows
+from mqspark.engine.state_rows import GET_OWNER, LEASE_EVENTS, STATE_SCHEMA, EventKind, event_rows
 from mqspark.errors import MQError, Reason
 
 # How long a consumer group's lease lives without renewal, unless the query sets ``leaseTimeout``.
@@ -54,7 +54,7 @@ class _NotHeld(MQError):
 def _lease_row(consumer: str, owner: str, timeout: timedelta) -> pa.Table:
     """A lease record; its ``count`` is the holder's lease timeout in milliseconds, so a reader that
     does not know the holder's timeout (a Python get) can tell whether the lease lapsed."""
-    row = event_rows(consumer, owner, "lease")
+    row = event_rows(consumer, owner, EventKind.LEASE)
     index = STATE_SCHEMA.get_field_index("count")
     milliseconds = pa.array([timeout // timedelta(milliseconds=1)], pa.int64())
     return row.set_column(index, STATE_SCHEMA.field(index), milliseconds)
@@ -80,7 +80,7 @@ class Leases:
         owner, event, seen, recorded = (latest[name][0].as_py() for name in ("owner", "event", "at", "count"))
         if timeout is None:
             timeout = timedelta(milliseconds=recorded) if recorded is not None else DEFAULT_LEASE_TIMEOUT
-        if event == "release" or seen < (now or datetime.now(UTC)) - timeout:
+        if event == EventKind.RELEASE or seen < (now or datetime.now(UTC)) - timeout:
             return None
         return Lease(owner, seen)
 
@@ -157,6 +157,6 @@ class Leases:
         holder = self.lease(consumer, _FOREVER)
         if holder is not None and holder.owner == owner:
             try:
-                self._writer.commit(event_rows(consumer, owner, "release"), check)
+                self._writer.commit(event_rows(consumer, owner, EventKind.RELEASE), check)
             except _NotHeld:
                 pass

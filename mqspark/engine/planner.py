@@ -50,7 +50,7 @@ from mqspark.engine.ordering import HEAD, DeliveryOptions, deliver, join_segment
 from mqspark.engine.pending import PendingMessages, lookup
 from mqspark.engine.plans import admit, file_runs, keys_of, locate_plan, plan_ranges
 from mqspark.engine.queues import Queues
-from mqspark.engine.state_rows import STATE_SCHEMA, consumed_rows
+from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, consumed_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
@@ -200,14 +200,14 @@ class Planner:
 
     def stopped_by_monitor(self) -> MQError | None:
         """The backlog monitor's abort of this reader, when one was recorded after it took the lease."""
-        rows = self.state.events(self.consumer, ("abort",), ["reason", "error"], since=self.started)
+        rows = self.state.events(self.consumer, (EventKind.ABORT,), ["reason", "error"], since=self.started)
         if rows.num_rows == 0:
             return None
         return MQError(rows["error"][0].as_py(), Reason(rows["reason"][0].as_py()))
 
     def switchover_requested(self) -> bool:
         """Whether an administrator asked, after this reader took the lease, to hand the group over."""
-        return self.state.events(self.consumer, ("switchover",), ["at"], since=self.started).num_rows > 0
+        return self.state.events(self.consumer, (EventKind.SWITCHOVER,), ["at"], since=self.started).num_rows > 0
 
     def drop_unstarted_plans(self) -> None:
         """Forget the plans made but never started: their messages wait again."""
@@ -240,13 +240,15 @@ class Planner:
     def _backed_out(self, plan_id: str, keys: np.ndarray) -> np.ndarray:
         """The keys of the plan's messages that stay waiting: those backed out of it, and the later
         items of their message groups in the plan, which wait behind them (recorded as ``return``)."""
-        given_back = self.state.events(self.consumer, ("backout", "return"), ["event", "origin", "row"], plan_id)
+        given_back = self.state.events(
+            self.consumer, (EventKind.BACKOUT, EventKind.RETURN), ["event", "origin", "row"], plan_id
+        )
         if given_back.num_rows == 0:
             return np.zeros(0, dtype=np.int64)
         self.exhausted = False
         pending = self.pending
-        given_up = keys_of(pending, given_back.filter(pc.equal(given_back["event"], "return")))
-        failed = keys_of(pending, given_back.filter(pc.equal(given_back["event"], "backout")))
+        given_up = keys_of(pending, given_back.filter(pc.equal(given_back["event"], EventKind.RETURN)))
+        failed = keys_of(pending, given_back.filter(pc.equal(given_back["event"], EventKind.BACKOUT)))
         found, at = lookup(pending.keys(), keys)
         planned = pending.rows.take(pa.array(at[found]))
         planned_keys = keys[found]
@@ -271,7 +273,9 @@ class Planner:
                     "row": returned["row"],
                 }
             )
-            self.unrecorded.append(failure_rows(self.consumer, self.owner, "return", plan_id, identities, HELD_BEHIND))
+            self.unrecorded.append(
+                failure_rows(self.consumer, self.owner, EventKind.RETURN, plan_id, identities, HELD_BEHIND)
+            )
         return np.concatenate([failed, given_up, planned_keys[held]])
 
     def adopt(self, pending: PendingMessages) -> None:
@@ -317,7 +321,7 @@ class Planner:
         """Note a Python get's claim whose lock passed as rolled back, one failed delivery of each of
         its messages (recorded with the next state commit): they wait again."""
         messages = plan_messages(plan).select(["origin", "row"])
-        rows = failure_rows(self.consumer, self.owner, "rollback", plan_id, messages, LOCK_EXPIRED, seq=1)
+        rows = failure_rows(self.consumer, self.owner, EventKind.ROLLBACK, plan_id, messages, LOCK_EXPIRED, seq=1)
         self.unrecorded.append(rows)
 
     def plan(
@@ -468,12 +472,14 @@ class Planner:
             self.replayed[plan_id] = False
             return False
         consumer = self.consumer
-        replays = pc.max(self.state.events(consumer, ("rollback",), ["seq"], plan_id)["seq"]).as_py() or 0
-        rows = [failure_rows(consumer, self.owner, "rollback", plan_id, messages, ROLLED_BACK, seq=replays + 1)]
+        replays = pc.max(self.state.events(consumer, (EventKind.ROLLBACK,), ["seq"], plan_id)["seq"]).as_py() or 0
+        rows = [failure_rows(consumer, self.owner, EventKind.ROLLBACK, plan_id, messages, ROLLED_BACK, seq=replays + 1)]
         given_up = replays >= 1
         if given_up:
             limit = -(-messages.num_rows // ISOLATE_FACTOR)
-            rows.append(failure_rows(consumer, self.owner, "return", plan_id, messages, GIVEN_UP, batch_limit=limit))
+            rows.append(
+                failure_rows(consumer, self.owner, EventKind.RETURN, plan_id, messages, GIVEN_UP, batch_limit=limit)
+            )
         self.state.append(pa.concat_tables(rows))
         self.replayed[plan_id] = given_up
         return given_up
@@ -531,7 +537,7 @@ class Planner:
         the logical order when it was returned from a plan given up (None: no such limit)."""
         if candidates.num_rows == 0:
             return None
-        returned = self.state.events(self.consumer, ("return",), ["origin", "row", "batch_limit"])
+        returned = self.state.events(self.consumer, (EventKind.RETURN,), ["origin", "row", "batch_limit"])
         returned = returned.filter(pc.is_valid(returned["batch_limit"]))
         if returned.num_rows == 0:
             return None
@@ -547,7 +553,7 @@ class Planner:
         given = {
             "consumer": pa.repeat(self.consumer, rows),
             "owner": pa.repeat(self.owner, rows),
-            "event": pa.repeat("plan", rows),
+            "event": pa.repeat(EventKind.PLAN, rows),
             "plan_id": pa.repeat(plan_id, rows),
             "seq": pa.repeat(pa.scalar(seq, pa.int64()), rows),
             "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), rows),

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.state_rows import STATE_SCHEMA, claims_of, without_backouts
+from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, claims_of, without_backouts
 from mqspark.engine.state_table import COMPACT_EVERY, STATE_RETENTION, StateTable
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges
@@ -39,23 +39,25 @@ def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None =
     for consumer in pc.unique(rows["consumer"]).to_pylist():
         mine = rows.filter(pc.equal(rows["consumer"], consumer))
         event = mine["event"]
-        consumed = pc.unique(mine.filter(pc.equal(event, "consumed"))["plan_id"])
-        plans = pc.equal(event, "plan")
-        folded = mine.filter(pc.or_(pc.equal(event, "checkpoint"), pc.and_(plans, pc.is_in(mine["plan_id"], consumed))))
-        moves = pc.equal(event, "move")
+        consumed = pc.unique(mine.filter(pc.equal(event, EventKind.CONSUMED))["plan_id"])
+        plans = pc.equal(event, EventKind.PLAN)
+        folded = mine.filter(
+            pc.or_(pc.equal(event, EventKind.CHECKPOINT), pc.and_(plans, pc.is_in(mine["plan_id"], consumed)))
+        )
+        moves = pc.equal(event, EventKind.MOVE)
         finished_moves = mine.filter(pc.and_(moves, pc.is_in(mine["plan_id"], consumed)))
         # Failures, the batch limits of messages returned from a plan given up, and the forwarding
         # service's reply records (see :mod:`mqspark.services.forward`).
         failed = pc.or_(
-            pc.is_in(event, pa.array(["backout", "rollback", "reply", "unreplied"])),
-            pc.and_(pc.equal(event, "return"), pc.is_valid(mine["batch_limit"])),
+            pc.is_in(event, pa.array([EventKind.BACKOUT, EventKind.ROLLBACK, EventKind.REPLY, EventKind.UNREPLIED])),
+            pc.and_(pc.equal(event, EventKind.RETURN), pc.is_valid(mine["batch_limit"])),
         )
         position = pc.max(folded["seq"]).as_py()
         ranges = None  # the merged ranges of the folded rows, when there are any
         # A group that only moves messages (redrive) has finished moves and nothing else to fold.
         if folded.num_rows or finished_moves.num_rows:
             following = pc.if_else(
-                pc.equal(folded["event"], "plan"),
+                pc.equal(folded["event"], EventKind.PLAN),
                 pc.add(folded["delivery_seq"], folded["count"]),
                 folded["delivery_seq"],
             )
@@ -70,7 +72,7 @@ def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None =
             given = {
                 "consumer": pa.repeat(consumer, count),
                 "owner": pa.repeat("", count),
-                "event": pa.repeat("checkpoint", count),
+                "event": pa.repeat(EventKind.CHECKPOINT, count),
                 "seq": pa.repeat(pa.scalar(position, pa.int64()), count),
                 "delivery_seq": pa.repeat(pa.scalar(pc.max(following).as_py(), pa.int64()), count),
                 # The group's newest record time, so that compaction does not make an idle group look active.
@@ -84,9 +86,9 @@ def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None =
             waiting = pc.and_(waiting, pc.or_(pc.greater(mine["seq"], position), claims_of(mine)))
         kept = mine.filter(pc.and_(plans, waiting))
         pieces.append(kept)
-        renewals = mine.filter(pc.equal(event, "renew"))
+        renewals = mine.filter(pc.equal(event, EventKind.RENEW))
         pieces.append(renewals.filter(pc.is_in(renewals["plan_id"], kept["plan_id"])))
-        ended = pa.concat_arrays([consumed, pc.unique(mine.filter(pc.equal(event, "abandoned"))["plan_id"])])
+        ended = pa.concat_arrays([consumed, pc.unique(mine.filter(pc.equal(event, EventKind.ABANDONED))["plan_id"])])
         pieces.append(mine.filter(pc.and_(moves, pc.invert(pc.is_in(mine["plan_id"], ended)))))
         # Failures are kept while their message still waits for the group: they make its backout count.
         failures = mine.filter(failed)
@@ -94,11 +96,11 @@ def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None =
             consumed_all = in_ranges(failures["origin"], failures["row"], ranges, pc.fill_null(failures["count"], 1))
             failures = failures.filter(pc.invert(consumed_all))
         pieces.append(failures)
-        for kinds in (["lease", "release"], ["abort"], ["switchover"]):
+        for kinds in ([EventKind.LEASE, EventKind.RELEASE], [EventKind.ABORT], [EventKind.SWITCHOVER]):
             latest = mine.filter(pc.is_in(event, pa.array(kinds)))
             if latest.num_rows:
                 pieces.append(latest.take(pc.sort_indices(latest, [("at", "descending")])[:1]))
-        pieces.append(mine.filter(pc.equal(event, "declare")).slice(0, 1))
+        pieces.append(mine.filter(pc.equal(event, EventKind.DECLARE)).slice(0, 1))
     return pa.concat_tables([piece.cast(STATE_SCHEMA) for piece in pieces]) if pieces else STATE_SCHEMA.empty_table()
 
 

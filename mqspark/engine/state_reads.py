@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqspark.engine.state_rows import GET_OWNER, STATE_SCHEMA, claims_of, consumed_of, position_of
+from mqspark.engine.state_rows import GET_OWNER, STATE_SCHEMA, EventKind, claims_of, consumed_of, position_of
 from mqspark.engine.state_table import StateTable
 from mqspark.errors import MQError, Reason
 from mqspark.model.messages import TIMESTAMP
@@ -59,7 +59,7 @@ class StateReads:
     def events(
         self,
         consumer: str,
-        events: tuple[str, ...] | None = None,
+        events: tuple[EventKind, ...] | None = None,
         columns: list[str] | None = None,
         plan_id: str | None = None,
         since: datetime | None = None,
@@ -94,12 +94,24 @@ class StateReads:
         }
 
     def consumed_plans(self, consumer: str) -> pa.Array:
-        ids = self.events(consumer, ("consumed",), ["plan_id"])["plan_id"]
+        ids = self.events(consumer, (EventKind.CONSUMED,), ["plan_id"])["plan_id"]
         return pc.unique(ids.combine_chunks() if ids.num_chunks else pa.array([], pa.string()))
 
     def consumed_ranges(self, consumer: str) -> pa.Table:
         """``origin``, ``row`` and ``count`` of the messages the group has consumed or discarded."""
-        return consumed_of(self.events(consumer, ("plan", "checkpoint", "consumed", "move", "backout", "return")))
+        return consumed_of(
+            self.events(
+                consumer,
+                (
+                    EventKind.PLAN,
+                    EventKind.CHECKPOINT,
+                    EventKind.CONSUMED,
+                    EventKind.MOVE,
+                    EventKind.BACKOUT,
+                    EventKind.RETURN,
+                ),
+            )
+        )
 
     def all_groups(self) -> GroupsSnapshot:
         """Every counted group's consumed messages, and the messages of plans not yet consumed (which a
@@ -115,22 +127,22 @@ class StateReads:
         for group in groups:
             mine = rows.filter(pc.equal(rows["consumer"], group))
             event = mine["event"]
-            done = mine.filter(pc.is_in(event, pa.array(["consumed", "checkpoint"])))
-            abandoned = mine.filter(pc.equal(event, "abandoned"))["plan_id"]
+            done = mine.filter(pc.is_in(event, pa.array([EventKind.CONSUMED, EventKind.CHECKPOINT])))
+            abandoned = mine.filter(pc.equal(event, EventKind.ABANDONED))["plan_id"]
             position = pc.max(done["seq"]).as_py()
-            waiting = pc.and_(pc.equal(event, "plan"), pc.invert(pc.is_in(mine["plan_id"], done["plan_id"])))
+            waiting = pc.and_(pc.equal(event, EventKind.PLAN), pc.invert(pc.is_in(mine["plan_id"], done["plan_id"])))
             if position is not None:
                 # A Python get's claim holds its messages until it is consumed or rolled back.
                 waiting = pc.and_(waiting, pc.or_(pc.greater(mine["seq"], position), claims_of(mine)))
             ended = pa.concat_arrays([done["plan_id"].combine_chunks(), abandoned.combine_chunks()])
-            moving = pc.and_(pc.equal(event, "move"), pc.invert(pc.is_in(mine["plan_id"], ended)))
+            moving = pc.and_(pc.equal(event, EventKind.MOVE), pc.invert(pc.is_in(mine["plan_id"], ended)))
             in_flight.append(mine.filter(pc.or_(waiting, moving)).select(RANGE_COLUMNS))
         in_flight = pa.concat_tables(in_flight) if in_flight else STATE_SCHEMA.empty_table().select(RANGE_COLUMNS)
         return GroupsSnapshot(groups, consumed, in_flight)
 
     def plan(self, consumer: str, plan_id: str) -> pa.Table:
         """The ranges of one recorded plan (a duplicate recording of the same plan counts once)."""
-        rows = self.events(consumer, ("plan",), plan_id=plan_id)
+        rows = self.events(consumer, (EventKind.PLAN,), plan_id=plan_id)
         return (
             rows.select([*RANGE_COLUMNS, "delivery_seq", "partition"])
             .group_by(KEY_COLUMNS, use_threads=False)
@@ -140,30 +152,36 @@ class StateReads:
 
     def last_position(self, consumer: str) -> tuple[int, int]:
         """The group's last plan sequence number and the next ``delivery_seq`` (0, 0 for a new group)."""
-        return position_of(self.events(consumer, ("plan", "checkpoint"), ["event", "seq", "count", "delivery_seq"]))
+        return position_of(
+            self.events(consumer, (EventKind.PLAN, EventKind.CHECKPOINT), ["event", "seq", "count", "delivery_seq"])
+        )
 
     def consumed_position(self, consumer: str) -> tuple[int, int]:
         """Like :meth:`last_position`, counting only the plans that were consumed."""
         rows = self.events(
-            consumer, ("plan", "checkpoint", "consumed"), ["event", "plan_id", "seq", "count", "delivery_seq"]
+            consumer,
+            (EventKind.PLAN, EventKind.CHECKPOINT, EventKind.CONSUMED),
+            ["event", "plan_id", "seq", "count", "delivery_seq"],
         )
         event = rows["event"]
-        done = rows.filter(pc.equal(event, "consumed"))["plan_id"]
-        consumed_plans = pc.and_(pc.equal(event, "plan"), pc.is_in(rows["plan_id"], value_set=done))
-        return position_of(rows.filter(pc.or_(consumed_plans, pc.equal(event, "checkpoint"))))
+        done = rows.filter(pc.equal(event, EventKind.CONSUMED))["plan_id"]
+        consumed_plans = pc.and_(pc.equal(event, EventKind.PLAN), pc.is_in(rows["plan_id"], value_set=done))
+        return position_of(rows.filter(pc.or_(consumed_plans, pc.equal(event, EventKind.CHECKPOINT))))
 
     def current_plan(self, consumer: str) -> tuple[str | None, str, pa.Table | None]:
         """The last plan a streaming query of the group recorded, when it is not consumed yet (the
         batch being processed): its id, its owner and its ranges; (None, "", None) when there is
         none. Python gets' plans are claims (see :meth:`claims`), not batches."""
-        rows = self.events(consumer, ("plan", "consumed", "checkpoint"), ["event", "plan_id", "seq", "owner"])
+        rows = self.events(
+            consumer, (EventKind.PLAN, EventKind.CONSUMED, EventKind.CHECKPOINT), ["event", "plan_id", "seq", "owner"]
+        )
         queries = pc.invert(pc.starts_with(rows["owner"], GET_OWNER))
-        plans = rows.filter(pc.and_(pc.equal(rows["event"], "plan"), queries))
+        plans = rows.filter(pc.and_(pc.equal(rows["event"], EventKind.PLAN), queries))
         if plans.num_rows == 0:
             return None, "", None
         last = plans.take(pc.sort_indices(plans, [("seq", "descending")]))
         plan_id, owner, seq = (last[name][0].as_py() for name in ("plan_id", "owner", "seq"))
-        done = rows.filter(pc.not_equal(rows["event"], "plan"))
+        done = rows.filter(pc.not_equal(rows["event"], EventKind.PLAN))
         position = pc.max(done["seq"]).as_py()
         if plan_id in done["plan_id"].to_pylist() or (position is not None and seq <= position):
             return None, "", None
@@ -172,19 +190,25 @@ class StateReads:
     def claims(self, consumer: str, lock: timedelta, now: datetime | None = None) -> Claims:
         """The group's claims: plans of Python gets (owner :data:`GET_OWNER` ...) neither consumed nor
         rolled back. A claim's lock runs ``lock`` from its plan's or its newest ``renew`` record."""
-        rows = self.events(consumer, ("plan", "consumed", "rollback", "renew"), ["event", "plan_id", "owner", "at"])
+        rows = self.events(
+            consumer,
+            (EventKind.PLAN, EventKind.CONSUMED, EventKind.ROLLBACK, EventKind.RENEW),
+            ["event", "plan_id", "owner", "at"],
+        )
         event = rows["event"]
-        consumed = rows.filter(pc.equal(event, "consumed"))["plan_id"]
+        consumed = rows.filter(pc.equal(event, EventKind.CONSUMED))["plan_id"]
         open_ = rows.filter(pc.and_(claims_of(rows), pc.invert(pc.is_in(rows["plan_id"], value_set=consumed))))
         ids = pc.unique(open_["plan_id"])
         stamps = rows.filter(
-            pc.and_(pc.is_in(event, pa.array(["plan", "renew"])), pc.is_in(rows["plan_id"], value_set=ids))
+            pc.and_(
+                pc.is_in(event, pa.array([EventKind.PLAN, EventKind.RENEW])), pc.is_in(rows["plan_id"], value_set=ids)
+            )
         )
         newest = stamps.group_by("plan_id", use_threads=False).aggregate([("at", "max")])
         expiry = pc.add(newest["at_max"], pa.scalar(lock, pa.duration("us")))
         locked = pc.greater(expiry, pa.scalar(now or datetime.now(UTC), TIMESTAMP))
         live_ids = newest["plan_id"].filter(locked)
-        plans = self.events(consumer, ("plan",))
+        plans = self.events(consumer, (EventKind.PLAN,))
         live = plans.filter(pc.is_in(plans["plan_id"], value_set=live_ids))
         at = pc.index_in(live["plan_id"], value_set=newest["plan_id"])
         live = live.select([*RANGE_COLUMNS, "plan_id", "owner", "seq"]).append_column("expiry", expiry.take(at))
@@ -193,7 +217,7 @@ class StateReads:
 
     def pending_moves(self, consumer: str) -> pa.Table:
         """The group's ``move`` rows whose move is not finished (no ``consumed`` record yet)."""
-        rows = self.events(consumer, ("move", "consumed", "abandoned"))
-        done = rows.filter(pc.not_equal(rows["event"], "move"))["plan_id"]
-        moves = rows.filter(pc.equal(rows["event"], "move"))
+        rows = self.events(consumer, (EventKind.MOVE, EventKind.CONSUMED, EventKind.ABANDONED))
+        done = rows.filter(pc.not_equal(rows["event"], EventKind.MOVE))["plan_id"]
+        moves = rows.filter(pc.equal(rows["event"], EventKind.MOVE))
         return moves.filter(pc.invert(pc.is_in(moves["plan_id"], value_set=done)))

@@ -2,7 +2,7 @@
 record, the rows each event records, and what one group's rows say (its position, its claims, what
 it consumed). :class:`~mqspark.engine.consumer_groups.ConsumerState` reads and commits them.
 
-Rows, by ``event``:
+Rows, by ``event`` (an :class:`EventKind`):
 
 - ``plan``: the messages of a planned micro-batch as ranges: ``count`` messages of origin ``origin``
   from row ``row`` on (a message's identity, see :func:`mqspark.model.messages.origins`), delivered as
@@ -43,6 +43,7 @@ Plans never consumed are rolled back: their messages are delivered again. Compac
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,11 +51,34 @@ import pyarrow.compute as pc
 from mqspark.model.messages import TIMESTAMP
 from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, subtract_messages
 
+
+class EventKind(StrEnum):
+    """What a state row records, its ``event`` (see above). A member is its stored string, so tables
+    written by earlier versions read as they are."""
+
+    PLAN = "plan"
+    CONSUMED = "consumed"
+    CHECKPOINT = "checkpoint"
+    LEASE = "lease"
+    RELEASE = "release"
+    DECLARE = "declare"
+    ABORT = "abort"
+    SWITCHOVER = "switchover"
+    BACKOUT = "backout"
+    ROLLBACK = "rollback"
+    RETURN = "return"
+    REPLY = "reply"
+    UNREPLIED = "unreplied"
+    MOVE = "move"
+    ABANDONED = "abandoned"
+    RENEW = "renew"
+
+
 # Owners of the Python get (:mod:`mqspark.engine.get`) are named with this prefix: their plans are
 # claims on messages, and they take no lease.
 GET_OWNER = "get:"
 # The events that say who holds a group's lease: the newest of them by time.
-LEASE_EVENTS = ("lease", "release")
+LEASE_EVENTS = (EventKind.LEASE, EventKind.RELEASE)
 
 STATE_SCHEMA = pa.schema(
     [
@@ -79,7 +103,7 @@ STATE_SCHEMA = pa.schema(
 
 def position_of(rows: pa.Table) -> tuple[int, int]:
     """The highest plan number and the next ``delivery_seq`` among ``plan`` and ``checkpoint`` rows."""
-    plans = pc.equal(rows["event"], "plan")
+    plans = pc.equal(rows["event"], EventKind.PLAN)
     # A plan range delivers delivery_seq .. delivery_seq + count - 1; a checkpoint holds the next one.
     following = pc.if_else(plans, pc.add(rows["delivery_seq"], rows["count"]), rows["delivery_seq"])
     return (pc.max(rows["seq"]).as_py() or 0, pc.max(following).as_py() or 0)
@@ -89,8 +113,8 @@ def claims_of(rows: pa.Table) -> pa.Array:
     """Which of one group's rows are plan rows of Python gets that were not rolled back: claims,
     live, lapsed or consumed (see :mod:`mqspark.engine.get`)."""
     event = rows["event"]
-    rolled_back = rows.filter(pc.equal(event, "rollback"))["plan_id"]
-    gets = pc.and_(pc.equal(event, "plan"), pc.starts_with(rows["owner"], GET_OWNER))
+    rolled_back = rows.filter(pc.equal(event, EventKind.ROLLBACK))["plan_id"]
+    gets = pc.and_(pc.equal(event, EventKind.PLAN), pc.starts_with(rows["owner"], GET_OWNER))
     return pc.and_(gets, pc.invert(pc.is_in(rows["plan_id"], value_set=rolled_back)))
 
 
@@ -98,9 +122,11 @@ def consumed_of(rows: pa.Table) -> pa.Table:
     """The consumed ranges among one group's rows: its checkpoint, its consumed plans without the
     messages backed out of them, and its finished moves."""
     event = rows["event"]
-    done = pc.unique(rows.filter(pc.equal(event, "consumed"))["plan_id"])
-    finished = pc.and_(pc.is_in(event, pa.array(["plan", "move"])), pc.is_in(rows["plan_id"], value_set=done))
-    consumed = pc.and_(pc.or_(pc.equal(event, "checkpoint"), finished), pc.is_valid(rows["origin"]))
+    done = pc.unique(rows.filter(pc.equal(event, EventKind.CONSUMED))["plan_id"])
+    finished = pc.and_(
+        pc.is_in(event, pa.array([EventKind.PLAN, EventKind.MOVE])), pc.is_in(rows["plan_id"], value_set=done)
+    )
+    consumed = pc.and_(pc.or_(pc.equal(event, EventKind.CHECKPOINT), finished), pc.is_valid(rows["origin"]))
     # A plan recorded twice (a retried append) counts once.
     return without_backouts(rows.filter(pc.fill_null(consumed, False)), rows)
 
@@ -108,7 +134,7 @@ def consumed_of(rows: pa.Table) -> pa.Table:
 def without_backouts(consumed: pa.Table, rows: pa.Table) -> pa.Table:
     """The ranges of ``consumed`` rows (of one group) without, for each plan among them, the messages
     backed out of that plan (``backout`` and ``return`` rows among ``rows``)."""
-    given_back = rows.filter(pc.is_in(rows["event"], pa.array(["backout", "return"])))
+    given_back = rows.filter(pc.is_in(rows["event"], pa.array([EventKind.BACKOUT, EventKind.RETURN])))
     plans = pc.unique(given_back["plan_id"]).to_pylist()
     affected = pc.fill_null(pc.is_in(consumed["plan_id"], value_set=pa.array(plans, pa.string())), False)
     pieces = [consumed.filter(pc.invert(affected)).select(RANGE_COLUMNS)]
@@ -122,10 +148,12 @@ def without_backouts(consumed: pa.Table, rows: pa.Table) -> pa.Table:
 
 def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table:
     """The record that plan ``plan_id`` (number ``seq``) of the group has been processed."""
-    return event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq)
+    return event_rows(consumer, owner, EventKind.CONSUMED, plan_id=plan_id, seq=seq)
 
 
-def event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None, seq: int | None = None) -> pa.Table:
+def event_rows(
+    consumer: str, owner: str, event: EventKind, plan_id: str | None = None, seq: int | None = None
+) -> pa.Table:
     given = {
         "consumer": [consumer],
         "owner": [owner],

@@ -46,7 +46,7 @@ from mqspark import store
 from mqspark.engine.backout import failures
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
-from mqspark.engine.state_rows import STATE_SCHEMA
+from mqspark.engine.state_rows import STATE_SCHEMA, EventKind
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP
@@ -429,7 +429,7 @@ class Monitor:
         rows = {
             "consumer": [self.consumer],
             "owner": [self.id],
-            "event": ["abort"],
+            "event": [EventKind.ABORT],
             "at": [datetime.now(UTC)],
             "reason": [int(reason)],
             "error": [detail],

@@ -26,6 +26,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSource
 from mqspark import store
 from mqspark.engine.backout import failure_rows, plan_messages
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.state_rows import EventKind
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges, single_ranges
@@ -238,7 +239,7 @@ class _Batch:
         if plan_id is None:
             return
         identities = plan_messages(plan)
-        done = state.events(self.consumer, ("backout",), RANGE_COLUMNS, plan_id)
+        done = state.events(self.consumer, (EventKind.BACKOUT,), RANGE_COLUMNS, plan_id)
         # Requests replied to already, and those backed out in an earlier attempt of this batch.
         skip = in_ranges(identities["origin"], identities["row"], pa.concat_tables([replied, done]))
         skipped = identities["delivery_seq"].filter(skip).to_pylist()
@@ -263,7 +264,9 @@ class _Batch:
             # Failed calls are failed deliveries (see mqspark.engine.backout), recorded in one commit.
             state.append(
                 pa.concat_tables(
-                    failure_rows(self.consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error)
+                    failure_rows(
+                        self.consumer, owner, EventKind.BACKOUT, plan_id, chosen.select(["origin", "row"]), error
+                    )
                     for error, chosen in by_value(failed, "error")
                 )
             )
@@ -306,14 +309,16 @@ class _Batch:
         """Check the reply records not checked yet, before anything is put: cancel those whose put did
         not land. The requests whose reply landed, as ``origin``/``row``/``count`` ranges."""
         rows = state.events(
-            self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", "at", *RANGE_COLUMNS]
+            self.consumer,
+            (EventKind.REPLY, EventKind.UNREPLIED),
+            ["event", "plan_id", "seq", "target", "at", *RANGE_COLUMNS],
         )
         replied, cancel = [rows.slice(0, 0).select(RANGE_COLUMNS)], []
         for entry, mine in live_reply_records(rows):
             if entry not in self._landed:
                 qmgr, queue = json.loads(entry[2])
                 if not reply_landed(qm, qmgr, queue, producer, entry[1]):
-                    cancel.append(reply_state_rows(self.consumer, producer, "unreplied", entry, mine))
+                    cancel.append(reply_state_rows(self.consumer, producer, EventKind.UNREPLIED, entry, mine))
                     continue
                 self._landed.add(entry)
             replied.append(mine.select(RANGE_COLUMNS))
@@ -330,7 +335,11 @@ class _Batch:
             state.append(
                 pa.concat_tables(
                     reply_state_rows(
-                        self.consumer, producer, "reply", (plan_id, batch_id, target), merge_ranges(single_ranges(rows))
+                        self.consumer,
+                        producer,
+                        EventKind.REPLY,
+                        (plan_id, batch_id, target),
+                        merge_ranges(single_ranges(rows)),
                     )
                     for target, rows in by_value(replied, "target")
                 )

@@ -50,7 +50,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import Maintenance
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.planner import PlannedRows, Planner
-from mqspark.engine.state_rows import consumed_rows
+from mqspark.engine.state_rows import EventKind, consumed_rows
 from mqspark.errors import MQError, Reason
 from mqspark.qmgr import QueueManager
 from mqspark.reconnect import Reconnect
@@ -338,6 +338,6 @@ def record_finished_batch(end_offset: str) -> None:
     state = ConsumerState(qm.root, qm.resolve_for_get(end["queue"]).name, qm.storage_options)
     settled = end["plan"] in state.consumed_plans(end["consumer"]).to_pylist()
     # A batch that backed out messages is settled by the group's next run, which knows their groups.
-    if not settled and not state.events(end["consumer"], ("backout",), ["row"], end["plan"]).num_rows:
+    if not settled and not state.events(end["consumer"], (EventKind.BACKOUT,), ["row"], end[EventKind.PLAN]).num_rows:
         state.append(consumed_rows(end["consumer"], end["owner"], end["plan"], end["seq"]))
     state.release(end["consumer"], end["owner"])
