@@ -76,7 +76,7 @@ from mqspark import store
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.pending import lookup
 from mqspark.engine.state_commit import Stale
-from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, event_rows
+from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, event_rows, failure_rows, move_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
@@ -246,37 +246,6 @@ def _failures(rows: pa.Table) -> pa.Table:
     )
 
 
-def failure_rows(
-    consumer: str,
-    owner: str,
-    event: EventKind,
-    plan_id: str,
-    identities: pa.Table,
-    error: str,
-    seq: int | None = None,
-    batch_limit: int | None = None,
-) -> pa.Table:
-    """State rows recording that each message of ``identities`` (``origin``, ``row``) failed in plan
-    ``plan_id``: ``event`` is ``backout`` (explicit) or ``rollback`` (the plan was replayed), or
-    ``return`` for a later item of a backed-out item's group, which goes back without a failure."""
-    count = identities.num_rows
-    now = datetime.now(UTC)
-    given = {
-        "consumer": pa.repeat(consumer, count),
-        "owner": pa.repeat(owner, count),
-        "event": pa.repeat(event, count),
-        "plan_id": pa.repeat(plan_id, count),
-        "origin": identities["origin"],
-        "row": identities["row"],
-        "count": pa.repeat(pa.scalar(1, pa.int64()), count),
-        "error": pa.repeat(error, count),
-        "at": pa.repeat(pa.scalar(now, TIMESTAMP), count),
-        "seq": pa.repeat(pa.scalar(seq, pa.int64()), count),
-        "batch_limit": pa.repeat(pa.scalar(batch_limit, pa.int64()), count),
-    }
-    return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
-
-
 def plan_messages(plan: pa.Table) -> pa.Table:
     """The delivered messages of a recorded plan, one row each: ``origin``, ``row``, ``delivery_seq``."""
     plan = plan.filter(pc.is_valid(plan["delivery_seq"]))
@@ -392,22 +361,7 @@ class Transfer:
         table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
         committed = table.transaction_version(self.app_id) if table is not None else None
         move_id = uuid.uuid4().hex
-        count = chosen.num_rows
-        columns = {
-            "consumer": pa.repeat(self.consumer, count),
-            "owner": pa.repeat(self.owner, count),
-            "event": pa.repeat(EventKind.MOVE, count),
-            "plan_id": pa.repeat(move_id, count),
-            "seq": pa.repeat(pa.scalar((committed or 0) + 1, pa.int64()), count),
-            "origin": chosen["origin"],
-            "row": chosen["row"],
-            "count": pa.repeat(pa.scalar(1, pa.int64()), count),
-            "target": pa.repeat(target, count),
-            "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count),
-            **given,
-        }
-        rows = pa.table({f.name: columns.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA})
-        rows = rows.cast(STATE_SCHEMA)
+        rows = move_rows(self.consumer, self.owner, move_id, (committed or 0) + 1, chosen, target, **given)
         self.state.append(rows, self._alone(target, committed, chosen))
         try:
             self._put(rows, pending)

@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.backout import RELEASED, check_error_text, failure_rows, plan_messages
+from mqspark.engine.backout import RELEASED, check_error_text, plan_messages
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
 from mqspark.engine.ordering import DeliveryOptions
@@ -66,7 +66,7 @@ from mqspark.engine.planner import Planner
 from mqspark.engine.queues import Queues
 from mqspark.engine.state_commit import Stale
 from mqspark.engine.state_reads import Claims
-from mqspark.engine.state_rows import GET_OWNER, EventKind, consumed_rows, event_rows
+from mqspark.engine.state_rows import GET_OWNER, EventKind, consumed_rows, event_rows, failure_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA

@@ -11,12 +11,11 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark.engine.state_commit import StateWriter
 from mqspark.engine.state_reads import StateReads
-from mqspark.engine.state_rows import GET_OWNER, LEASE_EVENTS, STATE_SCHEMA, EventKind, event_rows
+from mqspark.engine.state_rows import GET_OWNER, LEASE_EVENTS, EventKind, event_rows, lease_rows
 from mqspark.errors import MQError, Reason
 
 # How long a consumer group's lease lives without renewal, unless the query sets ``leaseTimeout``.
@@ -49,15 +48,6 @@ class Lease:
 
 class _NotHeld(MQError):
     """A release of a lease its owner no longer holds."""
-
-
-def _lease_row(consumer: str, owner: str, timeout: timedelta) -> pa.Table:
-    """A lease record; its ``count`` is the holder's lease timeout in milliseconds, so a reader that
-    does not know the holder's timeout (a Python get) can tell whether the lease lapsed."""
-    row = event_rows(consumer, owner, EventKind.LEASE)
-    index = STATE_SCHEMA.get_field_index("count")
-    milliseconds = pa.array([timeout // timedelta(milliseconds=1)], pa.int64())
-    return row.set_column(index, STATE_SCHEMA.field(index), milliseconds)
 
 
 class Leases:
@@ -120,7 +110,7 @@ class Leases:
 
         while True:
             try:
-                self._writer.commit(_lease_row(consumer, owner, timeout), check)
+                self._writer.commit(lease_rows(consumer, owner, timeout), check)
                 return
             except HeldByGet as held:
                 if time.monotonic() >= deadline:
@@ -143,7 +133,7 @@ class Leases:
                 taken = f"was taken over by {holder.owner}" if holder is not None else f"was released by {owner}"
                 raise MQError(f"queue {self.queue}: consumer group {consumer!r} {taken}", Reason.MQRC_OBJECT_IN_USE)
 
-        self._writer.commit(_lease_row(consumer, owner, timeout), check)
+        self._writer.commit(lease_rows(consumer, owner, timeout), check)
 
     def release(self, consumer: str, owner: str) -> None:
         """Release ``owner``'s lease of the group; nothing when another owner holds it (the check and

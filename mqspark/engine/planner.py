@@ -40,7 +40,6 @@ from mqspark.engine.backout import (
     ROLLED_BACK,
     BackoutPolicy,
     Mover,
-    failure_rows,
     failures,
     plan_messages,
 )
@@ -50,7 +49,7 @@ from mqspark.engine.ordering import HEAD, DeliveryOptions, deliver, join_segment
 from mqspark.engine.pending import PendingMessages, lookup
 from mqspark.engine.plans import admit, file_runs, keys_of, locate_plan, plan_ranges
 from mqspark.engine.queues import Queues
-from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, consumed_rows
+from mqspark.engine.state_rows import EventKind, consumed_rows, failure_rows, plan_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
@@ -549,20 +548,7 @@ class Planner:
     def record(self, plan_id: str, seq: int, plan: pa.Table, check: Callable[[], None] | None = None) -> None:
         """Record plan ``plan_id`` as the group's plan number ``seq``, with the consumption records
         not yet recorded, in one state commit (once ``check`` passes, when given)."""
-        rows = plan.num_rows
-        given = {
-            "consumer": pa.repeat(self.consumer, rows),
-            "owner": pa.repeat(self.owner, rows),
-            "event": pa.repeat(EventKind.PLAN, rows),
-            "plan_id": pa.repeat(plan_id, rows),
-            "seq": pa.repeat(pa.scalar(seq, pa.int64()), rows),
-            "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), rows),
-            **{name: plan[name] for name in plan.column_names},
-        }
-        self.flush(
-            pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA),
-            check,
-        )
+        self.flush(plan_rows(self.consumer, self.owner, plan_id, seq, plan), check)
         self.plans[plan_id] = plan
 
 

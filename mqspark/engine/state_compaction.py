@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, claims_of, without_backouts
+from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, checkpoint_rows, claims_of, without_backouts
 from mqspark.engine.state_table import COMPACT_EVERY, STATE_RETENTION, StateTable
 from mqspark.model.messages import TIMESTAMP, origin_versions
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges
@@ -68,18 +68,9 @@ def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None =
                 ranges = ranges.filter(pc.invert(forget(ranges)))
             if ranges.num_rows == 0:
                 ranges = pa.table({name: pa.nulls(1, STATE_SCHEMA.field(name).type) for name in RANGE_COLUMNS})
-            count = ranges.num_rows
-            given = {
-                "consumer": pa.repeat(consumer, count),
-                "owner": pa.repeat("", count),
-                "event": pa.repeat(EventKind.CHECKPOINT, count),
-                "seq": pa.repeat(pa.scalar(position, pa.int64()), count),
-                "delivery_seq": pa.repeat(pa.scalar(pc.max(following).as_py(), pa.int64()), count),
-                # The group's newest record time, so that compaction does not make an idle group look active.
-                "at": pa.repeat(pc.max(mine["at"]).cast(TIMESTAMP), count),
-                **{name: ranges[name] for name in RANGE_COLUMNS},
-            }
-            pieces.append(pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}))
+            # At the group's newest record time, so that compaction does not make an idle group look active.
+            newest = pc.max(mine["at"]).cast(TIMESTAMP)
+            pieces.append(checkpoint_rows(consumer, position, pc.max(following).as_py(), newest, ranges))
         waiting = pc.invert(pc.is_in(mine["plan_id"], consumed))
         if position is not None:
             # A Python get's claim stays until it is consumed or rolled back, whatever plans follow it.

@@ -42,8 +42,10 @@ Plans never consumed are rolled back: their messages are delivered again. Compac
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -146,20 +148,139 @@ def without_backouts(consumed: pa.Table, rows: pa.Table) -> pa.Table:
     return pa.concat_tables(pieces).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
 
 
-def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table:
-    """The record that plan ``plan_id`` (number ``seq``) of the group has been processed."""
-    return event_rows(consumer, owner, EventKind.CONSUMED, plan_id=plan_id, seq=seq)
+# Building rows: every state row is made by one of these.
+
+
+def state_rows(columns: Mapping[str, Any], count: int = 1) -> pa.Table:
+    """``count`` rows in the table's schema. Each of ``columns`` is an array of ``count`` values, or
+    one value (None: null) for every row; a column not given is null, a name not in the schema is
+    left out."""
+    arrays = []
+    for field in STATE_SCHEMA:
+        value = columns.get(field.name)
+        if isinstance(value, pa.Array | pa.ChunkedArray):
+            arrays.append(value if value.type == field.type else value.cast(field.type))
+        else:
+            one = value.cast(field.type) if isinstance(value, pa.Scalar) else pa.scalar(value, field.type)
+            arrays.append(pa.repeat(one, count))
+    return pa.Table.from_arrays(arrays, schema=STATE_SCHEMA)
 
 
 def event_rows(
     consumer: str, owner: str, event: EventKind, plan_id: str | None = None, seq: int | None = None
 ) -> pa.Table:
+    """One ``event`` record of group ``consumer`` by ``owner``, made now."""
+    return state_rows(
+        {"consumer": consumer, "owner": owner, "event": event, "plan_id": plan_id, "seq": seq, "at": _now()}
+    )
+
+
+def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table:
+    """The record that plan ``plan_id`` (number ``seq``) of the group has been processed."""
+    return event_rows(consumer, owner, EventKind.CONSUMED, plan_id=plan_id, seq=seq)
+
+
+def lease_rows(consumer: str, owner: str, timeout: timedelta) -> pa.Table:
+    """A lease record; its ``count`` is the holder's lease timeout in milliseconds, so a reader that
+    does not know the holder's timeout (a Python get) can tell whether the lease lapsed."""
+    milliseconds = timeout // timedelta(milliseconds=1)
+    return state_rows(
+        {"consumer": consumer, "owner": owner, "event": EventKind.LEASE, "count": milliseconds, "at": _now()}
+    )
+
+
+def abort_rows(consumer: str, owner: str, reason: int, error: str) -> pa.Table:
+    """The backlog monitor's record (by ``owner``) that it stopped the group's reader, for ``reason``
+    (an MQ reason code) with ``error`` as its text."""
+    return state_rows(
+        {
+            "consumer": consumer,
+            "owner": owner,
+            "event": EventKind.ABORT,
+            "at": _now(),
+            "reason": int(reason),
+            "error": error,
+        }
+    )
+
+
+def plan_rows(consumer: str, owner: str, plan_id: str, seq: int, plan: pa.Table) -> pa.Table:
+    """The records of plan ``plan_id``, the group's plan number ``seq``: one row per range of ``plan``
+    (its ``origin``, ``row``, ``count``, ``delivery_seq`` and ``partition``)."""
+    given = {"consumer": consumer, "owner": owner, "event": EventKind.PLAN, "plan_id": plan_id, "seq": seq}
+    return state_rows({**given, "at": _now(), **{name: plan[name] for name in plan.column_names}}, plan.num_rows)
+
+
+def failure_rows(
+    consumer: str,
+    owner: str,
+    event: EventKind,
+    plan_id: str,
+    identities: pa.Table,
+    error: str,
+    seq: int | None = None,
+    batch_limit: int | None = None,
+) -> pa.Table:
+    """State rows recording that each message of ``identities`` (``origin``, ``row``) failed in plan
+    ``plan_id``: ``event`` is ``backout`` (explicit) or ``rollback`` (the plan was replayed), or
+    ``return`` for a later item of a backed-out item's group, which goes back without a failure."""
     given = {
-        "consumer": [consumer],
-        "owner": [owner],
-        "event": [event],
-        "plan_id": [plan_id],
-        "seq": [seq],
-        "at": [datetime.now(UTC)],
+        "consumer": consumer,
+        "owner": owner,
+        "event": event,
+        "plan_id": plan_id,
+        "origin": identities["origin"],
+        "row": identities["row"],
+        "count": 1,
+        "error": error,
+        "at": _now(),
+        "seq": seq,
+        "batch_limit": batch_limit,
     }
-    return pa.table({f.name: pa.array(given.get(f.name, [None]), f.type) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
+    return state_rows(given, identities.num_rows)
+
+
+def move_rows(
+    consumer: str, owner: str, move_id: str, version: int, chosen: pa.Table, target: str, **given: pa.Array
+) -> pa.Table:
+    """The ``move`` records of the messages ``chosen`` (``origin``, ``row``) on their way to queue
+    ``target`` with the put's ``txn`` ``version``; ``given`` are more of their columns
+    (``delivery_seq``, ``reason``, ``error``)."""
+    columns = {
+        "consumer": consumer,
+        "owner": owner,
+        "event": EventKind.MOVE,
+        "plan_id": move_id,
+        "seq": version,
+        "origin": chosen["origin"],
+        "row": chosen["row"],
+        "count": 1,
+        "target": target,
+        "at": _now(),
+        **given,
+    }
+    return state_rows(columns, chosen.num_rows)
+
+
+def reply_rows(consumer: str, owner: str, event: EventKind, entry: tuple[str, int, str], ranges: pa.Table) -> pa.Table:
+    """``event`` rows (``reply`` or ``unreplied``) of one reply put (plan, txn version, target) of
+    the forwarding service for the requests of ``ranges``."""
+    plan_id, seq, target = entry
+    given = {"consumer": consumer, "owner": owner, "event": event, "plan_id": plan_id, "seq": seq, "target": target}
+    ranges_of = {name: ranges[name] for name in RANGE_COLUMNS}
+    return state_rows({**given, **ranges_of, "at": _now()}, ranges.num_rows)
+
+
+def checkpoint_rows(
+    consumer: str, position: int | None, following: int | None, at: pa.Scalar, ranges: pa.Table
+) -> pa.Table:
+    """A group's checkpoint: its consumed ``ranges`` (``origin``/``row``/``count``, one row each),
+    with its position (plan number ``position``, next ``delivery_seq`` ``following``) on every row,
+    at ``at``, the group's newest record time."""
+    given = {"consumer": consumer, "owner": "", "event": EventKind.CHECKPOINT, "seq": position}
+    ranges_of = {name: ranges[name] for name in RANGE_COLUMNS}
+    return state_rows({**given, "delivery_seq": following, "at": at, **ranges_of}, ranges.num_rows)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

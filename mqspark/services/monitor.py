@@ -46,7 +46,7 @@ from mqspark import store
 from mqspark.engine.backout import failures
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
-from mqspark.engine.state_rows import STATE_SCHEMA, EventKind
+from mqspark.engine.state_rows import abort_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP
@@ -426,15 +426,7 @@ class Monitor:
 
     def _stop_the_group(self, reason: Reason, detail: str) -> None:
         """Record the abort in the state table: the query holding the lease fails at its next trigger."""
-        rows = {
-            "consumer": [self.consumer],
-            "owner": [self.id],
-            "event": [EventKind.ABORT],
-            "at": [datetime.now(UTC)],
-            "reason": [int(reason)],
-            "error": [detail],
-        }
-        self.state.append(pa.table({f.name: pa.array(rows.get(f.name, [None]), f.type) for f in STATE_SCHEMA}))
+        self.state.append(abort_rows(self.consumer, self.id, reason, detail))
 
     def _events(self, point: MonitorPoint, now: datetime) -> tuple[str, ...]:
         events = []

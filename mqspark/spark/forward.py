@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
 
 from mqspark import store
-from mqspark.engine.backout import failure_rows, plan_messages
+from mqspark.engine.backout import plan_messages
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.state_rows import EventKind
+from mqspark.engine.state_rows import EventKind, failure_rows, reply_rows
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges, single_ranges
@@ -55,7 +55,6 @@ from mqspark.services.forward import (
     open_queues,
     outcome_of,
     reply_landed,
-    reply_state_rows,
     reply_targets,
     with_properties,
 )
@@ -318,7 +317,7 @@ class _Batch:
             if entry not in self._landed:
                 qmgr, queue = json.loads(entry[2])
                 if not reply_landed(qm, qmgr, queue, producer, entry[1]):
-                    cancel.append(reply_state_rows(self.consumer, producer, EventKind.UNREPLIED, entry, mine))
+                    cancel.append(reply_rows(self.consumer, producer, EventKind.UNREPLIED, entry, mine))
                     continue
                 self._landed.add(entry)
             replied.append(mine.select(RANGE_COLUMNS))
@@ -334,7 +333,7 @@ class _Batch:
         if replied.num_rows:
             state.append(
                 pa.concat_tables(
-                    reply_state_rows(
+                    reply_rows(
                         self.consumer,
                         producer,
                         EventKind.REPLY,
