@@ -70,7 +70,6 @@ from mqspark.engine.state_rows import GET_OWNER, EventKind, consumed_rows, event
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA
-from mqspark.model.ranges import RANGE_COLUMNS
 
 # How often a waiting get looks for new messages (it plans only when the queue table changed).
 _POLL = 0.05
@@ -328,7 +327,7 @@ def plan_get(
                             Reason.MQRC_BACKED_OUT,
                         ) from None
                     planner.drop_unstarted_plans()
-                    planner.unrecorded.clear()
+                    planner.drop_unrecorded()
                     kept.keep(planner)
                     seen = None
                     time.sleep(random.uniform(0, 0.002 * min(conflicts, 10)))
@@ -336,7 +335,7 @@ def plan_get(
                 kept.keep(planner)
                 if planned is not None:
                     return planned
-                due = planner.next_due
+                due = planner.due()
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
@@ -383,8 +382,8 @@ def _claim(
     if settling is not None:
         # Its messages are consumed by the commit that records this claim: planned as such, so
         # the rest of a group it held follows in logical order.
-        planner.unrecorded.append(settling.rows)
-        planner.pending.mark_consumed(planner.pending.range_keys(settling.plan.select(RANGE_COLUMNS)))
+        planner.with_next_commit(settling.rows)
+        planner.mark_consumed(settling.plan)
     while True:
         now = datetime.now(UTC)
         claims = state.claims(consumer, planner.lock, now)
@@ -393,7 +392,7 @@ def _claim(
         for plan_id, plan in claims.expired.items():
             planner.roll_back(plan_id, plan)
         seq, delivered = state.last_position(consumer)
-        claimed = planner.pending.range_keys(claims.live.select(RANGE_COLUMNS))
+        claimed = planner.range_keys(claims.live)
         plan = planner.plan(delivered, now, max_messages, None, match, claimed)
         check = _unchanged(state, planner, seq, list(claims.expired))
         if settling is not None:
@@ -402,14 +401,13 @@ def _claim(
         if plan is None:
             planner.flush(check=check)
             # Messages other gets hold come back when their lock passes, without a commit.
-            expiries = [planner.next_due, pc.min(claims.live["expiry"]).as_py()]
-            planner.next_due = min((due for due in expiries if due is not None), default=None)
+            planner.due_by(pc.min(claims.live["expiry"]).as_py())
             return None
         plan_id = plan.schema.metadata[b"plan_id"].decode()
         # Read before the claim commits: a read that fails leaves nothing claimed.
         pieces = [rows.messages() for rows in planner.planned_rows(plan_id, plan)]
         if consume and pieces:
-            planner.unrecorded.append(consumed_rows(consumer, planner.owner, plan_id, seq + 1))
+            planner.with_next_commit(consumed_rows(consumer, planner.owner, plan_id, seq + 1))
         planner.record(plan_id, seq + 1, plan, check)
         if pieces:
             return Claim(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))

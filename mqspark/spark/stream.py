@@ -192,7 +192,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         now = self._target[1] if self._target else datetime.now(UTC)
         news = group.catch_up()
-        due = group.next_due is not None and now >= group.next_due
+        due = group.is_due(now)
         if group.exhausted and not news and not due:
             group.flush()
             return start
@@ -213,7 +213,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "seq": seq + 1,
                 "plan": plan.schema.metadata[b"plan_id"].decode(),
                 "delivered": int(plan.schema.metadata[b"delivered"]),
-                "version": group.pending.version,
+                "version": group.index_version(),
                 "now": int(now.timestamp() * 1_000_000),
             }
         )
