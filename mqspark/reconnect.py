@@ -52,6 +52,7 @@ from mqspark import store
 from mqspark.engine.get import GetRequest, plan_get
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.model.numbers import check_number
 from mqspark.qmgr import QueueManager
 
 DEFAULT_RECONNECT_TIMEOUT = timedelta(seconds=1800)
@@ -82,8 +83,7 @@ def reconnect_mode(value: Any, what: str = "reconnect") -> ReconnectMode | None:
 def reconnect_timeout_of(value: Any, what: str = "reconnect_timeout") -> timedelta:
     """``value`` (seconds, or a timedelta) as the reconnect timeout."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
-        raise MQValidationError(f"{what} must be a number of seconds >= 0, got {value!r}")
+    check_number(seconds, f"{what} must be a number of seconds >= 0, got {value!r}", at_least=0, below=float("inf"))
     return timedelta(seconds=seconds)
 
 

@@ -70,6 +70,7 @@ from mqspark.engine.state_rows import GET_OWNER, EventKind, consumed_rows, event
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.model.numbers import check_number
 
 # How often a waiting get looks for new messages (it plans only when the queue table changed).
 _POLL = 0.05
@@ -352,10 +353,13 @@ def _checked(request: GetRequest) -> DeliveryOptions | None:
     """Check the request's values; the selection its match options make (None: every message)."""
     queue, max_messages, wait = request.queue, request.max_messages, request.wait
     validate_name(request.consumer, "consumer group")
-    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-        raise MQValidationError(f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}")
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
-        raise MQValidationError(f"get: queue {queue}: wait must be a number of seconds >= 0, got {wait!r}")
+    check_number(
+        max_messages,
+        f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}",
+        whole=True,
+        at_least=1,
+    )
+    check_number(wait, f"get: queue {queue}: wait must be a number of seconds >= 0, got {wait!r}", at_least=0)
     msg_id, correl_id, group_id = request.msg_id, request.correl_id, request.group_id
     for name, value in (("msg_id", msg_id), ("correl_id", correl_id), ("group_id", group_id)):
         if value is not None and (not isinstance(value, str) or not value):

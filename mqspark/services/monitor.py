@@ -50,6 +50,7 @@ from mqspark.engine.state_rows import abort_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP
+from mqspark.model.numbers import check_number
 from mqspark.model.ranges import NO_RANGES, merge_ranges, overlap_counts, single_ranges
 
 if TYPE_CHECKING:
@@ -338,8 +339,9 @@ class Monitor:
         self.judge = BacklogJudge(watch_count, expected_count, abort)
         self.window: deque[MonitorPoint] = deque(maxlen=count_parameter("window", window, 2))
         for name, value in (("depth_high", depth_high), ("depth_low", depth_low)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
-                raise MQValidationError(f"monitor parameter {name} must be a percentage 0-100, got {value!r}")
+            check_number(
+                value, f"monitor parameter {name} must be a percentage 0-100, got {value!r}", at_least=0, at_most=100
+            )
         if depth_low > depth_high:
             raise MQValidationError(
                 f"monitor parameter depth_low ({depth_low!r}) must not be above depth_high ({depth_high!r})"

@@ -29,6 +29,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.state_rows import EventKind, failure_rows, reply_rows
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
+from mqspark.model.numbers import check_number
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges, single_ranges
 from mqspark.spark.sink import PARTITION_SHIFT, PutCommitMessage, QueueShare, SinkPlan, abort_batch, commit_batch
 from mqspark.spark.tasks import commit_messages, task_context
@@ -101,12 +102,13 @@ def forward(
         raise MQValidationError(
             f"forward: queue {local}: unknown option(s) {', '.join(unknown)}; options are {', '.join(GET_OPTIONS)}"
         )
-    if isinstance(idle_interval, bool) or not isinstance(idle_interval, int | float) or not idle_interval >= 0:
-        raise MQValidationError(f"forward: idle_interval must be a number of seconds >= 0, got {idle_interval!r}")
-    if call_timeout is not None and (
-        isinstance(call_timeout, bool) or not isinstance(call_timeout, int | float) or not call_timeout > 0
-    ):
-        raise MQValidationError(f"forward: call_timeout must be a number of seconds > 0, got {call_timeout!r}")
+    check_number(
+        idle_interval, f"forward: idle_interval must be a number of seconds >= 0, got {idle_interval!r}", at_least=0
+    )
+    if call_timeout is not None:
+        check_number(
+            call_timeout, f"forward: call_timeout must be a number of seconds > 0, got {call_timeout!r}", above=0
+        )
     load_service(service)
     checkpoint = checkpoint_location or store.forward_location(qm.root, local, consumer)
     batch = _Batch(qm.root, local, consumer, service, vectorized, call_timeout, checkpoint)
