@@ -2,7 +2,7 @@
 log; the getters of a busy queue commit several times a second, and a log kept an hour held 15,000
 entries. The anchor is the same gets with that many entries kept, as an hour's retention kept them
 (the trim is held off while they run); the other figure is after compaction trimmed the log to its
-retention (:data:`mqspark.engine.consumer_groups.STATE_RETENTION`)."""
+retention (:data:`mqspark.engine.state_table.STATE_RETENTION`)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from mqspark import QueueManager, store
-from mqspark.engine import consumer_groups
-from mqspark.engine.consumer_groups import STATE_RETENTION, ConsumerState
+from mqspark.engine import state_compaction
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.state_rows import STATE_SCHEMA
+from mqspark.engine.state_table import STATE_RETENTION
 
 
 def run(entries: int = 15_000, gets: int = 200) -> dict:
@@ -43,19 +44,19 @@ def _measure(root: Path, entries: int, gets: int) -> dict:
         store.commit_files(table, [], STATE_SCHEMA)
         table.update_incremental()
     made = time.perf_counter() - started
-    trim_every = consumer_groups.TRIM_EVERY
-    consumer_groups.TRIM_EVERY = 10**9  # as an hour's retention: no compaction in the run trims
+    trim_every = state_compaction.TRIM_EVERY
+    state_compaction.TRIM_EVERY = 10**9  # as an hour's retention: no compaction in the run trims
     try:
         long_log = _gets(qm, gets)
     finally:
-        consumer_groups.TRIM_EVERY = trim_every
+        state_compaction.TRIM_EVERY = trim_every
     log = Path(state.location) / "_delta_log"
     long_log_entries = sum(1 for _ in log.glob("*.json"))
     # The retention passing: the entries look as old as that to the clean-up.
     then = time.time() - STATE_RETENTION.total_seconds() - 60
     for path in log.iterdir():
         os.utime(path, (then, then))
-    # The trim one compaction in ten makes (consumer_groups.TRIM_EVERY), made now.
+    # The trim one compaction in ten makes (state_compaction.TRIM_EVERY), made now.
     trimmed_table = DeltaTable(state.location)
     store.trim_history(trimmed_table, trimmed_table.version(), int(STATE_RETENTION.total_seconds()))
     trimmed_entries = sum(1 for _ in log.glob("*.json"))

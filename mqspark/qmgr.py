@@ -33,6 +33,7 @@ from mqspark.engine.redrive import redrive
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition, validate_name
 from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.model.numbers import check_number
 
 
 @dataclass(frozen=True)
@@ -362,8 +363,8 @@ class QueueManager(Queues):
         version: int | None = None,
     ) -> pa.Table:
         """:meth:`browse` with its options as one value, at queue table ``version`` (default: latest)."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise MQValidationError(f"option limit must be a whole number >= 0, got {limit!r}")
+        if limit is not None:
+            check_number(limit, f"option limit must be a whole number >= 0, got {limit!r}", whole=True, at_least=0)
         definition = self._resolve(queue)
         moment = now or datetime.now(UTC)
         delivered, expired = self._with_snapshot(

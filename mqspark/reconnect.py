@@ -52,6 +52,7 @@ from mqspark import store
 from mqspark.engine.get import GetRequest, plan_get
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.model.numbers import check_number
 from mqspark.qmgr import QueueManager
 
 DEFAULT_RECONNECT_TIMEOUT = timedelta(seconds=1800)
@@ -82,8 +83,7 @@ def reconnect_mode(value: Any, what: str = "reconnect") -> ReconnectMode | None:
 def reconnect_timeout_of(value: Any, what: str = "reconnect_timeout") -> timedelta:
     """``value`` (seconds, or a timedelta) as the reconnect timeout."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
-        raise MQValidationError(f"{what} must be a number of seconds >= 0, got {value!r}")
+    check_number(seconds, f"{what} must be a number of seconds >= 0, got {value!r}", at_least=0, below=float("inf"))
     return timedelta(seconds=seconds)
 
 
@@ -145,17 +145,13 @@ class Connection:
             try:
                 return operation(qm)
             except Exception as error:
-                mode = self.effective_mode
-                deadline = _check_broken(
-                    error, qm.root, qm.name, mode, self.storage_options, what, deadline, self.timeout
-                )
+                broken = _broken(error, qm, self.effective_mode, self.timeout, self.storage_options, what, deadline)
+                deadline = broken.deadline
                 doubt = in_doubt()
-                follow = mode is ReconnectMode.YES and not doubt
+                follow = broken.mode is ReconnectMode.YES and not doubt
                 start = self.roots.index(qm.root) if qm.root in self.roots else 0
                 order = self.roots[start:] + self.roots[:start]
-                self.qm = _wait_for(
-                    order, qm, mode, follow, queue, deadline, self.timeout, what, error, doubt, self.storage_options
-                )
+                self.qm = _wait_for(order, broken, follow=follow, queue=queue, in_doubt=doubt)
 
     # The Python API
 
@@ -258,22 +254,9 @@ class Reconnect:
             try:
                 return operation()
             except Exception as error:
-                deadline = _check_broken(
-                    error, self.root, self.name, self.mode, self.storage_options, what, deadline, self.timeout
-                )
-                _wait_for(
-                    [self.root],
-                    self,
-                    self.mode,
-                    False,
-                    None,
-                    deadline,
-                    self.timeout,
-                    what,
-                    error,
-                    False,
-                    self.storage_options,
-                )
+                broken = _broken(error, self, self.mode, self.timeout, self.storage_options, what, deadline)
+                deadline = broken.deadline
+                _wait_for([self.root], broken)
 
 
 def mode_in_force(qm: QueueManager, asked: ReconnectMode | None) -> ReconnectMode:
@@ -285,18 +268,34 @@ def mode_in_force(qm: QueueManager, asked: ReconnectMode | None) -> ReconnectMod
     return asked or default
 
 
-def _check_broken(
+@dataclass(frozen=True)
+class _Break:
+    """A connection broken under a call, as the call reconnects: ``what`` names the call in messages,
+    ``lost`` is the queue manager it had (its root, name and qmid) and ``error`` what broke it;
+    ``mode`` is the reconnect mode in force, ``timeout`` the reconnect timeout and ``deadline`` its
+    end (``time.monotonic()``, set at the call's first break); roots open with ``storage_options``."""
+
+    what: str
+    lost: QueueManager | Reconnect
+    error: Exception
+    mode: ReconnectMode
+    timeout: timedelta
+    deadline: float
+    storage_options: store.StorageOptions
+
+
+def _broken(
     error: Exception,
-    root: str,
-    name: str,
+    lost: QueueManager | Reconnect,
     mode: ReconnectMode,
+    timeout: timedelta,
     storage_options: store.StorageOptions,
     what: str,
     deadline: float | None,
-    timeout: timedelta,
-) -> float:
-    """Raise ``error`` unless it broke the connection; raise 2009 when the mode does not reconnect;
-    else the deadline of the reconnection (set at the first break)."""
+) -> _Break:
+    """Raise ``error`` unless it broke the connection to ``lost``; raise 2009 when the mode does not
+    reconnect; else the break, its deadline the call's earlier one (None: set now, at its first)."""
+    root, name = lost.root, lost.name
     if not store.broken(error, root, storage_options):
         raise error
     if mode in (ReconnectMode.NO, ReconnectMode.DISABLED):
@@ -306,30 +305,23 @@ def _check_broken(
             Reason.MQRC_CONNECTION_BROKEN,
         ) from error
     _log.warning("%s: queue manager %s at %s cannot be reached (%s); reconnecting", what, name, root, _summary(error))
-    return deadline if deadline is not None else time.monotonic() + timeout.total_seconds()
+    deadline = deadline if deadline is not None else time.monotonic() + timeout.total_seconds()
+    return _Break(what, lost, error, mode, timeout, deadline, storage_options)
 
 
 def _wait_for(
-    order: list[str],
-    lost: QueueManager | Reconnect,
-    mode: ReconnectMode,
-    follow: bool,
-    queue: str | None,
-    deadline: float,
-    timeout: timedelta,
-    what: str,
-    error: Exception,
-    in_doubt: bool,
-    storage_options: store.StorageOptions,
+    order: list[str], broken: _Break, *, follow: bool = False, queue: str | None = None, in_doubt: bool = False
 ) -> QueueManager:
     """Wait, with backoff, for a queue manager at the roots of ``order`` that the mode accepts: the
-    lost one (same qmid), or with ``follow`` any that hosts ``queue``."""
+    lost one (same qmid), or with ``follow`` any that hosts ``queue``. ``in_doubt``: the call is in
+    doubt, which the error at the timeout says."""
+    what, lost, error, mode = broken.what, broken.lost, broken.error, broken.mode
     delay = _FIRST_DELAY
     others: list[str] = []
     while True:
         for root in order:
             try:
-                found = QueueManager.open(root, storage_options=storage_options)
+                found = QueueManager.open(root, storage_options=broken.storage_options)
                 if found.qmid != lost.qmid:
                     if not follow and mode is ReconnectMode.YES and len(order) == 1:
                         raise MQError(
@@ -350,8 +342,8 @@ def _wait_for(
                 continue
             _log.warning("%s: reconnected to queue manager %s at %s", what, found.name, root)
             return found
-        if time.monotonic() + delay > deadline:
-            waited = timeout.total_seconds()
+        if time.monotonic() + delay > broken.deadline:
+            waited = broken.timeout.total_seconds()
             if others and mode is ReconnectMode.QMGR:
                 raise MQError(
                     f"{what}: queue manager {lost.qmid} did not come back within the reconnect timeout "

@@ -15,9 +15,10 @@ from deltalake.exceptions import CommitFailedError
 
 from chaos.faults import Control, build
 from mqspark import MQError, QueueManager, Reason
-from mqspark.engine import consumer_groups
+from mqspark.engine import state_compaction, state_table
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.state_rows import event_rows
+from mqspark.engine.state_table import StateTable
 
 
 def test_a_group_created_after_the_delete_looked_is_not_there_to_delete(qm: QueueManager, monkeypatch) -> None:
@@ -25,13 +26,13 @@ def test_a_group_created_after_the_delete_looked_is_not_there_to_delete(qm: Queu
     qm.declare_consumer("Q", "g")
     state = ConsumerState(qm.root, "Q")
     looks = [0]
-    real_table = ConsumerState.table
+    real_table = StateTable.table
 
-    def none_at_first(self: ConsumerState):  # the delete's first look: no state table yet
+    def none_at_first(self: StateTable):  # the delete's first look: no state table yet
         looks[0] += 1
         return None if looks[0] == 1 else real_table(self)
 
-    monkeypatch.setattr(ConsumerState, "table", none_at_first)
+    monkeypatch.setattr(StateTable, "table", none_at_first)
     with pytest.raises(MQError, match="consumer group 'g' does not exist") as refused:
         state.delete("g", timedelta(seconds=30))
     assert refused.value.reason == Reason.MQRC_UNKNOWN_OBJECT_NAME
@@ -42,14 +43,14 @@ def test_a_compaction_whose_table_went_after_its_commit_is_done(qm: QueueManager
     qm.declare_consumer("Q", "g")
     state = ConsumerState(qm.root, "Q")
     committed = [False]
-    real_table, real_overwrite = ConsumerState.table, ConsumerState._overwrite
+    real_table, real_overwrite = StateTable.table, StateTable.overwrite
 
-    def overwrite(self: ConsumerState, table, rows, operation):
+    def overwrite(self: StateTable, table, rows, operation):
         committed[0] = real_overwrite(self, table, rows, operation)
         return committed[0]
 
-    monkeypatch.setattr(ConsumerState, "_overwrite", overwrite)
-    monkeypatch.setattr(ConsumerState, "table", lambda self: None if committed[0] else real_table(self))
+    monkeypatch.setattr(StateTable, "overwrite", overwrite)
+    monkeypatch.setattr(StateTable, "table", lambda self: None if committed[0] else real_table(self))
     assert state.compact()
     assert committed[0]
 
@@ -57,8 +58,8 @@ def test_a_compaction_whose_table_went_after_its_commit_is_done(qm: QueueManager
 def test_a_state_table_deleted_right_after_it_was_created_refuses_the_append(qm: QueueManager, monkeypatch) -> None:
     qm.define_queue("Q")
     state = ConsumerState(qm.root, "Q")
-    monkeypatch.setattr(ConsumerState, "table", lambda self: None)
-    monkeypatch.setattr(consumer_groups.store, "create_table", lambda *args, **kwargs: None)
+    monkeypatch.setattr(StateTable, "table", lambda self: None)
+    monkeypatch.setattr(state_table.store, "create_table", lambda *args, **kwargs: None)
     with pytest.raises(MQError, match="queue Q: its state table was deleted") as refused:
         state.append(event_rows("g", "", "declare"))
     assert refused.value.reason == Reason.MQRC_Q_DELETED
@@ -113,7 +114,7 @@ def test_a_compaction_by_another_reader_is_not_a_rewrite_but_a_deleted_group_is(
     assert (mine.groups(), mine.rewrites) == (["g"], 1)
     # Further behind than it reads the log for: counted as a rewrite.
     other.compact()
-    for _ in range(2 * consumer_groups.COMPACT_EVERY + 1):
+    for _ in range(2 * state_table.COMPACT_EVERY + 1):
         other.append(event_rows("g", "", "declare"))
     assert (mine.groups(), mine.rewrites) == (["g"], 2)
 
@@ -139,16 +140,16 @@ for _ in range(int(sys.argv[2])):
 def test_a_compaction_keeps_the_state_tables_log_and_files_to_what_readers_may_still_need(
     qm: QueueManager, tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(consumer_groups, "TRIM_EVERY", 1)
+    monkeypatch.setattr(state_compaction, "TRIM_EVERY", 1)
     qm.define_queue("Q")
     state = ConsumerState(qm.root, "Q")
     # Recorded and compacted by a process whose clock runs behind by more than the files' retention:
     # what its compactions removed was removed that long ago.
-    behind = consumer_groups.STATE_FILE_RETENTION.total_seconds() + 120
+    behind = state_table.STATE_FILE_RETENTION.total_seconds() + 120
     control = Control(tmp_path / "behind.control")
     control.set(skew=-behind)
     subprocess.run(
-        [sys.executable, "-c", RECORD, str(qm.root), str(3 * consumer_groups.COMPACT_EVERY)],
+        [sys.executable, "-c", RECORD, str(qm.root), str(3 * state_table.COMPACT_EVERY)],
         env={**os.environ, **control.environment(build(tmp_path))},
         check=True,
     )
@@ -157,7 +158,7 @@ def test_a_compaction_keeps_the_state_tables_log_and_files_to_what_readers_may_s
     checkpoints = sorted((location / "_delta_log").glob("*.checkpoint.parquet"))
     live = {Path(uri).name for uri in DeltaTable(state.location).file_uris()}
     removed = [path for path in location.glob("*.parquet") if path.name not in live]
-    assert len(old_entries) > 2 * consumer_groups.COMPACT_EVERY and len(checkpoints) >= 2 and removed
+    assert len(old_entries) > 2 * state_table.COMPACT_EVERY and len(checkpoints) >= 2 and removed
     # The store stamped the files with its own clock: as old as that process thought.
     _age([*old_entries, *checkpoints, *removed], behind)
     state.append(event_rows("h", "", "declare"))
@@ -184,10 +185,10 @@ def test_a_state_commit_that_landed_is_not_reported_failed_when_the_compaction_a
         # What a chaos run saw: delta-rs's vacuum lost its own log record to a concurrent commit.
         raise CommitFailedError("Commit failed: a concurrent transaction deleted data this operation read.")
 
-    monkeypatch.setattr(consumer_groups.store, "trim_history", fails)
-    monkeypatch.setattr(consumer_groups, "TRIM_EVERY", 1)
-    for number in range(2 * consumer_groups.COMPACT_EVERY):
+    monkeypatch.setattr(state_compaction.store, "trim_history", fails)
+    monkeypatch.setattr(state_compaction, "TRIM_EVERY", 1)
+    for number in range(2 * state_table.COMPACT_EVERY):
         state.append(event_rows(f"g{number}", "", "declare"))
     assert ConsumerState(qm.root, "Q").groups() == sorted(["g", *(f"g{n}" for n in range(40))])
     # The compactions themselves went through: the table holds a few files, not one per record.
-    assert len(DeltaTable(state.location).file_uris()) < consumer_groups.COMPACT_EVERY
+    assert len(DeltaTable(state.location).file_uris()) < state_table.COMPACT_EVERY

@@ -14,7 +14,8 @@ from chispa import assert_df_equality
 
 import mqspark
 from mqspark import MQError, MQValidationError, Reason
-from mqspark.engine.state_rows import STATE_SCHEMA, compact_rows
+from mqspark.engine.state_compaction import compact_rows
+from mqspark.engine.state_rows import STATE_SCHEMA
 
 from .support.service_functions import fails_on_bad, returns_a_number, slow_on_slow, upper
 
@@ -260,14 +261,15 @@ def test_a_reply_record_made_after_its_cancellation_stands():
     """A replay puts its replies with the plan's txn version again: the record of an attempt whose
     put did not land is cancelled, and the record of the next attempt of the same plan must count
     (else a later batch calls the service again and the request gets a second reply)."""
-    from mqspark.services.forward import live_reply_records, reply_state_rows
+    from mqspark.engine.state_rows import reply_rows
+    from mqspark.services.forward import live_reply_records
 
     entry = ("plan-1", 4, '["QM1", "REPLIES"]')
     ranges = pa.table({"origin": ["1:0"], "row": pa.array([28], pa.int64()), "count": pa.array([7], pa.int64())})
     columns = ["event", "plan_id", "seq", "target", "at", "origin", "row", "count"]
 
     def record(event: str, second: int) -> pa.Table:
-        rows = reply_state_rows("forward", "owner", event, entry, ranges).select(columns)
+        rows = reply_rows("forward", "owner", event, entry, ranges).select(columns)
         at = pa.array([datetime(2026, 11, 27, 2, 12, second, tzinfo=UTC)], rows.schema.field("at").type)
         return rows.set_column(columns.index("at"), rows.schema.field("at"), at)
 

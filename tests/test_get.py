@@ -14,7 +14,8 @@ from deltalake import DeltaTable
 
 from mqspark import MQError, MQValidationError, Reason, store
 from mqspark.engine.backout import Transfer, failures
-from mqspark.engine.consumer_groups import ConsumerState, Stale
+from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.state_commit import Stale
 from mqspark.engine.state_rows import event_rows
 from mqspark.qmgr import BROWSE_SCHEMA
 

@@ -390,6 +390,7 @@ def _profile() -> dict[str, list[float]]:
     from mqspark.engine import depth
     from mqspark.engine import maintenance as module
     from mqspark.engine.consumer_groups import ConsumerState
+    from mqspark.engine.state_compaction import Compaction
 
     totals: dict[str, list[float]] = {}
     steps = [
@@ -403,7 +404,7 @@ def _profile() -> dict[str, list[float]]:
         (module, "_commit"),
         (module, "_tidy"),
         (store, "delete_removed_files"),
-        (ConsumerState, "compact"),
+        (Compaction, "compact"),
         (store, "commit_files"),
     ]
     for owner, name in steps:

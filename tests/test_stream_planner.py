@@ -17,8 +17,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from mqspark import MQError, Reason, store
 from mqspark.cli.main import main
-from mqspark.engine.consumer_groups import COMPACT_EVERY, ConsumerState
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.pending import is_in_runs
+from mqspark.engine.state_table import COMPACT_EVERY
 from mqspark.spark.stream import OFFSET_KEYS
 
 from .support.samples import spec_example

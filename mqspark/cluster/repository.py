@@ -39,6 +39,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import DEFAULT_RETENTION, check_retention
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, int_in, one_of, validate_name
+from mqspark.model.numbers import check_number
 
 if TYPE_CHECKING:
     from mqspark.engine.queues import Queues
@@ -271,8 +272,9 @@ class Cluster:
         A route state an administrator set stays. Advertisements of reachable members get their
         queue's current attributes; those of queues no longer defined (as local queues) are dropped.
         """
-        if isinstance(active_within, bool) or not isinstance(active_within, (int, float)) or not active_within >= 0:
-            raise MQValidationError(f"option active_within must be a number of seconds >= 0, got {active_within!r}")
+        check_number(
+            active_within, f"option active_within must be a number of seconds >= 0, got {active_within!r}", at_least=0
+        )
         now = now or datetime.now(UTC)
         window = timedelta(seconds=active_within)
         before = self._read()
@@ -380,8 +382,12 @@ class Cluster:
         _check_producer(producer)
         validate_name(queue)
         _check_batch_id(batch_id)
-        if isinstance(snapshot_version, bool) or not isinstance(snapshot_version, int) or snapshot_version < 0:
-            raise MQValidationError(f"snapshot_version must be a version number >= 0, got {snapshot_version!r}")
+        check_number(
+            snapshot_version,
+            f"snapshot_version must be a version number >= 0, got {snapshot_version!r}",
+            whole=True,
+            at_least=0,
+        )
         if not isinstance(at, datetime) or at.tzinfo is None:
             raise MQValidationError(f"at must be a timezone-aware datetime, got {at!r}")
         for binding in bindings:
@@ -438,11 +444,15 @@ class Cluster:
     def _read(self, version: int | None = None) -> RepositoryState:
         table = self._table()
         if version is not None:
-            if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= table.version():
-                raise MQError(
-                    f"cluster {self.name} has no version {version!r} (latest is {table.version()})",
-                    Reason.MQRC_UNKNOWN_OBJECT_NAME,
-                )
+            latest = table.version()
+            check_number(
+                version,
+                f"cluster {self.name} has no version {version!r} (latest is {latest})",
+                whole=True,
+                at_least=0,
+                at_most=latest,
+                reason=Reason.MQRC_UNKNOWN_OBJECT_NAME,
+            )
             table.load_as_version(version)
         return repository_of(table)
 
@@ -513,5 +523,7 @@ def _check_producer(producer: Any) -> None:
 
 
 def _check_batch_id(batch_id: Any) -> None:
-    if batch_id is not None and (isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0):
-        raise MQValidationError(f"batch_id must be a whole number >= 0 or None, got {batch_id!r}")
+    if batch_id is not None:
+        check_number(
+            batch_id, f"batch_id must be a whole number >= 0 or None, got {batch_id!r}", whole=True, at_least=0
+        )

@@ -16,6 +16,7 @@ from typing import Any
 
 from mqspark.console.managers import Managers
 from mqspark.errors import MQError, MQValidationError
+from mqspark.model.numbers import check_number
 
 # The most messages a redrive moves per second, and the default.
 MAX_RATE = 1000
@@ -72,8 +73,8 @@ class Redrives:
         """Start redriving ``msg_ids`` of ``queue`` (None: every message waiting on it now) at ``rate``
         per second; ``started`` is called with the redrive before it begins, ``finished`` when it
         ends, done or failed."""
-        if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= MAX_RATE:
-            raise MQValidationError(f"redrive: option rate must be 1-{MAX_RATE} messages a second, got {rate!r}")
+        error = f"redrive: option rate must be 1-{MAX_RATE} messages a second, got {rate!r}"
+        check_number(rate, error, whole=True, at_least=1, at_most=MAX_RATE)
         qm = self.managers.get(qmgr)
         name = qm.resolve_for_get(queue).name
         if msg_ids is None:

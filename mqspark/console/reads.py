@@ -19,6 +19,7 @@ from mqspark.console.reader import Reader
 from mqspark.console.snapshots import Dated, Snapshots
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQValidationError
+from mqspark.model.numbers import check_number
 from mqspark.status import holds_failed_messages, payload_view
 
 # How often an answer clients keep polling is computed again: as often as the overview page asks,
@@ -108,8 +109,8 @@ class Reads:
     def history(self, qmgr: str, queue: str, minutes: int) -> Dated[dict[str, Any]]:
         """The monitor history of ``queue`` over the last ``minutes``
         (:func:`~mqspark.console.answers.history`)."""
-        if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= MAX_HISTORY_MINUTES:
-            raise MQValidationError(f"option minutes must be 1-{MAX_HISTORY_MINUTES}, got {minutes!r}")
+        error = f"option minutes must be 1-{MAX_HISTORY_MINUTES}, got {minutes!r}"
+        check_number(minutes, error, whole=True, at_least=1, at_most=MAX_HISTORY_MINUTES)
         return self._cached("history", qmgr, queue, minutes)
 
     def instances(self, qmgr: str) -> Dated[list[dict[str, Any]]]:
@@ -129,10 +130,10 @@ class Reads:
     ) -> dict[str, Any]:
         """One page of ``queue``'s messages in delivery order (``offset`` of them skipped), as
         :meth:`message_rows` shows them; ``more`` says whether more follow."""
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise MQValidationError(f"option offset must be a whole number >= 0, got {offset!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-            raise MQValidationError(f"option limit must be 1-{MAX_PAGE}, got {limit!r}")
+        check_number(offset, f"option offset must be a whole number >= 0, got {offset!r}", whole=True, at_least=0)
+        check_number(
+            limit, f"option limit must be 1-{MAX_PAGE}, got {limit!r}", whole=True, at_least=1, at_most=MAX_PAGE
+        )
         qm = self.managers.get(qmgr)
         browsed = qm.browse_with(queue, selected.options())
         browsed = _narrowed(browsed, selected)

@@ -7,7 +7,7 @@ A delivery of a message to a consumer group fails in one of two ways:
   the batch itself succeeds, and the message is not consumed with it;
 - **implicitly**: the batch fails and Spark replays it (a rolled-back unit of work).
 
-Each failure is a row of the queue's state table (:mod:`mqspark.engine.consumer_groups`): ``backout`` for an
+Each failure is a row of the queue's state table (:mod:`mqspark.engine.state_rows`): ``backout`` for an
 explicit one, ``rollback`` for a replayed plan, with the plan it happened in. A message's
 ``backout_count`` for a group is the number of its failures. A failure **pinpoints** its message
 when it was explicit, or when the replayed plan delivered that message alone; a failed batch of many
@@ -73,9 +73,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.consumer_groups import ConsumerState, Stale
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.pending import lookup
-from mqspark.engine.state_rows import STATE_SCHEMA, event_rows
+from mqspark.engine.state_commit import Stale
+from mqspark.engine.state_rows import STATE_SCHEMA, EventKind, event_rows, failure_rows, move_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
@@ -87,7 +88,7 @@ if TYPE_CHECKING:
     from mqspark.engine.pending import PendingMessages
     from mqspark.engine.queues import Queues
 
-FAILURE_EVENTS = ("backout", "rollback")
+FAILURE_EVENTS = (EventKind.BACKOUT, EventKind.ROLLBACK)
 # The error text of a rolled-back delivery (the batch failed and was replayed).
 ROLLED_BACK = "MQRC_BACKED_OUT (2003): the micro-batch that delivered it failed and was replayed"
 # The error text of a Python get's messages whose lock passed before the get ended (see :mod:`mqspark.engine.get`).
@@ -221,12 +222,12 @@ def _failures(rows: pa.Table) -> pa.Table:
     )
     # A replayed plan of one message pinpoints it as surely as an explicit backout.
     sizes = (
-        rows.filter(pc.equal(rows["event"], "rollback"))
+        rows.filter(pc.equal(rows["event"], EventKind.ROLLBACK))
         .group_by(["plan_id", "seq"], use_threads=False)
         .aggregate([("row", "count")])
     )
     alone = sizes.filter(pc.equal(sizes["row_count"], 1))["plan_id"]
-    pinpointed = pc.or_(pc.equal(rows["event"], "backout"), pc.is_in(rows["plan_id"], value_set=alone))
+    pinpointed = pc.or_(pc.equal(rows["event"], EventKind.BACKOUT), pc.is_in(rows["plan_id"], value_set=alone))
     rows = rows.append_column("pinpointed", pinpointed)
     rows = rows.take(pc.sort_indices(rows, [("at_min", "ascending")]))
     counted = rows.group_by(["origin", "row"], use_threads=False).aggregate(
@@ -243,37 +244,6 @@ def _failures(rows: pa.Table) -> pa.Table:
         },
         schema=FAILURE_SCHEMA,
     )
-
-
-def failure_rows(
-    consumer: str,
-    owner: str,
-    event: str,
-    plan_id: str,
-    identities: pa.Table,
-    error: str,
-    seq: int | None = None,
-    batch_limit: int | None = None,
-) -> pa.Table:
-    """State rows recording that each message of ``identities`` (``origin``, ``row``) failed in plan
-    ``plan_id``: ``event`` is ``backout`` (explicit) or ``rollback`` (the plan was replayed), or
-    ``return`` for a later item of a backed-out item's group, which goes back without a failure."""
-    count = identities.num_rows
-    now = datetime.now(UTC)
-    given = {
-        "consumer": pa.repeat(consumer, count),
-        "owner": pa.repeat(owner, count),
-        "event": pa.repeat(event, count),
-        "plan_id": pa.repeat(plan_id, count),
-        "origin": identities["origin"],
-        "row": identities["row"],
-        "count": pa.repeat(pa.scalar(1, pa.int64()), count),
-        "error": pa.repeat(error, count),
-        "at": pa.repeat(pa.scalar(now, TIMESTAMP), count),
-        "seq": pa.repeat(pa.scalar(seq, pa.int64()), count),
-        "batch_limit": pa.repeat(pa.scalar(batch_limit, pa.int64()), count),
-    }
-    return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
 
 
 def plan_messages(plan: pa.Table) -> pa.Table:
@@ -329,7 +299,7 @@ def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> i
             "is processing; nothing was backed out"
         )
     chosen = delivered.filter(pc.is_in(delivered["delivery_seq"], value_set=wanted))
-    done = state.events(consumer, ("backout",), ["origin", "row"], plan_id=plan_id)
+    done = state.events(consumer, (EventKind.BACKOUT,), ["origin", "row"], plan_id=plan_id)
     if done.num_rows:
         seen = pc.is_in(
             pc.binary_join_element_wise(chosen["origin"], pc.cast(chosen["row"], pa.string()), ":"),
@@ -338,7 +308,7 @@ def backout(rows: Any, error: str, *, root: str, consumer: str = "default") -> i
         chosen = chosen.filter(pc.invert(seen))
     if chosen.num_rows:
         assert plan_id is not None, "rows were chosen from the current plan"
-        state.append(failure_rows(consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error))
+        state.append(failure_rows(consumer, owner, EventKind.BACKOUT, plan_id, chosen.select(["origin", "row"]), error))
     return int(len(wanted))
 
 
@@ -381,7 +351,7 @@ class Transfer:
         for move_id in pc.unique(moves["plan_id"]).to_pylist():
             mine = moves.filter(pc.equal(moves["plan_id"], move_id))
             self._put(mine, pending)
-            self.state.append(event_rows(self.consumer, self.owner, "consumed", plan_id=move_id))
+            self.state.append(event_rows(self.consumer, self.owner, EventKind.CONSUMED, plan_id=move_id))
             finished.append(mine.select(IDENTITY_SCHEMA.names))
         return pa.concat_tables(finished)
 
@@ -391,22 +361,7 @@ class Transfer:
         table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
         committed = table.transaction_version(self.app_id) if table is not None else None
         move_id = uuid.uuid4().hex
-        count = chosen.num_rows
-        columns = {
-            "consumer": pa.repeat(self.consumer, count),
-            "owner": pa.repeat(self.owner, count),
-            "event": pa.repeat("move", count),
-            "plan_id": pa.repeat(move_id, count),
-            "seq": pa.repeat(pa.scalar((committed or 0) + 1, pa.int64()), count),
-            "origin": chosen["origin"],
-            "row": chosen["row"],
-            "count": pa.repeat(pa.scalar(1, pa.int64()), count),
-            "target": pa.repeat(target, count),
-            "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count),
-            **given,
-        }
-        rows = pa.table({f.name: columns.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA})
-        rows = rows.cast(STATE_SCHEMA)
+        rows = move_rows(self.consumer, self.owner, move_id, (committed or 0) + 1, chosen, target, **given)
         self.state.append(rows, self._alone(target, committed, chosen))
         try:
             self._put(rows, pending)
@@ -414,9 +369,9 @@ class Transfer:
             # The target refused the put (full, inhibited, group rules): nothing moved, the messages stay.
             if refused.reason == Reason.MQRC_BACKED_OUT:
                 raise
-            self.state.append(event_rows(self.consumer, self.owner, "abandoned", plan_id=move_id))
+            self.state.append(event_rows(self.consumer, self.owner, EventKind.ABANDONED, plan_id=move_id))
             raise
-        self.state.append(event_rows(self.consumer, self.owner, "consumed", plan_id=move_id))
+        self.state.append(event_rows(self.consumer, self.owner, EventKind.CONSUMED, plan_id=move_id))
 
     def _alone(self, target: str, committed: int | None, chosen: pa.Table) -> Callable[[], None]:
         """A check that no other move of the group was recorded since ``target``'s ``txn`` version was
@@ -427,11 +382,11 @@ class Transfer:
         group. The messages ``chosen`` must not be consumed either: a compaction folds finished moves
         into the group's consumed ranges, so a move by another process that finished and was folded
         meanwhile shows only as its messages consumed."""
-        seen = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
+        seen = set(self.state.events(self.consumer, (EventKind.MOVE,), ["plan_id"])["plan_id"].to_pylist())
         wanted = single_ranges(chosen)
 
         def check() -> None:
-            moves = set(self.state.events(self.consumer, ("move",), ["plan_id"])["plan_id"].to_pylist())
+            moves = set(self.state.events(self.consumer, (EventKind.MOVE,), ["plan_id"])["plan_id"].to_pylist())
             table = store.open_table(store.queue_location(self.qm.root, target), self.qm.storage_options)
             now = table.transaction_version(self.app_id) if table is not None else None
             taken = overlap_counts(wanted, self.state.consumed_ranges(self.consumer)).any()
@@ -442,9 +397,13 @@ class Transfer:
 
     def _under_way(self) -> pa.Table:
         """The ranges of the group's moves neither finished nor abandoned."""
-        rows = self.state.events(self.consumer, ("move", "consumed", "abandoned"), ["event", "plan_id", *RANGE_COLUMNS])
-        ended = rows.filter(pc.invert(pc.equal(rows["event"], "move")))["plan_id"]
-        moves = pc.and_(pc.equal(rows["event"], "move"), pc.invert(pc.is_in(rows["plan_id"], value_set=ended)))
+        rows = self.state.events(
+            self.consumer,
+            (EventKind.MOVE, EventKind.CONSUMED, EventKind.ABANDONED),
+            ["event", "plan_id", *RANGE_COLUMNS],
+        )
+        ended = rows.filter(pc.invert(pc.equal(rows["event"], EventKind.MOVE)))["plan_id"]
+        moves = pc.and_(pc.equal(rows["event"], EventKind.MOVE), pc.invert(pc.is_in(rows["plan_id"], value_set=ended)))
         return rows.filter(moves).select(RANGE_COLUMNS)
 
     def _put(self, move: pa.Table, pending: PendingMessages) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from mqspark import store
 from mqspark.engine.get import Claim, GetRequest, plan_get
 from mqspark.engine.queues import Queues
-from mqspark.errors import MQValidationError
+from mqspark.model.numbers import check_number
 
 # The most messages one block may claim.
 MAX_PREFETCH = 100_000
@@ -34,10 +34,13 @@ class Consumer:
     a time. Iterating ends once no message came for ``wait`` seconds. Use it in a ``with`` block."""
 
     def __init__(self, qm: Queues, queue: str, consumer: str = "default", prefetch: int = 500, wait: float = 0.0):
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= MAX_PREFETCH:
-            raise MQValidationError(
-                f"consumer of queue {queue}: prefetch must be an integer from 1 to {MAX_PREFETCH}, got {prefetch!r}"
-            )
+        check_number(
+            prefetch,
+            f"consumer of queue {queue}: prefetch must be an integer from 1 to {MAX_PREFETCH}, got {prefetch!r}",
+            whole=True,
+            at_least=1,
+            at_most=MAX_PREFETCH,
+        )
         self.qm = qm
         self.request = GetRequest(queue, consumer, max_messages=prefetch, wait=wait)
         self._block: Claim | None = None

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from mqspark import store
-from mqspark.engine.consumer_groups import GroupsSnapshot
+from mqspark.engine.state_reads import GroupsSnapshot
 from mqspark.model.messages import MESSAGE_SCHEMA, TIMESTAMP, origins
 from mqspark.model.ranges import (
     KEY_COLUMNS,

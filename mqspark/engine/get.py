@@ -13,7 +13,7 @@ get's recorded plan is its *claim* (owner ``get:<id>``): it holds its messages f
 of others: their messages, and every message of a group with an item claimed, wait (so a group is
 read by one get at a time, in logical order); ungrouped messages go to whichever get asks, higher
 priorities first. The claim commits at exactly the version after the look it was planned on, and
-only when no other plan was recorded meanwhile (:class:`~mqspark.engine.consumer_groups.Stale`
+only when no other plan was recorded meanwhile (:class:`~mqspark.engine.state_commit.Stale`
 otherwise: the get plans again). Its consumption commits only while the claim holds: a get whose
 lock passed is refused (2003), and the next get to plan takes its messages back, each counting one
 rolled-back delivery. Moves to the backout, error and dead-letter queues go one at a time per group
@@ -57,19 +57,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine.backout import RELEASED, check_error_text, failure_rows, plan_messages
-from mqspark.engine.consumer_groups import Claims, ConsumerState, Stale
+from mqspark.engine.backout import RELEASED, check_error_text, plan_messages
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
-from mqspark.engine.leases import GET_OWNER
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.pending import PendingMessages
 from mqspark.engine.planner import Planner
 from mqspark.engine.queues import Queues
-from mqspark.engine.state_rows import consumed_rows, event_rows
+from mqspark.engine.state_commit import Stale
+from mqspark.engine.state_reads import Claims
+from mqspark.engine.state_rows import GET_OWNER, EventKind, consumed_rows, event_rows, failure_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA
-from mqspark.model.ranges import RANGE_COLUMNS
+from mqspark.model.numbers import check_number
 
 # How often a waiting get looks for new messages (it plans only when the queue table changed).
 _POLL = 0.05
@@ -164,7 +165,9 @@ class Claim:
 
     def _renew_on(self, state: ConsumerState) -> None:
         planner = self.planner
-        state.append(event_rows(planner.consumer, planner.owner, "renew", self.plan_id, self.seq), self._held(state))
+        state.append(
+            event_rows(planner.consumer, planner.owner, EventKind.RENEW, self.plan_id, self.seq), self._held(state)
+        )
 
     @store.connected
     def commit(self) -> None:
@@ -176,7 +179,7 @@ class Claim:
         """Give the messages back as failed (MQBACK): each counts one failed delivery, with ``error``
         as its error, and the queue's retry and backout rules apply. Refused (2003) once the lock passed."""
         check_error_text(error, f"get from queue {self.planner.queue}: backout error")
-        self._end(self._ending([self._failures("backout", self._identities(), error)]))
+        self._end(self._ending([self._failures(EventKind.BACKOUT, self._identities(), error)]))
 
     def release(self) -> None:
         """Give the messages back unprocessed, at once, without counting a failed delivery."""
@@ -190,10 +193,10 @@ class Claim:
         identities = self._identities()
         rows = []
         if error is not None and processed < identities.num_rows:
-            rows.append(self._failures("backout", identities.slice(processed, 1), error))
+            rows.append(self._failures(EventKind.BACKOUT, identities.slice(processed, 1), error))
             processed += 1
         if processed < identities.num_rows:
-            rows.append(self._failures("return", identities.slice(processed), RELEASED))
+            rows.append(self._failures(EventKind.RETURN, identities.slice(processed), RELEASED))
         self._end(self._ending(rows))
 
     def acknowledgement(self) -> Settlement:
@@ -206,7 +209,7 @@ class Claim:
         identities = plan_messages(self.plan)
         return identities.take(pc.sort_indices(identities, [("delivery_seq", "ascending")])).select(["origin", "row"])
 
-    def _failures(self, event: str, identities: pa.Table, error: str) -> pa.Table:
+    def _failures(self, event: EventKind, identities: pa.Table, error: str) -> pa.Table:
         planner = self.planner
         return failure_rows(planner.consumer, planner.owner, event, self.plan_id, identities, error)
 
@@ -229,7 +232,7 @@ class Claim:
 
         def check() -> None:
             consumer = planner.consumer
-            if state.events(consumer, ("consumed",), ["event"], plan_id).num_rows:
+            if state.events(consumer, (EventKind.CONSUMED,), ["event"], plan_id).num_rows:
                 raise MQError(f"get from queue {planner.queue}: claim {plan_id} ended already", Reason.MQRC_BACKED_OUT)
             # A claim rolled back by another get, or whose lock passed, is not live.
             if plan_id not in state.claims(consumer, planner.lock).live["plan_id"].to_pylist():
@@ -325,7 +328,7 @@ def plan_get(
                             Reason.MQRC_BACKED_OUT,
                         ) from None
                     planner.drop_unstarted_plans()
-                    planner.unrecorded.clear()
+                    planner.drop_unrecorded()
                     kept.keep(planner)
                     seen = None
                     time.sleep(random.uniform(0, 0.002 * min(conflicts, 10)))
@@ -333,7 +336,7 @@ def plan_get(
                 kept.keep(planner)
                 if planned is not None:
                     return planned
-                due = planner.next_due
+                due = planner.due()
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
@@ -350,10 +353,13 @@ def _checked(request: GetRequest) -> DeliveryOptions | None:
     """Check the request's values; the selection its match options make (None: every message)."""
     queue, max_messages, wait = request.queue, request.max_messages, request.wait
     validate_name(request.consumer, "consumer group")
-    if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-        raise MQValidationError(f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}")
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
-        raise MQValidationError(f"get: queue {queue}: wait must be a number of seconds >= 0, got {wait!r}")
+    check_number(
+        max_messages,
+        f"get: queue {queue}: max_messages must be an integer >= 1, got {max_messages!r}",
+        whole=True,
+        at_least=1,
+    )
+    check_number(wait, f"get: queue {queue}: wait must be a number of seconds >= 0, got {wait!r}", at_least=0)
     msg_id, correl_id, group_id = request.msg_id, request.correl_id, request.group_id
     for name, value in (("msg_id", msg_id), ("correl_id", correl_id), ("group_id", group_id)):
         if value is not None and (not isinstance(value, str) or not value):
@@ -380,8 +386,8 @@ def _claim(
     if settling is not None:
         # Its messages are consumed by the commit that records this claim: planned as such, so
         # the rest of a group it held follows in logical order.
-        planner.unrecorded.append(settling.rows)
-        planner.pending.mark_consumed(planner.pending.range_keys(settling.plan.select(RANGE_COLUMNS)))
+        planner.with_next_commit(settling.rows)
+        planner.mark_consumed(settling.plan)
     while True:
         now = datetime.now(UTC)
         claims = state.claims(consumer, planner.lock, now)
@@ -390,7 +396,7 @@ def _claim(
         for plan_id, plan in claims.expired.items():
             planner.roll_back(plan_id, plan)
         seq, delivered = state.last_position(consumer)
-        claimed = planner.pending.range_keys(claims.live.select(RANGE_COLUMNS))
+        claimed = planner.range_keys(claims.live)
         plan = planner.plan(delivered, now, max_messages, None, match, claimed)
         check = _unchanged(state, planner, seq, list(claims.expired))
         if settling is not None:
@@ -399,14 +405,13 @@ def _claim(
         if plan is None:
             planner.flush(check=check)
             # Messages other gets hold come back when their lock passes, without a commit.
-            expiries = [planner.next_due, pc.min(claims.live["expiry"]).as_py()]
-            planner.next_due = min((due for due in expiries if due is not None), default=None)
+            planner.due_by(pc.min(claims.live["expiry"]).as_py())
             return None
         plan_id = plan.schema.metadata[b"plan_id"].decode()
         # Read before the claim commits: a read that fails leaves nothing claimed.
         pieces = [rows.messages() for rows in planner.planned_rows(plan_id, plan)]
         if consume and pieces:
-            planner.unrecorded.append(consumed_rows(consumer, planner.owner, plan_id, seq + 1))
+            planner.with_next_commit(consumed_rows(consumer, planner.owner, plan_id, seq + 1))
         planner.record(plan_id, seq + 1, plan, check)
         if pieces:
             return Claim(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
@@ -431,7 +436,7 @@ def _unchanged(state: ConsumerState, planner: Planner, seq: int, rolled_back: li
         _refuse_while_a_query_reads(state, planner)
         if state.last_position(planner.consumer)[0] != seq:
             raise Stale(f"queue {planner.queue}: consumer group {planner.consumer!r} planned since")
-        ended = state.events(planner.consumer, ("consumed", "rollback"), ["plan_id"])["plan_id"]
+        ended = state.events(planner.consumer, (EventKind.CONSUMED, EventKind.ROLLBACK), ["plan_id"])["plan_id"]
         if pc.any(pc.is_in(ended, value_set=pa.array(rolled_back, pa.string()))).as_py():
             raise Stale(f"queue {planner.queue}: consumer group {planner.consumer!r}: a lapsed claim ended since")
 

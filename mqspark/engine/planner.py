@@ -2,7 +2,7 @@
 they are delivered. The streaming get (:mod:`mqspark.spark.stream`) and the Python get
 (:mod:`mqspark.engine.get`) both plan with a :class:`Planner`.
 
-A planner holds the group's lease while it lives (renewed by a :class:`~mqspark.engine.consumer_groups.Heartbeat`)
+A planner holds the group's lease while it lives (renewed by a :class:`~mqspark.engine.heartbeat.Heartbeat`)
 and its pending messages (:mod:`mqspark.engine.pending`). A planning step:
 
 1. records the plan that ended as consumed (:meth:`Planner.consume`), without the messages backed
@@ -40,7 +40,6 @@ from mqspark.engine.backout import (
     ROLLED_BACK,
     BackoutPolicy,
     Mover,
-    failure_rows,
     failures,
     plan_messages,
 )
@@ -50,10 +49,11 @@ from mqspark.engine.ordering import HEAD, DeliveryOptions, deliver, join_segment
 from mqspark.engine.pending import PendingMessages, lookup
 from mqspark.engine.plans import admit, file_runs, keys_of, locate_plan, plan_ranges
 from mqspark.engine.queues import Queues
-from mqspark.engine.state_rows import STATE_SCHEMA, consumed_rows
+from mqspark.engine.state_rows import EventKind, consumed_rows, failure_rows, plan_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA, TIMESTAMP
+from mqspark.model.ranges import RANGE_COLUMNS
 
 _log = logging.getLogger("mqspark.engine.planner")
 
@@ -161,16 +161,16 @@ class Planner:
         self.plan_files: dict[str, tuple[PendingMessages, int, dict[str, np.ndarray]]] = {}
         self.consumed_plans: set[str] = set()
         # Consumption records waiting to go with the next plan's commit: one state commit per batch.
-        self.unrecorded: list[pa.Table] = []
+        self._unrecorded: list[pa.Table] = []
         self.exhausted = False
-        self.next_due: datetime | None = None
+        self._next_due: datetime | None = None
         self.mover = Mover(qm, BackoutPolicy.of(qm, definition), self.state, consumer, owner)
         # Plans of earlier runs this run has replayed (each counted as one rolled-back delivery), and
         # whether each was given up.
         self.replayed: dict[str, bool] = {}
 
     @property
-    def pending(self) -> PendingMessages:
+    def _index(self) -> PendingMessages:
         """The group's pending messages, built by :meth:`load` (the first :meth:`consume` loads them)."""
         if self._pending is None:
             raise RuntimeError(
@@ -182,6 +182,40 @@ class Planner:
     def loaded(self) -> PendingMessages | None:
         """The pending index, None before it is loaded."""
         return self._pending
+
+    def index_version(self) -> int:
+        """The version of the queue table the pending index has read up to."""
+        return self._index.version
+
+    def range_keys(self, ranges: pa.Table) -> np.ndarray:
+        """The pending-index keys of the messages of ``ranges`` (``origin``/``row``/``count``)."""
+        return self._index.range_keys(ranges.select(RANGE_COLUMNS))
+
+    def mark_consumed(self, ranges: pa.Table) -> None:
+        """Plan as if the messages of ``ranges`` were consumed (their record is to commit with the next
+        plan, see :meth:`with_next_commit`)."""
+        self._index.mark_consumed(self.range_keys(ranges))
+
+    def with_next_commit(self, rows: pa.Table) -> None:
+        """Commit the state ``rows`` with the next plan's commit (or :meth:`flush`'s)."""
+        self._unrecorded.append(rows)
+
+    def drop_unrecorded(self) -> None:
+        """Forget the state rows waiting for the next commit: the step that made them is given up."""
+        self._unrecorded.clear()
+
+    def due(self) -> datetime | None:
+        """When the next plan may find messages without a commit to the queue (an expiry, a claim's
+        lock passing); None: only a commit brings new ones."""
+        return self._next_due
+
+    def is_due(self, now: datetime) -> bool:
+        """Whether :meth:`due` has come at ``now``."""
+        return self._next_due is not None and now >= self._next_due
+
+    def due_by(self, when: datetime | None) -> None:
+        """Make :meth:`due` no later than ``when`` (None: leave it)."""
+        self._next_due = min((due for due in (self._next_due, when) if due is not None), default=None)
 
     @property
     def lost(self) -> MQError | None:
@@ -200,14 +234,14 @@ class Planner:
 
     def stopped_by_monitor(self) -> MQError | None:
         """The backlog monitor's abort of this reader, when one was recorded after it took the lease."""
-        rows = self.state.events(self.consumer, ("abort",), ["reason", "error"], since=self.started)
+        rows = self.state.events(self.consumer, (EventKind.ABORT,), ["reason", "error"], since=self.started)
         if rows.num_rows == 0:
             return None
         return MQError(rows["error"][0].as_py(), Reason(rows["reason"][0].as_py()))
 
     def switchover_requested(self) -> bool:
         """Whether an administrator asked, after this reader took the lease, to hand the group over."""
-        return self.state.events(self.consumer, ("switchover",), ["at"], since=self.started).num_rows > 0
+        return self.state.events(self.consumer, (EventKind.SWITCHOVER,), ["at"], since=self.started).num_rows > 0
 
     def drop_unstarted_plans(self) -> None:
         """Forget the plans made but never started: their messages wait again."""
@@ -230,23 +264,25 @@ class Planner:
             keys = self.plan_keys.pop(plan_id, None)
             self.plan_files.pop(plan_id, None)
             if keys is None:
-                keys = self.pending.range_keys(self.state.plan(self.consumer, plan_id))
+                keys = self._index.range_keys(self.state.plan(self.consumer, plan_id))
             kept = self._backed_out(plan_id, keys)
-            self.unrecorded.append(consumed_rows(self.consumer, self.owner, plan_id, seq))
-            self.pending.mark_consumed(keys[~np.isin(keys, kept)])
+            self._unrecorded.append(consumed_rows(self.consumer, self.owner, plan_id, seq))
+            self._index.mark_consumed(keys[~np.isin(keys, kept)])
         if self._pending is None:
             self.load()
 
     def _backed_out(self, plan_id: str, keys: np.ndarray) -> np.ndarray:
         """The keys of the plan's messages that stay waiting: those backed out of it, and the later
         items of their message groups in the plan, which wait behind them (recorded as ``return``)."""
-        given_back = self.state.events(self.consumer, ("backout", "return"), ["event", "origin", "row"], plan_id)
+        given_back = self.state.events(
+            self.consumer, (EventKind.BACKOUT, EventKind.RETURN), ["event", "origin", "row"], plan_id
+        )
         if given_back.num_rows == 0:
             return np.zeros(0, dtype=np.int64)
         self.exhausted = False
-        pending = self.pending
-        given_up = keys_of(pending, given_back.filter(pc.equal(given_back["event"], "return")))
-        failed = keys_of(pending, given_back.filter(pc.equal(given_back["event"], "backout")))
+        pending = self._index
+        given_up = keys_of(pending, given_back.filter(pc.equal(given_back["event"], EventKind.RETURN)))
+        failed = keys_of(pending, given_back.filter(pc.equal(given_back["event"], EventKind.BACKOUT)))
         found, at = lookup(pending.keys(), keys)
         planned = pending.rows.take(pa.array(at[found]))
         planned_keys = keys[found]
@@ -271,7 +307,9 @@ class Planner:
                     "row": returned["row"],
                 }
             )
-            self.unrecorded.append(failure_rows(self.consumer, self.owner, "return", plan_id, identities, HELD_BEHIND))
+            self._unrecorded.append(
+                failure_rows(self.consumer, self.owner, EventKind.RETURN, plan_id, identities, HELD_BEHIND)
+            )
         return np.concatenate([failed, given_up, planned_keys[held]])
 
     def adopt(self, pending: PendingMessages) -> None:
@@ -279,7 +317,7 @@ class Planner:
         built: brought up to date with the queue's new commits and with what the group consumed since."""
         self._pending = pending
         self.catch_up()
-        self.pending.consume_ranges(self.state.consumed_ranges(self.consumer))
+        self._index.consume_ranges(self.state.consumed_ranges(self.consumer))
 
     def load(self) -> None:
         """Build the pending index from the table's snapshot, without what the group consumed."""
@@ -293,32 +331,32 @@ class Planner:
         """Bring the pending index up to date (to ``up_to``); True when it gained messages. When
         maintenance has cleaned up the log entries after the index's version, or rewrote files it has
         not read yet, it is built again."""
-        if not self.pending.behind_clean_up():
-            news = self.pending.refresh(self.up_to) if self.pending.has_news() else False
-            if not self.pending.stale:
+        if not self._index.behind_clean_up():
+            news = self._index.refresh(self.up_to) if self._index.has_news() else False
+            if not self._index.stale:
                 self.exhausted &= not news
                 return news
         # Maintenance cleaned up the log after the index's version, or rewrote files it has not read.
         self.load()
         # The new index numbers origins afresh: the keys of plans not yet consumed follow.
-        self.plan_keys = {plan_id: self.pending.range_keys(plan) for plan_id, plan in self.plans.items()}
+        self.plan_keys = {plan_id: self._index.range_keys(plan) for plan_id, plan in self.plans.items()}
         self.exhausted = False
         return True
 
     def flush(self, plan_rows: pa.Table | None = None, check: Callable[[], None] | None = None) -> None:
         """Commit the consumption records not yet recorded, with ``plan_rows`` when given; with
         ``check``, only once it passes, at exactly the version it checked."""
-        rows = [*self.unrecorded, *([plan_rows] if plan_rows is not None else [])]
+        rows = [*self._unrecorded, *([plan_rows] if plan_rows is not None else [])]
         if rows:
             self.state.append(pa.concat_tables(rows), check)
-            self.unrecorded.clear()
+            self._unrecorded.clear()
 
     def roll_back(self, plan_id: str, plan: pa.Table) -> None:
         """Note a Python get's claim whose lock passed as rolled back, one failed delivery of each of
         its messages (recorded with the next state commit): they wait again."""
         messages = plan_messages(plan).select(["origin", "row"])
-        rows = failure_rows(self.consumer, self.owner, "rollback", plan_id, messages, LOCK_EXPIRED, seq=1)
-        self.unrecorded.append(rows)
+        rows = failure_rows(self.consumer, self.owner, EventKind.ROLLBACK, plan_id, messages, LOCK_EXPIRED, seq=1)
+        self._unrecorded.append(rows)
 
     def plan(
         self,
@@ -338,12 +376,12 @@ class Planner:
         # Order a head of the queue that the limits leave room to fill, and a longer one when what it
         # held was all taken: a batch costs what its head costs, not what the queue holds.
         head = None if max_messages is None and max_bytes is None else max(4 * (max_messages or 0), HEAD)
-        if head is None or not self.pending.ensure(head, now):
-            self.pending.read_all()
+        if head is None or not self._index.ensure(head, now):
+            self._index.read_all()
         rows = self._failed_messages(now)
-        reads = self.pending.reads
+        reads = self._index.reads
         while True:
-            if head is not None and len(self.pending.unread) == 0 and head >= rows.num_rows:
+            if head is not None and len(self._index.unread) == 0 and head >= rows.num_rows:
                 head = None
             delivery = deliver(rows, self.delivery_sequence, self.delivery, now, join=False, head=head)
             candidates = self._candidates(delivery.messages.slice(0, delivery.exact), match, claimed)
@@ -353,21 +391,21 @@ class Planner:
             if head is None or taken.num_rows < candidates.num_rows:
                 break
             head *= 4
-            if len(self.pending.unread) and not self.pending.ensure(head, now):
-                self.pending.read_all()
+            if len(self._index.unread) and not self._index.ensure(head, now):
+                self._index.read_all()
             # Parts read meanwhile (also for a message the head named) belong in the rows ordered.
-            if self.pending.reads != reads:
+            if self._index.reads != reads:
                 rows = self._failed_messages(now)
-                reads = self.pending.reads
+                reads = self._index.reads
         moment = pa.scalar(now, TIMESTAMP)
         waiting = pc.invert(rows["consumed"])
         expired = rows.filter(pc.and_(waiting, pc.fill_null(pc.less_equal(rows["expiry"], moment), False)))
         later = pc.filter(
             rows["available_at"], pc.and_(waiting, pc.fill_null(pc.greater(rows["available_at"], moment), False))
         )
-        self.next_due = pc.min(later).as_py() if len(later) else None
+        self._next_due = pc.min(later).as_py() if len(later) else None
         if claimed is not None and len(claimed):
-            expired = expired.filter(pa.array(~np.isin(self.pending.keys(expired), claimed)))
+            expired = expired.filter(pa.array(~np.isin(self._index.keys(expired), claimed)))
         self.exhausted = taken.num_rows == candidates.num_rows
         if taken.num_rows == 0 and expired.num_rows == 0:
             return None
@@ -376,10 +414,10 @@ class Planner:
             expired = expired.append_column("delivery_seq", pa.nulls(expired.num_rows, pa.int64()))
             expired = expired.append_column("partition", pa.nulls(expired.num_rows, pa.int32()))
             taken = pa.concat_tables([taken, expired.select(taken.column_names)])
-        plan = plan_ranges(taken, self.pending.origins)
+        plan = plan_ranges(taken, self._index.origins)
         plan_id = uuid.uuid4().hex
-        self.plan_keys[plan_id] = self.pending.keys(taken)
-        self.plan_files[plan_id] = (self.pending, self.pending.moves, where)
+        self.plan_keys[plan_id] = self._index.keys(taken)
+        self.plan_files[plan_id] = (self._index, self._index.moves, where)
         return plan.replace_schema_metadata({"plan_id": plan_id, "delivered": str(delivered)})
 
     def _candidates(self, ordered: pa.Table, match: DeliveryOptions | None, claimed: np.ndarray | None) -> pa.Table:
@@ -394,7 +432,7 @@ class Planner:
 
     def _unclaimed(self, candidates: pa.Table, claimed: np.ndarray) -> pa.Table:
         """The candidates no other get holds: a group with a held item waits whole, in logical order."""
-        held = np.isin(self.pending.keys(candidates), claimed)
+        held = np.isin(self._index.keys(candidates), claimed)
         if not held.any():
             return candidates
         groups = candidates["group_id"]
@@ -407,7 +445,7 @@ class Planner:
         msg_id or correl_id only when it is the group's next item: a match never skips a group item."""
         by_identity = {name: getattr(match, name) for name in ("msg_id", "correl_id") if getattr(match, name)}
         if by_identity:
-            read = self.pending.read_columns(candidates, list(by_identity))
+            read = self._index.read_columns(candidates, list(by_identity))
             selected = np.ones(candidates.num_rows, dtype=bool)
             for name, value in by_identity.items():
                 selected &= pc.fill_null(pc.equal(read[name], value), False).to_numpy(zero_copy_only=False)
@@ -430,7 +468,7 @@ class Planner:
         """The pending index to plan on, after the group's failed messages were dealt with: those
         that failed too often are moved (moves a crash interrupted are finished first), the others
         wait until their retry delay has passed."""
-        pending = self.pending
+        pending = self._index
         finished = self.mover.finish_pending(pending)
         if finished.num_rows:
             pending.mark_consumed(keys_of(pending, finished))
@@ -468,12 +506,14 @@ class Planner:
             self.replayed[plan_id] = False
             return False
         consumer = self.consumer
-        replays = pc.max(self.state.events(consumer, ("rollback",), ["seq"], plan_id)["seq"]).as_py() or 0
-        rows = [failure_rows(consumer, self.owner, "rollback", plan_id, messages, ROLLED_BACK, seq=replays + 1)]
+        replays = pc.max(self.state.events(consumer, (EventKind.ROLLBACK,), ["seq"], plan_id)["seq"]).as_py() or 0
+        rows = [failure_rows(consumer, self.owner, EventKind.ROLLBACK, plan_id, messages, ROLLED_BACK, seq=replays + 1)]
         given_up = replays >= 1
         if given_up:
             limit = -(-messages.num_rows // ISOLATE_FACTOR)
-            rows.append(failure_rows(consumer, self.owner, "return", plan_id, messages, GIVEN_UP, batch_limit=limit))
+            rows.append(
+                failure_rows(consumer, self.owner, EventKind.RETURN, plan_id, messages, GIVEN_UP, batch_limit=limit)
+            )
         self.state.append(pa.concat_tables(rows))
         self.replayed[plan_id] = given_up
         return given_up
@@ -485,13 +525,13 @@ class Planner:
         delivered = delivered.take(pc.sort_indices(delivered, [("delivery_seq", "ascending")]))
         backout_seq, backout_count = self._backout_counts(delivered)
         made = self.plan_files.pop(plan_id, None)
-        if made is not None and made[0] is self.pending and made[1] == self.pending.moves:
+        if made is not None and made[0] is self._index and made[1] == self._index.moves:
             where = made[2]
         else:
             # Made by another run, or maintenance has moved messages since.
-            where = locate_plan(delivered, self.pending)
+            where = locate_plan(delivered, self._index)
         used, file = np.unique(where["file"], return_inverse=True)
-        files = [self.pending.files[number] for number in used]
+        files = [self._index.files[number] for number in used]
         result = []
         for number in np.unique(where["partition"]):
             chosen = where["partition"] == number
@@ -515,12 +555,12 @@ class Planner:
     def _backout_counts(self, delivered: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         """The delivery_seq (sorted) and backout_count of the plan's messages that have failed before."""
         # Failures to commit with the plan (claims rolled back by a get) count already.
-        failed = failures(self.state, self.consumer, self.unrecorded)
+        failed = failures(self.state, self.consumer, self._unrecorded)
         empty = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
         if failed.num_rows == 0:
             return empty
         messages = plan_messages(delivered)
-        found, at = lookup(keys_of(self.pending, failed), keys_of(self.pending, messages))
+        found, at = lookup(keys_of(self._index, failed), keys_of(self._index, messages))
         seqs = messages["delivery_seq"].to_numpy()[found]
         counts = failed["backout_count"].to_numpy()[at[found]]
         by_seq = np.argsort(seqs)
@@ -531,32 +571,19 @@ class Planner:
         the logical order when it was returned from a plan given up (None: no such limit)."""
         if candidates.num_rows == 0:
             return None
-        returned = self.state.events(self.consumer, ("return",), ["origin", "row", "batch_limit"])
+        returned = self.state.events(self.consumer, (EventKind.RETURN,), ["origin", "row", "batch_limit"])
         returned = returned.filter(pc.is_valid(returned["batch_limit"]))
         if returned.num_rows == 0:
             return None
-        keys = keys_of(self.pending, returned)
-        head = self.pending.keys(candidates.slice(0, 1))
+        keys = keys_of(self._index, returned)
+        head = self._index.keys(candidates.slice(0, 1))
         mine = returned["batch_limit"].filter(pa.array(keys == head[0]))
         return int(pc.min(mine).as_py()) if len(mine) else None
 
     def record(self, plan_id: str, seq: int, plan: pa.Table, check: Callable[[], None] | None = None) -> None:
         """Record plan ``plan_id`` as the group's plan number ``seq``, with the consumption records
         not yet recorded, in one state commit (once ``check`` passes, when given)."""
-        rows = plan.num_rows
-        given = {
-            "consumer": pa.repeat(self.consumer, rows),
-            "owner": pa.repeat(self.owner, rows),
-            "event": pa.repeat("plan", rows),
-            "plan_id": pa.repeat(plan_id, rows),
-            "seq": pa.repeat(pa.scalar(seq, pa.int64()), rows),
-            "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), rows),
-            **{name: plan[name] for name in plan.column_names},
-        }
-        self.flush(
-            pa.table({f.name: given.get(f.name, pa.nulls(rows, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA),
-            check,
-        )
+        self.flush(plan_rows(self.consumer, self.owner, plan_id, seq, plan), check)
         self.plans[plan_id] = plan
 
 

@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine import group_commit
 from mqspark.engine.catalog import Catalog, CatalogState
-from mqspark.engine.consumer_groups import ConsumerState, GroupsSnapshot
+from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.depth import (
     GroupBacklog,
     KeptAnswer,
@@ -39,6 +39,7 @@ from mqspark.engine.depth import (
     waiting,
 )
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
+from mqspark.engine.state_reads import GroupsSnapshot
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
 from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items

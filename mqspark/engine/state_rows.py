@@ -1,19 +1,86 @@
-"""The rows of a queue's state table: its schema, the rows each event records, and the compaction
-that folds a consumer group's consumed plans into ranges. :class:`ConsumerState` reads and commits
-them (see :mod:`mqspark.engine.consumer_groups` for the events).
+"""The rows of a queue's state table (``<root>/state/<queue>``): its schema, the events its rows
+record, the rows each event records, and what one group's rows say (its position, its claims, what
+it consumed). :class:`~mqspark.engine.consumer_groups.ConsumerState` reads and commits them.
+
+Rows, by ``event`` (an :class:`EventKind`):
+
+- ``plan``: the messages of a planned micro-batch as ranges: ``count`` messages of origin ``origin``
+  from row ``row`` on (a message's identity, see :func:`mqspark.model.messages.origins`), delivered as
+  ``delivery_seq``, ``delivery_seq`` + 1, ... (null: expired messages the batch discards).
+  Recorded before the batch runs, so a replay after a crash delivers the same messages.
+- ``consumed``: the plan ``plan_id`` has been processed; its messages are gone for the group.
+- ``checkpoint``: what compaction folded the group's consumed plans and finished moves into: ranges
+  of consumed messages, with the group's position (``seq``, next ``delivery_seq``) on every row
+  (null for a group that only moves messages, as redrive's does).
+- ``lease`` / ``release``: the query (``owner``) reading for the group, renewed while it runs.
+- ``declare``: the group was declared on the queue before it first read, so it counts already.
+- ``abort``: the backlog monitor stopped the group's reader (its ``reason`` and ``error`` text); a
+  query whose lease began before it fails at its next trigger (see :mod:`mqspark.services.monitor`).
+- ``switchover``: an administrator asked the group's active instance to hand over (``endmqm -s``):
+  a query whose lease began before it records its last micro-batch, releases the lease and plans
+  nothing more (see :mod:`mqspark.services.instances`).
+- ``backout`` / ``rollback``: a delivery of a message in plan ``plan_id`` failed, explicitly (given
+  back, with its ``error``) or because the plan's batch was replayed; see
+  :mod:`mqspark.engine.backout`. A backed-out message is not consumed with its plan.
+- ``return``: a later item of a backed-out message's group in the same plan, which goes back with
+  it (not a failure of its own); or, with ``batch_limit``, a message of a plan given up after its
+  replay failed too, delivered from then on in batches of at most ``batch_limit`` units.
+- ``reply`` / ``unreplied``: the forwarding service's record of the replies it puts for a range of
+  requests (``target`` queue, ``txn`` version in ``seq``), and its cancellation when that put did not land;
+  see :mod:`mqspark.services.forward`.
+- ``move``: messages that failed too often, on their way to queue ``target`` (the put's ``txn``
+  version in ``seq``, each message's backout count in ``delivery_seq``, the dead-letter ``reason``
+  and ``error`` text). A ``consumed`` record with the move's ``plan_id`` finishes it; an
+  ``abandoned`` one ends it with its messages left in place (the target refused them).
+- ``renew``: a Python get renewed its claim, plan ``plan_id`` (see :mod:`mqspark.engine.get`).
+
+A consumer group's depth is the queue's live messages minus its checkpoint, its consumed plans
+(without the messages backed out of them) and its finished moves.
+Plans never consumed are rolled back: their messages are delivered again. Compaction
+(:mod:`mqspark.engine.state_compaction`) rewrites the table to its compact form.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqspark.engine.leases import GET_OWNER
 from mqspark.model.messages import TIMESTAMP
-from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, in_ranges, merge_ranges, subtract_messages
+from mqspark.model.ranges import KEY_COLUMNS, RANGE_COLUMNS, subtract_messages
+
+
+class EventKind(StrEnum):
+    """What a state row records, its ``event`` (see above). A member is its stored string, so tables
+    written by earlier versions read as they are."""
+
+    PLAN = "plan"
+    CONSUMED = "consumed"
+    CHECKPOINT = "checkpoint"
+    LEASE = "lease"
+    RELEASE = "release"
+    DECLARE = "declare"
+    ABORT = "abort"
+    SWITCHOVER = "switchover"
+    BACKOUT = "backout"
+    ROLLBACK = "rollback"
+    RETURN = "return"
+    REPLY = "reply"
+    UNREPLIED = "unreplied"
+    MOVE = "move"
+    ABANDONED = "abandoned"
+    RENEW = "renew"
+
+
+# Owners of the Python get (:mod:`mqspark.engine.get`) are named with this prefix: their plans are
+# claims on messages, and they take no lease.
+GET_OWNER = "get:"
+# The events that say who holds a group's lease: the newest of them by time.
+LEASE_EVENTS = (EventKind.LEASE, EventKind.RELEASE)
 
 STATE_SCHEMA = pa.schema(
     [
@@ -38,7 +105,7 @@ STATE_SCHEMA = pa.schema(
 
 def position_of(rows: pa.Table) -> tuple[int, int]:
     """The highest plan number and the next ``delivery_seq`` among ``plan`` and ``checkpoint`` rows."""
-    plans = pc.equal(rows["event"], "plan")
+    plans = pc.equal(rows["event"], EventKind.PLAN)
     # A plan range delivers delivery_seq .. delivery_seq + count - 1; a checkpoint holds the next one.
     following = pc.if_else(plans, pc.add(rows["delivery_seq"], rows["count"]), rows["delivery_seq"])
     return (pc.max(rows["seq"]).as_py() or 0, pc.max(following).as_py() or 0)
@@ -48,8 +115,8 @@ def claims_of(rows: pa.Table) -> pa.Array:
     """Which of one group's rows are plan rows of Python gets that were not rolled back: claims,
     live, lapsed or consumed (see :mod:`mqspark.engine.get`)."""
     event = rows["event"]
-    rolled_back = rows.filter(pc.equal(event, "rollback"))["plan_id"]
-    gets = pc.and_(pc.equal(event, "plan"), pc.starts_with(rows["owner"], GET_OWNER))
+    rolled_back = rows.filter(pc.equal(event, EventKind.ROLLBACK))["plan_id"]
+    gets = pc.and_(pc.equal(event, EventKind.PLAN), pc.starts_with(rows["owner"], GET_OWNER))
     return pc.and_(gets, pc.invert(pc.is_in(rows["plan_id"], value_set=rolled_back)))
 
 
@@ -57,9 +124,11 @@ def consumed_of(rows: pa.Table) -> pa.Table:
     """The consumed ranges among one group's rows: its checkpoint, its consumed plans without the
     messages backed out of them, and its finished moves."""
     event = rows["event"]
-    done = pc.unique(rows.filter(pc.equal(event, "consumed"))["plan_id"])
-    finished = pc.and_(pc.is_in(event, pa.array(["plan", "move"])), pc.is_in(rows["plan_id"], value_set=done))
-    consumed = pc.and_(pc.or_(pc.equal(event, "checkpoint"), finished), pc.is_valid(rows["origin"]))
+    done = pc.unique(rows.filter(pc.equal(event, EventKind.CONSUMED))["plan_id"])
+    finished = pc.and_(
+        pc.is_in(event, pa.array([EventKind.PLAN, EventKind.MOVE])), pc.is_in(rows["plan_id"], value_set=done)
+    )
+    consumed = pc.and_(pc.or_(pc.equal(event, EventKind.CHECKPOINT), finished), pc.is_valid(rows["origin"]))
     # A plan recorded twice (a retried append) counts once.
     return without_backouts(rows.filter(pc.fill_null(consumed, False)), rows)
 
@@ -67,7 +136,7 @@ def consumed_of(rows: pa.Table) -> pa.Table:
 def without_backouts(consumed: pa.Table, rows: pa.Table) -> pa.Table:
     """The ranges of ``consumed`` rows (of one group) without, for each plan among them, the messages
     backed out of that plan (``backout`` and ``return`` rows among ``rows``)."""
-    given_back = rows.filter(pc.is_in(rows["event"], pa.array(["backout", "return"])))
+    given_back = rows.filter(pc.is_in(rows["event"], pa.array([EventKind.BACKOUT, EventKind.RETURN])))
     plans = pc.unique(given_back["plan_id"]).to_pylist()
     affected = pc.fill_null(pc.is_in(consumed["plan_id"], value_set=pa.array(plans, pa.string())), False)
     pieces = [consumed.filter(pc.invert(affected)).select(RANGE_COLUMNS)]
@@ -79,94 +148,139 @@ def without_backouts(consumed: pa.Table, rows: pa.Table) -> pa.Table:
     return pa.concat_tables(pieces).group_by(RANGE_COLUMNS, use_threads=False).aggregate([])
 
 
+# Building rows: every state row is made by one of these.
+
+
+def state_rows(columns: Mapping[str, Any], count: int = 1) -> pa.Table:
+    """``count`` rows in the table's schema. Each of ``columns`` is an array of ``count`` values, or
+    one value (None: null) for every row; a column not given is null, a name not in the schema is
+    left out."""
+    arrays = []
+    for field in STATE_SCHEMA:
+        value = columns.get(field.name)
+        if isinstance(value, pa.Array | pa.ChunkedArray):
+            arrays.append(value if value.type == field.type else value.cast(field.type))
+        else:
+            one = value.cast(field.type) if isinstance(value, pa.Scalar) else pa.scalar(value, field.type)
+            arrays.append(pa.repeat(one, count))
+    return pa.Table.from_arrays(arrays, schema=STATE_SCHEMA)
+
+
+def event_rows(
+    consumer: str, owner: str, event: EventKind, plan_id: str | None = None, seq: int | None = None
+) -> pa.Table:
+    """One ``event`` record of group ``consumer`` by ``owner``, made now."""
+    return state_rows(
+        {"consumer": consumer, "owner": owner, "event": event, "plan_id": plan_id, "seq": seq, "at": _now()}
+    )
+
+
 def consumed_rows(consumer: str, owner: str, plan_id: str, seq: int) -> pa.Table:
     """The record that plan ``plan_id`` (number ``seq``) of the group has been processed."""
-    return event_rows(consumer, owner, "consumed", plan_id=plan_id, seq=seq)
+    return event_rows(consumer, owner, EventKind.CONSUMED, plan_id=plan_id, seq=seq)
 
 
-def compact_rows(rows: pa.Table, forget: Callable[[pa.Table], pa.Array] | None = None) -> pa.Table:
-    """The compact form of a state table's rows, per consumer group: one checkpoint of merged
-    ranges for everything consumed, finished moves included (and the group's position, if it
-    planned), the plans that may still run (those after the last consumed one, and Python gets'
-    claims with their renewals), and the newest lease, abort and switchover records. Rolled-back
-    plans are dropped.
-
-    ``forget`` marks merged ranges to leave out (messages no longer in the queue table). A group
-    whose every range goes keeps one checkpoint row without a range, for its position."""
-    pieces = []
-    for consumer in pc.unique(rows["consumer"]).to_pylist():
-        mine = rows.filter(pc.equal(rows["consumer"], consumer))
-        event = mine["event"]
-        consumed = pc.unique(mine.filter(pc.equal(event, "consumed"))["plan_id"])
-        plans = pc.equal(event, "plan")
-        folded = mine.filter(pc.or_(pc.equal(event, "checkpoint"), pc.and_(plans, pc.is_in(mine["plan_id"], consumed))))
-        moves = pc.equal(event, "move")
-        finished_moves = mine.filter(pc.and_(moves, pc.is_in(mine["plan_id"], consumed)))
-        # Failures, the batch limits of messages returned from a plan given up, and the forwarding
-        # service's reply records (see :mod:`mqspark.services.forward`).
-        failed = pc.or_(
-            pc.is_in(event, pa.array(["backout", "rollback", "reply", "unreplied"])),
-            pc.and_(pc.equal(event, "return"), pc.is_valid(mine["batch_limit"])),
-        )
-        position = pc.max(folded["seq"]).as_py()
-        ranges = None  # the merged ranges of the folded rows, when there are any
-        # A group that only moves messages (redrive) has finished moves and nothing else to fold.
-        if folded.num_rows or finished_moves.num_rows:
-            following = pc.if_else(
-                pc.equal(folded["event"], "plan"),
-                pc.add(folded["delivery_seq"], folded["count"]),
-                folded["delivery_seq"],
-            )
-            ranges = merge_ranges(
-                pa.concat_tables([without_backouts(folded, mine), finished_moves.select(RANGE_COLUMNS)])
-            )
-            if forget is not None:
-                ranges = ranges.filter(pc.invert(forget(ranges)))
-            if ranges.num_rows == 0:
-                ranges = pa.table({name: pa.nulls(1, STATE_SCHEMA.field(name).type) for name in RANGE_COLUMNS})
-            count = ranges.num_rows
-            given = {
-                "consumer": pa.repeat(consumer, count),
-                "owner": pa.repeat("", count),
-                "event": pa.repeat("checkpoint", count),
-                "seq": pa.repeat(pa.scalar(position, pa.int64()), count),
-                "delivery_seq": pa.repeat(pa.scalar(pc.max(following).as_py(), pa.int64()), count),
-                # The group's newest record time, so that compaction does not make an idle group look active.
-                "at": pa.repeat(pc.max(mine["at"]).cast(TIMESTAMP), count),
-                **{name: ranges[name] for name in RANGE_COLUMNS},
-            }
-            pieces.append(pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}))
-        waiting = pc.invert(pc.is_in(mine["plan_id"], consumed))
-        if position is not None:
-            # A Python get's claim stays until it is consumed or rolled back, whatever plans follow it.
-            waiting = pc.and_(waiting, pc.or_(pc.greater(mine["seq"], position), claims_of(mine)))
-        kept = mine.filter(pc.and_(plans, waiting))
-        pieces.append(kept)
-        renewals = mine.filter(pc.equal(event, "renew"))
-        pieces.append(renewals.filter(pc.is_in(renewals["plan_id"], kept["plan_id"])))
-        ended = pa.concat_arrays([consumed, pc.unique(mine.filter(pc.equal(event, "abandoned"))["plan_id"])])
-        pieces.append(mine.filter(pc.and_(moves, pc.invert(pc.is_in(mine["plan_id"], ended)))))
-        # Failures are kept while their message still waits for the group: they make its backout count.
-        failures = mine.filter(failed)
-        if ranges is not None and failures.num_rows:
-            consumed_all = in_ranges(failures["origin"], failures["row"], ranges, pc.fill_null(failures["count"], 1))
-            failures = failures.filter(pc.invert(consumed_all))
-        pieces.append(failures)
-        for kinds in (["lease", "release"], ["abort"], ["switchover"]):
-            latest = mine.filter(pc.is_in(event, pa.array(kinds)))
-            if latest.num_rows:
-                pieces.append(latest.take(pc.sort_indices(latest, [("at", "descending")])[:1]))
-        pieces.append(mine.filter(pc.equal(event, "declare")).slice(0, 1))
-    return pa.concat_tables([piece.cast(STATE_SCHEMA) for piece in pieces]) if pieces else STATE_SCHEMA.empty_table()
+def lease_rows(consumer: str, owner: str, timeout: timedelta) -> pa.Table:
+    """A lease record; its ``count`` is the holder's lease timeout in milliseconds, so a reader that
+    does not know the holder's timeout (a Python get) can tell whether the lease lapsed."""
+    milliseconds = timeout // timedelta(milliseconds=1)
+    return state_rows(
+        {"consumer": consumer, "owner": owner, "event": EventKind.LEASE, "count": milliseconds, "at": _now()}
+    )
 
 
-def event_rows(consumer: str, owner: str, event: str, plan_id: str | None = None, seq: int | None = None) -> pa.Table:
+def abort_rows(consumer: str, owner: str, reason: int, error: str) -> pa.Table:
+    """The backlog monitor's record (by ``owner``) that it stopped the group's reader, for ``reason``
+    (an MQ reason code) with ``error`` as its text."""
+    return state_rows(
+        {
+            "consumer": consumer,
+            "owner": owner,
+            "event": EventKind.ABORT,
+            "at": _now(),
+            "reason": int(reason),
+            "error": error,
+        }
+    )
+
+
+def plan_rows(consumer: str, owner: str, plan_id: str, seq: int, plan: pa.Table) -> pa.Table:
+    """The records of plan ``plan_id``, the group's plan number ``seq``: one row per range of ``plan``
+    (its ``origin``, ``row``, ``count``, ``delivery_seq`` and ``partition``)."""
+    given = {"consumer": consumer, "owner": owner, "event": EventKind.PLAN, "plan_id": plan_id, "seq": seq}
+    return state_rows({**given, "at": _now(), **{name: plan[name] for name in plan.column_names}}, plan.num_rows)
+
+
+def failure_rows(
+    consumer: str,
+    owner: str,
+    event: EventKind,
+    plan_id: str,
+    identities: pa.Table,
+    error: str,
+    seq: int | None = None,
+    batch_limit: int | None = None,
+) -> pa.Table:
+    """State rows recording that each message of ``identities`` (``origin``, ``row``) failed in plan
+    ``plan_id``: ``event`` is ``backout`` (explicit) or ``rollback`` (the plan was replayed), or
+    ``return`` for a later item of a backed-out item's group, which goes back without a failure."""
     given = {
-        "consumer": [consumer],
-        "owner": [owner],
-        "event": [event],
-        "plan_id": [plan_id],
-        "seq": [seq],
-        "at": [datetime.now(UTC)],
+        "consumer": consumer,
+        "owner": owner,
+        "event": event,
+        "plan_id": plan_id,
+        "origin": identities["origin"],
+        "row": identities["row"],
+        "count": 1,
+        "error": error,
+        "at": _now(),
+        "seq": seq,
+        "batch_limit": batch_limit,
     }
-    return pa.table({f.name: pa.array(given.get(f.name, [None]), f.type) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
+    return state_rows(given, identities.num_rows)
+
+
+def move_rows(
+    consumer: str, owner: str, move_id: str, version: int, chosen: pa.Table, target: str, **given: pa.Array
+) -> pa.Table:
+    """The ``move`` records of the messages ``chosen`` (``origin``, ``row``) on their way to queue
+    ``target`` with the put's ``txn`` ``version``; ``given`` are more of their columns
+    (``delivery_seq``, ``reason``, ``error``)."""
+    columns = {
+        "consumer": consumer,
+        "owner": owner,
+        "event": EventKind.MOVE,
+        "plan_id": move_id,
+        "seq": version,
+        "origin": chosen["origin"],
+        "row": chosen["row"],
+        "count": 1,
+        "target": target,
+        "at": _now(),
+        **given,
+    }
+    return state_rows(columns, chosen.num_rows)
+
+
+def reply_rows(consumer: str, owner: str, event: EventKind, entry: tuple[str, int, str], ranges: pa.Table) -> pa.Table:
+    """``event`` rows (``reply`` or ``unreplied``) of one reply put (plan, txn version, target) of
+    the forwarding service for the requests of ``ranges``."""
+    plan_id, seq, target = entry
+    given = {"consumer": consumer, "owner": owner, "event": event, "plan_id": plan_id, "seq": seq, "target": target}
+    ranges_of = {name: ranges[name] for name in RANGE_COLUMNS}
+    return state_rows({**given, **ranges_of, "at": _now()}, ranges.num_rows)
+
+
+def checkpoint_rows(
+    consumer: str, position: int | None, following: int | None, at: pa.Scalar, ranges: pa.Table
+) -> pa.Table:
+    """A group's checkpoint: its consumed ``ranges`` (``origin``/``row``/``count``, one row each),
+    with its position (plan number ``position``, next ``delivery_seq`` ``following``) on every row,
+    at ``at``, the group's newest record time."""
+    given = {"consumer": consumer, "owner": "", "event": EventKind.CHECKPOINT, "seq": position}
+    ranges_of = {name: ranges[name] for name in RANGE_COLUMNS}
+    return state_rows({**given, "delivery_seq": following, "at": at, **ranges_of}, ranges.num_rows)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqspark.errors import MQValidationError
+from mqspark.model.numbers import check_number
 
 DEAD_LETTER_QUEUE = "SYSTEM.DEAD.LETTER.QUEUE"
 MAX_NAME_LENGTH = 48
@@ -41,10 +42,14 @@ def validate_name(name: Any, what: str = "queue") -> str:
 
 def int_in(low: int, high: int) -> Callable[[str, Any], int]:
     def check(attr: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise MQValidationError(f"attribute {attr} must be an integer, got {type(value).__name__} {value!r}")
-        if not low <= value <= high:
-            raise MQValidationError(f"attribute {attr} must be between {low} and {high}, got {value}")
+        check_number(value, f"attribute {attr} must be an integer, got {type(value).__name__} {value!r}", whole=True)
+        check_number(
+            value,
+            f"attribute {attr} must be between {low} and {high}, got {value}",
+            whole=True,
+            at_least=low,
+            at_most=high,
+        )
         return value
 
     return check
@@ -70,9 +75,11 @@ def seconds(*, zero: bool) -> Callable[[str, Any], float]:
     bound = ">= 0" if zero else "> 0"
 
     def check(attr: str, value: Any) -> float:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not (0 <= value if zero else 0 < value) or not value < math.inf:
-            raise MQValidationError(f"attribute {attr} must be a number of seconds {bound}, got {value!r}")
+        error = f"attribute {attr} must be a number of seconds {bound}, got {value!r}"
+        if zero:
+            check_number(value, error, at_least=0, below=math.inf)
+        else:
+            check_number(value, error, above=0, below=math.inf)
         return float(value)
 
     return check

@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from mqspark.errors import MQValidationError
+from mqspark.model.numbers import check_number
 
 
 class MonitorState(StrEnum):
@@ -76,15 +77,13 @@ class JudgementPoint:
 
 
 def count_parameter(name: str, value: Any, least: int, what: str = "monitor parameter") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise MQValidationError(f"{what} {name} must be an integer >= {least}, got {value!r}")
+    check_number(value, f"{what} {name} must be an integer >= {least}, got {value!r}", whole=True, at_least=least)
     return value
 
 
 def validate_watch_interval(value: Any) -> float:
     """``watch_interval`` in seconds: a number > 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise MQValidationError(f"monitor parameter watch_interval must be a number of seconds > 0, got {value!r}")
+    check_number(value, f"monitor parameter watch_interval must be a number of seconds > 0, got {value!r}", above=0)
     return float(value)
 
 

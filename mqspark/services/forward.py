@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 from mqspark import store
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.get import GetRequest, get
-from mqspark.engine.state_rows import STATE_SCHEMA
+from mqspark.engine.state_rows import EventKind
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.messages import PROPERTIES, TIMESTAMP
@@ -315,34 +315,15 @@ def live_reply_records(rows: pa.Table) -> Iterator[tuple[tuple[str, int, str], p
     the same txn version again, so a record is cancelled only by an ``unreplied`` record made after
     it: a record of a later attempt stands."""
     cancelled: dict[tuple[str, int, str], Any] = {}
-    unreplied = rows.filter(pc.equal(rows["event"], "unreplied"))
+    unreplied = rows.filter(pc.equal(rows["event"], EventKind.UNREPLIED))
     for entry, at in zip(reply_entries(unreplied), unreplied["at"].to_pylist(), strict=True):
         cancelled[entry] = max(at, cancelled.get(entry, at))
-    records = rows.filter(pc.equal(rows["event"], "reply"))
+    records = rows.filter(pc.equal(rows["event"], EventKind.REPLY))
     for entry, mine in by_value(records, "plan_id", "seq", "target"):
         if entry in cancelled:
             mine = mine.filter(pc.greater(mine["at"], pa.scalar(cancelled[entry], mine.schema.field("at").type)))
         if mine.num_rows:
             yield entry, mine
-
-
-def reply_state_rows(consumer: str, owner: str, event: str, entry: tuple[str, int, str], ranges: pa.Table) -> pa.Table:
-    """``event`` rows of one reply put (plan, txn version, target) for the requests of ``ranges``."""
-    plan_id, seq, target = entry
-    count = ranges.num_rows
-    given = {
-        "consumer": pa.repeat(consumer, count),
-        "owner": pa.repeat(owner, count),
-        "event": pa.repeat(event, count),
-        "plan_id": pa.repeat(plan_id, count),
-        "seq": pa.repeat(pa.scalar(seq, pa.int64()), count),
-        "target": pa.repeat(target, count),
-        "origin": ranges["origin"],
-        "row": ranges["row"],
-        "count": ranges["count"],
-        "at": pa.repeat(pa.scalar(datetime.now(UTC), TIMESTAMP), count),
-    }
-    return pa.table({f.name: given.get(f.name, pa.nulls(count, f.type)) for f in STATE_SCHEMA}, schema=STATE_SCHEMA)
 
 
 @store.connected

@@ -65,7 +65,7 @@ import pyarrow.fs as pafs
 from mqspark import store
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
-from mqspark.engine.state_rows import event_rows
+from mqspark.engine.state_rows import EventKind, event_rows
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import validate_name
 
@@ -267,7 +267,7 @@ class Instance:
         """One renewal of :meth:`_keep`; True when keeping ends."""
         if started and not started[0].isActive:
             return True
-        if state.events(self.consumer, ("switchover",), ["at"], since=self.active_since).num_rows:
+        if state.events(self.consumer, (EventKind.SWITCHOVER,), ["at"], since=self.active_since).num_rows:
             holder = state.lease(self.consumer, self.lease_timeout)
             if started and (holder is None or holder.owner != self.id):
                 _log.info("instance %s handed consumer group %r over", self.id, self.consumer)
@@ -345,7 +345,7 @@ def switchover(qm: Queues, queue: str, consumer: str) -> None:
     group has no reader until an instance starts."""
     local = qm.resolve_for_get(queue).name
     state = ConsumerState(qm.root, local, qm.storage_options)
-    state.append(event_rows(validate_name(consumer, "consumer group"), new_instance_id("admin"), "switchover"))
+    state.append(event_rows(validate_name(consumer, "consumer group"), new_instance_id("admin"), EventKind.SWITCHOVER))
 
 
 def _file_name(instance: str) -> str:

@@ -46,10 +46,11 @@ from mqspark import store
 from mqspark.engine.backout import failures
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
-from mqspark.engine.state_rows import STATE_SCHEMA
+from mqspark.engine.state_rows import abort_rows
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP
+from mqspark.model.numbers import check_number
 from mqspark.model.ranges import NO_RANGES, merge_ranges, overlap_counts, single_ranges
 
 if TYPE_CHECKING:
@@ -338,8 +339,9 @@ class Monitor:
         self.judge = BacklogJudge(watch_count, expected_count, abort)
         self.window: deque[MonitorPoint] = deque(maxlen=count_parameter("window", window, 2))
         for name, value in (("depth_high", depth_high), ("depth_low", depth_low)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
-                raise MQValidationError(f"monitor parameter {name} must be a percentage 0-100, got {value!r}")
+            check_number(
+                value, f"monitor parameter {name} must be a percentage 0-100, got {value!r}", at_least=0, at_most=100
+            )
         if depth_low > depth_high:
             raise MQValidationError(
                 f"monitor parameter depth_low ({depth_low!r}) must not be above depth_high ({depth_high!r})"
@@ -426,15 +428,7 @@ class Monitor:
 
     def _stop_the_group(self, reason: Reason, detail: str) -> None:
         """Record the abort in the state table: the query holding the lease fails at its next trigger."""
-        rows = {
-            "consumer": [self.consumer],
-            "owner": [self.id],
-            "event": ["abort"],
-            "at": [datetime.now(UTC)],
-            "reason": [int(reason)],
-            "error": [detail],
-        }
-        self.state.append(pa.table({f.name: pa.array(rows.get(f.name, [None]), f.type) for f in STATE_SCHEMA}))
+        self.state.append(abort_rows(self.consumer, self.id, reason, detail))
 
     def _events(self, point: MonitorPoint, now: datetime) -> tuple[str, ...]:
         events = []

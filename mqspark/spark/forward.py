@@ -24,10 +24,12 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
 
 from mqspark import store
-from mqspark.engine.backout import failure_rows, plan_messages
+from mqspark.engine.backout import plan_messages
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.state_rows import EventKind, failure_rows, reply_rows
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
+from mqspark.model.numbers import check_number
 from mqspark.model.ranges import RANGE_COLUMNS, in_ranges, merge_ranges, single_ranges
 from mqspark.spark.sink import PARTITION_SHIFT, PutCommitMessage, QueueShare, SinkPlan, abort_batch, commit_batch
 from mqspark.spark.tasks import commit_messages, task_context
@@ -54,7 +56,6 @@ from mqspark.services.forward import (
     open_queues,
     outcome_of,
     reply_landed,
-    reply_state_rows,
     reply_targets,
     with_properties,
 )
@@ -101,12 +102,13 @@ def forward(
         raise MQValidationError(
             f"forward: queue {local}: unknown option(s) {', '.join(unknown)}; options are {', '.join(GET_OPTIONS)}"
         )
-    if isinstance(idle_interval, bool) or not isinstance(idle_interval, int | float) or not idle_interval >= 0:
-        raise MQValidationError(f"forward: idle_interval must be a number of seconds >= 0, got {idle_interval!r}")
-    if call_timeout is not None and (
-        isinstance(call_timeout, bool) or not isinstance(call_timeout, int | float) or not call_timeout > 0
-    ):
-        raise MQValidationError(f"forward: call_timeout must be a number of seconds > 0, got {call_timeout!r}")
+    check_number(
+        idle_interval, f"forward: idle_interval must be a number of seconds >= 0, got {idle_interval!r}", at_least=0
+    )
+    if call_timeout is not None:
+        check_number(
+            call_timeout, f"forward: call_timeout must be a number of seconds > 0, got {call_timeout!r}", above=0
+        )
     load_service(service)
     checkpoint = checkpoint_location or store.forward_location(qm.root, local, consumer)
     batch = _Batch(qm.root, local, consumer, service, vectorized, call_timeout, checkpoint)
@@ -238,7 +240,7 @@ class _Batch:
         if plan_id is None:
             return
         identities = plan_messages(plan)
-        done = state.events(self.consumer, ("backout",), RANGE_COLUMNS, plan_id)
+        done = state.events(self.consumer, (EventKind.BACKOUT,), RANGE_COLUMNS, plan_id)
         # Requests replied to already, and those backed out in an earlier attempt of this batch.
         skip = in_ranges(identities["origin"], identities["row"], pa.concat_tables([replied, done]))
         skipped = identities["delivery_seq"].filter(skip).to_pylist()
@@ -263,7 +265,9 @@ class _Batch:
             # Failed calls are failed deliveries (see mqspark.engine.backout), recorded in one commit.
             state.append(
                 pa.concat_tables(
-                    failure_rows(self.consumer, owner, "backout", plan_id, chosen.select(["origin", "row"]), error)
+                    failure_rows(
+                        self.consumer, owner, EventKind.BACKOUT, plan_id, chosen.select(["origin", "row"]), error
+                    )
                     for error, chosen in by_value(failed, "error")
                 )
             )
@@ -306,14 +310,16 @@ class _Batch:
         """Check the reply records not checked yet, before anything is put: cancel those whose put did
         not land. The requests whose reply landed, as ``origin``/``row``/``count`` ranges."""
         rows = state.events(
-            self.consumer, ("reply", "unreplied"), ["event", "plan_id", "seq", "target", "at", *RANGE_COLUMNS]
+            self.consumer,
+            (EventKind.REPLY, EventKind.UNREPLIED),
+            ["event", "plan_id", "seq", "target", "at", *RANGE_COLUMNS],
         )
         replied, cancel = [rows.slice(0, 0).select(RANGE_COLUMNS)], []
         for entry, mine in live_reply_records(rows):
             if entry not in self._landed:
                 qmgr, queue = json.loads(entry[2])
                 if not reply_landed(qm, qmgr, queue, producer, entry[1]):
-                    cancel.append(reply_state_rows(self.consumer, producer, "unreplied", entry, mine))
+                    cancel.append(reply_rows(self.consumer, producer, EventKind.UNREPLIED, entry, mine))
                     continue
                 self._landed.add(entry)
             replied.append(mine.select(RANGE_COLUMNS))
@@ -329,8 +335,12 @@ class _Batch:
         if replied.num_rows:
             state.append(
                 pa.concat_tables(
-                    reply_state_rows(
-                        self.consumer, producer, "reply", (plan_id, batch_id, target), merge_ranges(single_ranges(rows))
+                    reply_rows(
+                        self.consumer,
+                        producer,
+                        EventKind.REPLY,
+                        (plan_id, batch_id, target),
+                        merge_ranges(single_ranges(rows)),
                     )
                     for target, rows in by_value(replied, "target")
                 )

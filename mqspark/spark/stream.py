@@ -50,7 +50,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import Maintenance
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.planner import PlannedRows, Planner
-from mqspark.engine.state_rows import consumed_rows
+from mqspark.engine.state_rows import EventKind, consumed_rows
 from mqspark.errors import MQError, Reason
 from mqspark.qmgr import QueueManager
 from mqspark.reconnect import Reconnect
@@ -192,7 +192,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         now = self._target[1] if self._target else datetime.now(UTC)
         news = group.catch_up()
-        due = group.next_due is not None and now >= group.next_due
+        due = group.is_due(now)
         if group.exhausted and not news and not due:
             group.flush()
             return start
@@ -213,7 +213,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "seq": seq + 1,
                 "plan": plan.schema.metadata[b"plan_id"].decode(),
                 "delivered": int(plan.schema.metadata[b"delivered"]),
-                "version": group.pending.version,
+                "version": group.index_version(),
                 "now": int(now.timestamp() * 1_000_000),
             }
         )
@@ -338,6 +338,6 @@ def record_finished_batch(end_offset: str) -> None:
     state = ConsumerState(qm.root, qm.resolve_for_get(end["queue"]).name, qm.storage_options)
     settled = end["plan"] in state.consumed_plans(end["consumer"]).to_pylist()
     # A batch that backed out messages is settled by the group's next run, which knows their groups.
-    if not settled and not state.events(end["consumer"], ("backout",), ["row"], end["plan"]).num_rows:
+    if not settled and not state.events(end["consumer"], (EventKind.BACKOUT,), ["row"], end[EventKind.PLAN]).num_rows:
         state.append(consumed_rows(end["consumer"], end["owner"], end["plan"], end["seq"]))
     state.release(end["consumer"], end["owner"])
