@@ -39,9 +39,10 @@ from mqspark.engine.depth import (
     waiting,
 )
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
+from mqspark.engine.put_checks import before_targets, check_against_committed, check_before_targets
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
-from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
+from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA, replace_column
 from mqspark.model.put import prepare_put, rows_to_table
 
@@ -275,8 +276,8 @@ class Queues:
                     f"queue {local} is full (max_depth {resolved.max_depth}, depth {depth}, put of {rows})",
                     Reason.MQRC_Q_FULL,
                 )
-            _check_against_committed(local, table, groups)
-            _check_before_targets(local, table, targets)
+            check_against_committed(local, table, groups)
+            check_before_targets(local, table, targets)
             info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
             if transaction is not None:
                 info.update({"mqspark.producer": transaction[0], "mqspark.batch_id": transaction[1]})
@@ -480,39 +481,3 @@ def create_message_table(location: str, storage_options: store.StorageOptions) -
     elif store.live_counts(existing)[1]:
         # A table left behind by a delete that stopped half-way: never adopt its messages silently.
         raise MQError(f"a message table with data already exists at {location}; remove it first")
-
-
-def before_targets(messages: pa.Table) -> list[str]:
-    """The msg_ids a put's messages are to be placed before."""
-    return pc.unique(messages["before_msg_id"].drop_null()).to_pylist()
-
-
-def _check_before_targets(queue: str, table: DeltaTable, targets: Sequence[str]) -> None:
-    """A ``before_msg_id`` must name a committed message outside any group, not itself placed before another."""
-    if not targets:
-        return
-    found = store.table_dataset(table).to_table(
-        columns=["msg_id", "group_id", "before_msg_id"], filter=pc.field("msg_id").isin(targets)
-    )
-    for target in targets:
-        rows = found.filter(pc.equal(found["msg_id"], target))
-        if rows.num_rows == 0:
-            raise MQError(
-                f"queue {queue}: field before_msg_id names {target}, which is not on the queue",
-                Reason.MQRC_NO_MSG_AVAILABLE,
-            )
-        if pc.any(pc.is_valid(rows["group_id"])).as_py() or pc.any(pc.is_valid(rows["before_msg_id"])).as_py():
-            raise MQValidationError(
-                f"queue {queue}: field before_msg_id names {target}, which is in a group or was itself placed "
-                "before another message"
-            )
-
-
-def _check_against_committed(queue: str, table: DeltaTable, groups: pa.Table) -> None:
-    """Group rules across puts: no msg_seq_number twice, nothing after the group's last message."""
-    if groups.num_rows == 0:
-        return
-    group_ids = pc.unique(groups["group_id"])
-    committed = store.table_dataset(table).to_table(columns=GROUP_COLUMNS, filter=pc.field("group_id").isin(group_ids))
-    if committed.num_rows:
-        check_group_items(queue, pa.concat_tables([committed.cast(groups.schema), groups]))

@@ -26,7 +26,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from mqspark import store
-from mqspark.engine.queues import before_targets
+from mqspark.engine.put_checks import before_targets
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
