@@ -13,7 +13,7 @@ from mqspark.cli.parser import Commands, duration
 from mqspark.cluster.records import ROUTE_STATES
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.maintenance import DEFAULT_RETENTION
-from mqspark.qmgr import QueueManager
+from mqspark.engine.queues import Queues
 
 
 def add_cluster(commands: Commands, output: argparse.ArgumentParser) -> None:
@@ -106,12 +106,12 @@ def _open(args: argparse.Namespace) -> Cluster:
     """The cluster named by ``--cluster-root``, or by ``--cluster`` through the ``--root`` queue manager."""
     if args.cluster_root is not None:
         return Cluster.open(args.cluster_root)
-    return Cluster.open(QueueManager.open(args.root).cluster_repository(args.cluster))
+    return Cluster.open(Queues.open(args.root).cluster_repository(args.cluster))
 
 
 def _member(args: argparse.Namespace) -> str:
     """The member acted on: ``--qmgr``, or the ``--root`` queue manager."""
-    return args.qmgr or QueueManager.open(args.root).name
+    return args.qmgr or Queues.open(args.root).name
 
 
 def _rows(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -135,12 +135,12 @@ def _maintain(args: argparse.Namespace) -> dict[str, Any]:
 
 def _join(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _open(args)
-    return dataclasses.asdict(cluster.join(QueueManager.open(args.root), network_priority=args.network_priority))
+    return dataclasses.asdict(cluster.join(Queues.open(args.root), network_priority=args.network_priority))
 
 
 def _advertise(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _open(args)
-    return dataclasses.asdict(cluster.advertise(QueueManager.open(args.root), args.queue))
+    return dataclasses.asdict(cluster.advertise(Queues.open(args.root), args.queue))
 
 
 def _leave(args: argparse.Namespace) -> dict[str, Any]:

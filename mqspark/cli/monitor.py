@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from mqspark.cli.parser import Commands, boolean
-from mqspark.qmgr import QueueManager
+from mqspark.engine.queues import Queues
 from mqspark.services.backlog_judge import Verdict
 from mqspark.services.monitor import Monitor
 
@@ -45,7 +45,7 @@ def _monitor(args: argparse.Namespace) -> None:
     """A point every ``--watch-interval`` seconds, printed as it is taken; :class:`Aborted` on an
     abort verdict."""
     monitor = Monitor(
-        QueueManager.open(args.root),
+        Queues.open(args.root),
         args.queue,
         args.consumer,
         watch_interval=args.watch_interval,

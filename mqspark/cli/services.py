@@ -12,8 +12,8 @@ from typing import Any
 
 from mqspark import jobs
 from mqspark.cli.parser import Commands
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQValidationError
-from mqspark.qmgr import QueueManager
 from mqspark.services.instances import instances, switchover
 
 # Job files under mqspark/jobs, for spark-submit.
@@ -90,11 +90,10 @@ def add_instance(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _list_instances(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = QueueManager.open(args.root)
     timeout = timedelta(seconds=args.lease_timeout)
-    return [info.as_dict() for info in instances(qm, args.queue, args.consumer, timeout)]
+    return [info.as_dict() for info in instances(Queues.open(args.root), args.queue, args.consumer, timeout)]
 
 
 def _switchover(args: argparse.Namespace) -> dict[str, Any]:
-    switchover(QueueManager.open(args.root), args.queue, args.consumer)
+    switchover(Queues.open(args.root), args.queue, args.consumer)
     return {"queue": args.queue, "consumer": args.consumer, "switchover": "requested"}

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqspark.console.managers import Managers
+from mqspark.engine.waiting import waiting_messages
 from mqspark.errors import MQError, MQValidationError
+from mqspark.qmgr import engine
 
 # The most messages a redrive moves per second, and the default.
 MAX_RATE = 1000
@@ -74,10 +76,10 @@ class Redrives:
         ends, done or failed."""
         if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= MAX_RATE:
             raise MQValidationError(f"redrive: option rate must be 1-{MAX_RATE} messages a second, got {rate!r}")
-        qm = self.managers.get(qmgr)
-        name = qm.resolve_for_get(queue).name
+        queues = engine(self.managers.get(qmgr))
+        name = queues.resolve_for_get(queue).name
         if msg_ids is None:
-            waiting = qm.waiting_messages(name, columns=["msg_id"])
+            waiting = waiting_messages(queues, name, columns=["msg_id"])
             msg_ids = list(dict.fromkeys(waiting["msg_id"].to_pylist()))
         elif (
             isinstance(msg_ids, str | bytes)
