@@ -8,11 +8,11 @@ they are handed with :func:`engine`. Nothing below this module imports it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import pyarrow as pa
 
@@ -30,6 +30,8 @@ from mqspark.engine.queues import Queues, create_message_table
 from mqspark.engine.redrive import redrive
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition, validate_name
+
+_Got = TypeVar("_Got")
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ class QueueManager:
         group ``consumer`` as they are returned, waiting up to ``wait`` seconds for the first. Matches
         msg_id, correl_id and group_id. Empty when nothing matched in time. Columns as :meth:`browse`.
         See :mod:`mqspark.engine.get` for how it shares a group with a streaming query."""
-        return get(self._queues, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+        return self._get(get, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
 
     def syncpoint_get(
         self,
@@ -302,7 +304,7 @@ class QueueManager:
         """MQGET under syncpoint, as a context manager: ``with qm.syncpoint_get(Q) as messages:``. The
         messages are consumed when the block succeeds, and backed out (one failed delivery each) when
         it raises."""
-        return syncpoint_get(self._queues, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+        return self._get(syncpoint_get, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
 
     @store.connected
     def claim(
@@ -319,7 +321,22 @@ class QueueManager:
         claim's ``messages`` are held for the queue's ``lock_duration`` until ``commit()``,
         ``backout(error)`` or ``release()``; ``renew()`` holds them a whole lock again. None when
         nothing matched within ``wait``."""
-        return plan_get(self._queues, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+        return self._get(plan_get, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+
+    def _get(
+        self,
+        run: Callable[[Queues, GetRequest], _Got],
+        queue: str,
+        consumer: str,
+        max_messages: int,
+        wait: float,
+        msg_id: str | None,
+        correl_id: str | None,
+        group_id: str | None,
+    ) -> _Got:
+        """``run`` on the one request of :meth:`get`, :meth:`syncpoint_get` or :meth:`claim` (the
+        engine checks its values when the get plans)."""
+        return run(self._queues, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
 
     def consumer(self, queue: str, consumer: str = "default", prefetch: int = 500, wait: float = 0.0) -> Consumer:
         """A block consumer for throughput: ``with qm.consumer(Q, G, prefetch=500) as c: for message
