@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 import mqspark
 from mqspark import QueueManager, store
 from mqspark.cluster.repository import Cluster
+from mqspark.qmgr import engine
 
 from .stream_put import _commits, _progress_fields, _run_stream, _summary, _write_input, check_run
 
@@ -167,7 +168,7 @@ def run(
             split = _routed_commit_fields([c for cs in replica_commits.values() for c in cs], records[1:])
             for key, values in split.items():
                 routed_ms[key] += values
-        checks["dead letters"] = (producer.depth(producer.dead_letter_queue), 0)
+        checks["dead letters"] = (producer.depth(engine(producer).dead_letter_queue), 0)
         checks["progress batches"] = (
             (len(progress["plain"]), len(progress["cluster"])),
             (rounds * batches, rounds * batches),

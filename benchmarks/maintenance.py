@@ -2,7 +2,7 @@
 
 Two queues get a history of single-message puts: ``history`` puts (the large queue) and
 ``small_history`` puts (the anchor), each put made through the put path itself
-(``prepare_put`` + ``store.write_data_file`` + ``QueueManager.commit_put``, which is ``qm.put``
+(``prepare_put`` + ``store.write_data_file`` + ``Queues.commit_put``, which is ``qm.put``
 without re-reading the catalog every time). A put that leaves the table with
 ``mqspark.queues.MAINTAIN_AT_FILES`` files runs maintenance itself (default retention, 1 hour), so the
 large queue's build includes those runs (``large_build_put_triggered_maintenance_runs``);
@@ -55,6 +55,7 @@ from mqspark.engine import depth, queues
 from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put, rows_to_table
+from mqspark.qmgr import engine
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
@@ -72,7 +73,7 @@ def _reader(qm: QueueManager, queue: str) -> QueueStreamReader:
 
 def _build(qm: QueueManager, queue: str, puts: int) -> dict:
     """``puts`` puts of one small message each, through the put path; returns build timings."""
-    definition = qm.resolve_for_put(queue)
+    definition = engine(qm).resolve_for_put(queue)
     location = store.queue_location(qm.root, queue)
     times = []
     contention = _Contention()
@@ -81,12 +82,12 @@ def _build(qm: QueueManager, queue: str, puts: int) -> dict:
         start = time.perf_counter()
         messages = prepare_put(definition, rows_to_table(queue, [{"payload": f"m{index}".encode()}])).messages
         file = store.write_data_file(location, messages.to_batches(), QUEUE_TABLE_SCHEMA)
-        qm.commit_put(queue, [file], group_items(messages), definition=definition)
+        engine(qm).commit_put(queue, [file], group_items(messages), definition=definition)
         times.append(time.perf_counter() - start)
     total = time.perf_counter() - began
     busy = contention.fields()
     check_run("maintenance", {f"queue {queue}: depth after building": (qm.depth(queue), puts)})
-    history = store.open_table(location, qm.storage_options).history()
+    history = store.open_table(location, engine(qm).storage_options).history()
     operations = [entry.get("mqspark.operation") for entry in history]
     return {
         "build_s": round(total, 1),
@@ -169,7 +170,7 @@ def _put_latency(qm: QueueManager, queues: list[str], samples: int) -> dict[str,
 def _live(qm: QueueManager, queue: str) -> tuple[int, int, int]:
     """Live files, live messages and log entries of ``queue``'s table."""
     location = store.queue_location(qm.root, queue)
-    files, messages = depth.live_messages(store.open_table(location, qm.storage_options))
+    files, messages = depth.live_messages(store.open_table(location, engine(qm).storage_options))
     return files.num_rows, messages.num_rows, store.log_entry_count(location)
 
 

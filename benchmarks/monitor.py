@@ -29,6 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from mqspark import QueueManager, store
+from mqspark.qmgr import engine
 from mqspark.services.monitor import Monitor
 
 from .maintenance import GROUP, _consume_all_but
@@ -81,7 +82,7 @@ def run(messages: int = 1_000_000, puts: int = 20, waiting: int = 10_000, points
             (msg_id,) = qm.put("Q", [{"payload": b"x"}])
             check_run("monitor", {"get": (qm.get("Q", GROUP, msg_id=msg_id).num_rows, 1)})
         after = _points(monitor, points)
-        files, _ = qm.live_messages("Q")
+        files, _ = engine(qm).live_messages("Q")
         check_run(
             "monitor",
             {

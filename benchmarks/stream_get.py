@@ -71,6 +71,7 @@ import numpy as np
 import mqspark
 from mqspark import QueueManager, store
 from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.qmgr import engine
 
 from .arrow_source import ArrowFilesSource
 from .stream_put import _write_input, check_run, random_payloads
@@ -510,7 +511,7 @@ def _planning(small_versions: int, large_versions: int, rounds: int) -> dict:
         for name, puts in sizes.items():
             qm.define_queue(name.upper())
             fill[name] = _fill_small(qm, name.upper(), puts)
-            version = qm.queue_version(name.upper())
+            version = engine(qm).queue_version(name.upper())
             if version != puts:
                 raise RuntimeError(f"queue {name.upper()} has version {version}, not {puts}")
         result = {"benchmark": "stream_get_planning", "rounds": rounds}

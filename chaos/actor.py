@@ -41,6 +41,8 @@ from typing import Any
 import mqspark
 from chaos.history import History, json_lines
 from mqspark import Connection, MQError, QueueManager, Reason
+from mqspark.engine.waiting import waiting_messages
+from mqspark.qmgr import engine
 from mqspark.services.monitor import Monitor
 
 QUEUE = "Q"
@@ -334,7 +336,7 @@ def redrive(run: Path, qm: QueueManager, history: History, rng: random.Random) -
             time.sleep(0.1)
         try:
             # What waits there: a browse shows too what redrive took until maintenance removes it.
-            held = qm.waiting_messages(BACKOUT_QUEUE, columns=["msg_id", "payload", "dlq_consumer_group"])
+            held = waiting_messages(engine(qm), BACKOUT_QUEUE, columns=["msg_id", "payload", "dlq_consumer_group"])
         except MQError as error:
             if not broken(error):
                 raise

@@ -16,6 +16,8 @@ from chaos import stream
 from chaos.actor import BACKOUT_QUEUE, FRONT, PYTHON_GROUP, QUEUE, REPLY_QUEUE, STREAM_GROUP, message_id, replica_group
 from chaos.history import Final
 from mqspark import QueueManager, store
+from mqspark.engine.waiting import waiting_messages
+from mqspark.qmgr import engine
 
 
 def _moved(qm: QueueManager, queues: tuple[str, ...], prefix: str) -> list[dict[str, Any]]:
@@ -24,7 +26,7 @@ def _moved(qm: QueueManager, queues: tuple[str, ...], prefix: str) -> list[dict[
     columns = ["payload", "dlq_reason", "backout_count", "dlq_original_queue", "dlq_consumer_group"]
     for queue in queues:
         # What waits there, in any order: a browse shows too what redrive took until maintenance removes it.
-        rows = qm.waiting_messages(queue, columns=columns)
+        rows = waiting_messages(engine(qm), queue, columns=columns)
         moved += [
             {
                 "id": message_id(row["payload"]),
@@ -45,10 +47,10 @@ def _holdings(qm: QueueManager, consumers: list[str], prefix: str, final: Final)
     for _ in range(2):
         qm.maintain(QUEUE, retention=timedelta(0))
     for group in consumers:
-        payloads = qm.waiting_messages(QUEUE, group, ["payload"])["payload"].to_pylist()
+        payloads = waiting_messages(engine(qm), QUEUE, group, ["payload"])["payload"].to_pylist()
         final.waiting[prefix + group] = [message_id(payload) for payload in payloads]
-    final.moved += _moved(qm, (BACKOUT_QUEUE, qm.dead_letter_queue), prefix)
-    table = DeltaTable(store.queue_location(qm.root, QUEUE), storage_options=qm.storage_options)
+    final.moved += _moved(qm, (BACKOUT_QUEUE, engine(qm).dead_letter_queue), prefix)
+    table = DeltaTable(store.queue_location(qm.root, QUEUE), storage_options=engine(qm).storage_options)
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     final.storage[prefix + QUEUE] = {"files": len(sizes), "bytes": int(sum(sizes)), "live": qm.browse(QUEUE).num_rows}
 
@@ -60,13 +62,13 @@ def final_state(qm: QueueManager, consumers: dict[str, str], replica: QueueManag
     final = Final(consumers=dict(consumers))
     _holdings(qm, list(consumers), "", final)
     # Those no requester read: one it read may be gone, removed by maintenance of the reply queue.
-    waiting = qm.waiting_messages(REPLY_QUEUE, columns=["payload"])
+    waiting = waiting_messages(engine(qm), REPLY_QUEUE, columns=["payload"])
     final.replies = [message_id(payload) for payload in waiting["payload"].to_pylist()]
     if replica is not None:
         final.consumers[replica_group(PYTHON_GROUP)] = "syncpoint"
         _holdings(replica, [PYTHON_GROUP], replica_group(""), final)
         front_qm = QueueManager.open(front)
-        final.moved += _moved(front_qm, (front_qm.dead_letter_queue,), f"{FRONT}/")
+        final.moved += _moved(front_qm, (engine(front_qm).dead_letter_queue,), f"{FRONT}/")
     return final
 
 

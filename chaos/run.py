@@ -38,6 +38,7 @@ from chaos.final import final_state, record_stream_output
 from chaos.history import run_clock, start_clock
 from mqspark import MQError, QueueManager, Reason
 from mqspark.cluster.repository import Cluster
+from mqspark.qmgr import engine
 from mqspark.services.instances import switchover
 from tests.support.azurite import ACCOUNT, Azurite
 
@@ -381,7 +382,7 @@ def set_up(
         return qm, None
     replica = QueueManager.create(where[REPLICA], REPLICA)
     _define_queue(replica, [PYTHON_GROUP], lock_duration)
-    repository = Cluster.create(where["cluster"], CLUSTER, storage_options=qm.storage_options)
+    repository = Cluster.create(where["cluster"], CLUSTER, storage_options=engine(qm).storage_options)
     for member in (qm, replica, QueueManager.create(where[FRONT], FRONT)):
         repository.join(member)
     for member in (qm, replica):

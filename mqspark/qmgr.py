@@ -1,39 +1,37 @@
-"""The queue manager facade (``QueueManager``): what applications and the CLI call, over the engine's
-:class:`~mqspark.engine.queues.Queues`: queue administration, clusters, depth and backlog, the get
-and browse, maintenance, purge and redrive. Nothing below this module imports it.
+"""The queue manager facade (``QueueManager``): what applications call, and nothing else. It holds the
+engine's :class:`~mqspark.engine.queues.Queues` and shows none of it: queue administration, depth and
+backlog, the get family, browse, maintenance, purge and redrive, each a call into the engine. The
+package's layers above this one (Spark, the CLI, the console) reach the engine of a queue manager
+they are handed with :func:`engine`. Nothing below this module imports it.
 """
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Self, TypeVar
 
-import numpy as np
 import pyarrow as pa
-from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
 from mqspark.cluster.records import AdvertisedQueue
 from mqspark.cluster.repository import Cluster
-from mqspark.engine.browse import browse_messages
+from mqspark.engine.browse import browse_queue
 from mqspark.engine.catalog import CatalogState
 from mqspark.engine.consumer import Consumer
-from mqspark.engine.depth import waiting
 from mqspark.engine.get import Claim, GetRequest, get, plan_get, syncpoint_get
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.maintenance import DEFAULT_RETENTION, MaintenanceSummary, check_retention, maintain, purge
 from mqspark.engine.ordering import DeliveryOptions
-from mqspark.engine.queues import PUT_ATTEMPTS, Queues, create_message_table
+from mqspark.engine.queues import Queues, create_message_table
 from mqspark.engine.redrive import redrive
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import QueueDefinition, QueueManagerDefinition, validate_name
-from mqspark.model.messages import BROWSE_SCHEMA
-from mqspark.model.numbers import check_number
+
+_Got = TypeVar("_Got")
 
 
 @dataclass(frozen=True)
@@ -55,17 +53,52 @@ class Backlog:
         return ((now or datetime.now(UTC)) - self.oldest_put_time).total_seconds()
 
 
-class QueueManager(Queues):
+class QueueManager:
     """A queue manager: a named root location holding queues. Create one with :meth:`create`, reopen
-    it with :meth:`open`. Its put, resolution and live messages are those of :class:`Queues`."""
+    it with :meth:`open`."""
 
-    @store.connected
+    def __init__(self, queues: Queues) -> None:
+        self._queues = queues
+
+    @classmethod
+    def create(cls, root: str | os.PathLike, name: str, *, storage_options: dict[str, str] | None = None) -> Self:
+        """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue."""
+        return cls(Queues.create(root, name, storage_options=storage_options))
+
+    @classmethod
+    def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> Self:
+        """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
+        return cls(Queues.open(root, storage_options=storage_options))
+
+    def __repr__(self) -> str:
+        return f"QueueManager(name={self.name!r}, root={self.root!r})"
+
+    def __mqspark_queues__(self) -> Queues:
+        # How the layers below this one, which cannot import it, reach the engine: see mqspark.engine.access.
+        return self._queues
+
+    @property
+    def name(self) -> str:
+        return self._queues.name
+
+    @property
+    def root(self) -> str:
+        """Where the queue manager lies: a folder, or an object store URL."""
+        return self._queues.root
+
+    @property
+    def qmid(self) -> str:
+        """The queue manager's identity (MQ's QMID): another queue manager never has it, even one
+        created again at the same root under the same name."""
+        return self._queues.qmid
+
     def alter_qmgr(self, **attributes: Any) -> QueueManagerDefinition:
         """Change the queue manager's own attributes (``description``, ``default_reconnect``)."""
-        self._definition.altered(**attributes)
-        state = self._catalog.change_qmgr(lambda state: state.qmgr.altered(**attributes))
-        self._definition = state.qmgr
-        return self._definition
+        return self._queues.alter_qmgr(**attributes)
+
+    def queues(self) -> list[QueueDefinition]:
+        """Every queue definition, by name."""
+        return self._queues.queues()
 
     @store.connected
     def define_queue(self, name: str, **attributes: Any) -> QueueDefinition:
@@ -78,10 +111,11 @@ class QueueManager(Queues):
             _check_references(state, definition)
             return {**state.queues, name: definition}
 
-        apply(self._catalog.read())
+        catalog = self._queues.catalog
+        apply(catalog.read())
         if definition.type == "local":
-            create_message_table(self._location(name), self.storage_options)
-        self._catalog.change(apply)
+            create_message_table(store.queue_location(self.root, name), self._queues.storage_options)
+        catalog.change(apply)
         return definition
 
     @store.connected
@@ -92,11 +126,11 @@ class QueueManager(Queues):
             raise MQValidationError(f"queue {name}: attribute type cannot be altered; delete and define the queue")
 
         def apply(state: CatalogState) -> dict[str, QueueDefinition]:
-            definition = QueueDefinition.build(name, base=self._definition_in(state, name), **attributes)
+            definition = QueueDefinition.build(name, base=state.queue(name), **attributes)
             _check_references(state, definition)
             return {**state.queues, name: definition}
 
-        return self._catalog.change(apply).queues[name]
+        return self._queues.catalog.change(apply).queues[name]
 
     @store.connected
     def inquire_queue(self, name: str) -> QueueDefinition | AdvertisedQueue:
@@ -108,130 +142,99 @@ class QueueManager(Queues):
         first one by name is a stable answer. Unknown everywhere: MQRC_UNKNOWN_OBJECT_NAME.
         """
         validate_name(name)
-        state = self._catalog.read()
-        advertised = None if name in state.queues else self._advertised_queue(state, name)
-        return advertised or self._definition_in(state, name)
+        state = self._queues.catalog.read()
+        advertised = None if name in state.queues else _advertised_queue(self._queues, state, name)
+        return advertised or state.queue(name)
 
     @store.connected
     def delete_queue(self, name: str, purge: bool = False) -> None:
         """Delete a queue; a queue still holding messages is refused unless ``purge`` is set."""
         validate_name(name)
-        if name == self.dead_letter_queue:
+        if name == self._queues.dead_letter_queue:
             raise MQValidationError(f"queue {name} is the dead-letter queue of queue manager {self.name}")
 
         def apply(state: CatalogState) -> dict[str, QueueDefinition]:
-            self._definition_in(state, name)
+            state.queue(name)
             aliases = sorted(q.name for q in state.queues.values() if q.target_queue == name)
             if aliases:
                 raise MQValidationError(f"queue {name} is the target of alias queue {aliases[0]}")
             return {queue: d for queue, d in state.queues.items() if queue != name}
 
-        state = self._catalog.read()
+        catalog = self._queues.catalog
+        state = catalog.read()
         apply(state)
-        if self._definition_in(state, name).type == "local":
-            self._close(name, purge)
-        try:
-            self._catalog.change(apply)
-        except MQError:
-            store.close_table(self._message_table(name), closed=False)
-            raise
-        self._tables.pop(name, None)
-        store.remove_tree(self._location(name))
+        # A local queue's message table stays closed from its depth check on, so no put lands meanwhile.
+        with self._queues.deleting(name, purge) if state.queue(name).type == "local" else nullcontext():
+            catalog.change(apply)
+        store.remove_tree(store.queue_location(self.root, name))
         store.remove_tree(store.state_location(self.root, name))
         store.remove_tree(store.maintenance_location(self.root, name))
 
-    def _close(self, name: str, purge: bool) -> None:
-        """Check the depth and close the message table in one step, so no put can land in between."""
-        for attempt in range(PUT_ATTEMPTS):
-            table = self._message_table(name)
-            depth = self._count_waiting(name, table)
-            if depth and not purge:
-                raise MQError(
-                    f"queue {name} holds {depth} messages; delete with purge to discard them", Reason.MQRC_Q_NOT_EMPTY
-                )
-            try:
-                store.close_table(table)
-                return
-            except CommitFailedError:
-                time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
-        raise MQError(f"queue {name}: delete gave up after {PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
+    def put(
+        self,
+        queue: str,
+        rows: Iterable[Mapping[str, Any]] | pa.Table,
+        *,
+        segmentation: bool = False,
+        producer: str | None = None,
+        batch_id: int | None = None,
+    ) -> list[str]:
+        """Put messages on ``queue`` in one transaction and return their msg_ids.
 
-    @store.connected
-    def cluster_repository(self, cluster: str) -> str:
-        """The repository root of ``cluster``, which this queue manager has joined (see :meth:`Cluster.join`)."""
-        validate_name(cluster, "cluster")
-        try:
-            return self._catalog.read().clusters[cluster]
-        except KeyError:
-            raise MQError(
-                f"queue manager {self.name} is not a member of cluster {cluster}", Reason.MQRC_UNKNOWN_OBJECT_NAME
-            ) from None
-
-    def _advertised_queue(self, state: CatalogState, name: str) -> AdvertisedQueue | None:
-        """The replica :meth:`inquire_queue` shows for a queue not defined here; None when there is none."""
-        replicas = [
-            advertised
-            for root in state.clusters.values()
-            for advertised in Cluster.open(root, storage_options=self.storage_options).snapshot().queues
-            if advertised.name == name and advertised.qmgr != self.name
-        ]
-        return min(replicas, key=lambda advertised: (advertised.qmgr, advertised.cluster), default=None)
+        ``rows`` is a list of dicts or a pyarrow Table of message fields; only ``payload`` is required.
+        Nothing is written when any message is bad, the queue is put-inhibited or the put would
+        exceed the queue's max depth. ``segmentation`` splits a payload longer than the queue's
+        ``max_message_length`` into segments. With ``producer`` and ``batch_id`` the put is exactly
+        once: a transaction of the producer at or below ``batch_id`` already committed puts nothing again.
+        """
+        return self._queues.put(queue, rows, segmentation=segmentation, producer=producer, batch_id=batch_id)
 
     @store.connected
     def depth(self, queue: str, consumer: str | None = None) -> int:
         """MQ's CURDEPTH: the messages still waiting for at least one counted consumer group (see
         :mod:`mqspark.engine.depth`); with ``consumer``, the messages still waiting for that group.
         Expired messages are not counted."""
-        return self._depth(self._resolve(queue).name, consumer)
-
-    def _depth(self, local: str, consumer: str | None) -> int:
+        local = self._queues.resolve(queue).name
         if consumer is not None:
             validate_name(consumer, "consumer group")
-        return self.waiting_count(local, consumer)
+        return self._queues.waiting_count(local, consumer)
 
     @store.connected
     def consumers(self, queue: str) -> list[str]:
         """The consumer groups that count for the queue's depth, by name: those that have read it, and
         those declared on it."""
-        return self.consumer_state(self._resolve(queue).name).groups()
+        return self._queues.consumer_state(self._queues.resolve(queue).name).groups()
 
     @store.connected
     def declare_consumer(self, queue: str, consumer: str) -> None:
         """Declare consumer group ``consumer`` on ``queue`` before it first reads: from now on, messages
         wait for it (maintenance keeps them) and count in the queue's depth."""
-        local = self._resolve(queue).name
-        self.consumer_state(local).declare(validate_name(consumer, "consumer group"))
+        local = self._queues.resolve(queue).name
+        self._queues.consumer_state(local).declare(validate_name(consumer, "consumer group"))
 
     @store.connected
     def delete_consumer(self, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> None:
         """Delete consumer group ``consumer`` of ``queue`` and everything recorded for it: its messages
         no longer wait for it. Refused while a query of the group runs (its lease younger than
         ``lease_timeout``)."""
-        local = self._resolve(queue).name
-        self.consumer_state(local).delete(validate_name(consumer, "consumer group"), lease_timeout)
+        local = self._queues.resolve(queue).name
+        self._queues.consumer_state(local).delete(validate_name(consumer, "consumer group"), lease_timeout)
 
     @store.connected
     def backlog(self, queue: str, consumer: str | None = None, *, oldest: bool = True) -> Backlog:
         """Depth (see :meth:`depth`) and, with ``oldest``, the put time of the oldest waiting message
-        (from file statistics where they tell, see :meth:`oldest_waiting`); for a consumer group also
-        who holds its lease, the active instance of a service."""
-        local = self._resolve(queue).name
+        (from file statistics where they tell); for a consumer group also who holds its lease, the
+        active instance of a service."""
+        queues = self._queues
+        local = queues.resolve(queue).name
         if consumer is not None:
             validate_name(consumer, "consumer group")
-        count, first = self.oldest_waiting(local, consumer) if oldest else (self.waiting_count(local, consumer), None)
-        lease = None if consumer is None else self.consumer_state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
+        if oldest:
+            count, first = queues.oldest_waiting(local, consumer)
+        else:
+            count, first = queues.waiting_count(local, consumer), None
+        lease = None if consumer is None else queues.consumer_state(local).lease(consumer, DEFAULT_LEASE_TIMEOUT)
         return Backlog(local, consumer, count, first, None if lease is None else lease.owner)
-
-    @store.connected
-    def waiting_messages(self, queue: str, consumer: str | None = None, columns: Sequence[str] = ()) -> pa.Table:
-        """The live messages that wait, as :meth:`depth` counts them: their identity (``origin``,
-        ``row``), ``expiry`` and ``columns``."""
-        local = self._resolve(queue).name
-        if consumer is not None:
-            validate_name(consumer, "consumer group")
-        groups = self._groups(local, consumer)
-        _, live = self.live_messages(local, columns)
-        return live.filter(pa.array(waiting(live, groups, datetime.now(UTC), consumer)))
 
     @store.connected
     def maintain(self, queue: str, retention: timedelta = DEFAULT_RETENTION) -> MaintenanceSummary:
@@ -239,7 +242,7 @@ class QueueManager(Queues):
         consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping
         time travel for ``retention``. See :mod:`mqspark.engine.maintenance`."""
         check_retention(retention)
-        return maintain(self, self._resolve(queue), retention)
+        return maintain(self._queues, self._queues.resolve(queue), retention)
 
     @store.connected
     def purge(self, queue: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> int:
@@ -247,12 +250,12 @@ class QueueManager(Queues):
         once, and return how many were removed. Refused for an alias queue, and while a query of any
         consumer group runs (a lease younger than ``lease_timeout``) or maintenance runs."""
         validate_name(queue)
-        definition = self._definition_in(self._catalog.read(), queue)
+        definition = self._queues.catalog.read().queue(queue)
         if definition.type != "local":
             raise MQValidationError(
                 f"queue {queue} is an alias queue (target {definition.target_queue}); purge its target instead"
             )
-        return purge(self, queue, lease_timeout)
+        return purge(self._queues, queue, lease_timeout)
 
     @store.connected
     def redrive(
@@ -269,7 +272,7 @@ class QueueManager(Queues):
         ``dlq_reason``). Returns how many went back to each queue. See
         :func:`mqspark.engine.backout.redrive`."""
         validate_name(queue)
-        return redrive(self, queue, msg_ids=msg_ids, correl_ids=correl_ids, reasons=reasons)
+        return redrive(self._queues, queue, msg_ids=msg_ids, correl_ids=correl_ids, reasons=reasons)
 
     @store.connected
     def get(
@@ -286,7 +289,7 @@ class QueueManager(Queues):
         group ``consumer`` as they are returned, waiting up to ``wait`` seconds for the first. Matches
         msg_id, correl_id and group_id. Empty when nothing matched in time. Columns as :meth:`browse`.
         See :mod:`mqspark.engine.get` for how it shares a group with a streaming query."""
-        return get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+        return self._get(get, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
 
     def syncpoint_get(
         self,
@@ -301,7 +304,7 @@ class QueueManager(Queues):
         """MQGET under syncpoint, as a context manager: ``with qm.syncpoint_get(Q) as messages:``. The
         messages are consumed when the block succeeds, and backed out (one failed delivery each) when
         it raises."""
-        return syncpoint_get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+        return self._get(syncpoint_get, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
 
     @store.connected
     def claim(
@@ -318,13 +321,28 @@ class QueueManager(Queues):
         claim's ``messages`` are held for the queue's ``lock_duration`` until ``commit()``,
         ``backout(error)`` or ``release()``; ``renew()`` holds them a whole lock again. None when
         nothing matched within ``wait``."""
-        return plan_get(self, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
+        return self._get(plan_get, queue, consumer, max_messages, wait, msg_id, correl_id, group_id)
+
+    def _get(
+        self,
+        run: Callable[[Queues, GetRequest], _Got],
+        queue: str,
+        consumer: str,
+        max_messages: int,
+        wait: float,
+        msg_id: str | None,
+        correl_id: str | None,
+        group_id: str | None,
+    ) -> _Got:
+        """``run`` on the one request of :meth:`get`, :meth:`syncpoint_get` or :meth:`claim` (the
+        engine checks its values when the get plans)."""
+        return run(self._queues, GetRequest(queue, consumer, max_messages, wait, msg_id, correl_id, group_id))
 
     def consumer(self, queue: str, consumer: str = "default", prefetch: int = 500, wait: float = 0.0) -> Consumer:
         """A block consumer for throughput: ``with qm.consumer(Q, G, prefetch=500) as c: for message
         in c: ...``. Claims ``prefetch`` messages per commit and acknowledges them per block: at least
         once. See :mod:`mqspark.engine.consumer`."""
-        return Consumer(self, queue, consumer, prefetch, wait)
+        return Consumer(self._queues, queue, consumer, prefetch, wait)
 
     def browse(
         self,
@@ -350,37 +368,24 @@ class QueueManager(Queues):
         options = DeliveryOptions(
             order, all_messages_available, complete_message, msg_id, correl_id, group_id, msg_seq_number
         )
-        return self.browse_with(queue, options, limit=limit, now=now)
+        return browse_queue(self._queues, queue, options, limit=limit, now=now)
 
-    @store.connected
-    def browse_with(
-        self,
-        queue: str,
-        options: DeliveryOptions,
-        *,
-        limit: int | None = None,
-        now: datetime | None = None,
-        version: int | None = None,
-    ) -> pa.Table:
-        """:meth:`browse` with its options as one value, at queue table ``version`` (default: latest)."""
-        if limit is not None:
-            check_number(limit, f"option limit must be a whole number >= 0, got {limit!r}", whole=True, at_least=0)
-        definition = self._resolve(queue)
-        moment = now or datetime.now(UTC)
-        delivered, expired = self._with_snapshot(
-            definition.name,
-            lambda table: browse_messages(
-                table, self.storage_options, definition.delivery_sequence, options, moment, limit, version
-            ),
-            retry=version is None,
-        )
-        rows = delivered.num_rows
-        delivered = delivered.append_column(BROWSE_SCHEMA.field("queue"), pa.repeat(definition.name, rows))
-        delivered = delivered.append_column(BROWSE_SCHEMA.field("qmgr"), pa.repeat(self.name, rows))
-        delivered = delivered.append_column(
-            BROWSE_SCHEMA.field("delivery_seq"), pa.array(np.arange(rows, dtype=np.int64))
-        )
-        return delivered.cast(BROWSE_SCHEMA).replace_schema_metadata({"mqspark.expired": str(expired)})
+
+def engine(qm: QueueManager) -> Queues:
+    """The engine behind ``qm``, for the package's layers above the facade (Spark, the CLI, the
+    console) where a user's queue manager reaches code that needs more than users are shown."""
+    return qm._queues
+
+
+def _advertised_queue(queues: Queues, state: CatalogState, name: str) -> AdvertisedQueue | None:
+    """The replica :meth:`QueueManager.inquire_queue` shows for a queue not defined here; None when there is none."""
+    replicas = [
+        advertised
+        for root in state.clusters.values()
+        for advertised in Cluster.open(root, storage_options=queues.storage_options).snapshot().queues
+        if advertised.name == name and advertised.qmgr != queues.name
+    ]
+    return min(replicas, key=lambda advertised: (advertised.qmgr, advertised.cluster), default=None)
 
 
 def _check_references(state: CatalogState, definition: QueueDefinition) -> None:

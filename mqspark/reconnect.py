@@ -28,7 +28,7 @@ If the timeout passes, the call fails with 2548 ``MQRC_RECONNECT_FAILED``, or wi
 
 **In doubt.** A put whose connection broke once its commit had begun, or a get whose consumption
 commit broke, is resolved on its own queue manager, never moved. A put checks the connection's
-producer transaction (:meth:`QueueManager.committed_transaction`) and is put again only if it did
+producer transaction (:meth:`~mqspark.engine.queues.Queues.committed_transaction`) and is put again only if it did
 not land. A get checks whether its plan was recorded consumed. If it was not, and its lease has
 lapsed meanwhile, the get is backed out with 2003 ``MQRC_BACKED_OUT``: its messages wait again,
 each counting one rolled-back delivery. No call answers "interrupted, outcome unknown".
@@ -50,10 +50,11 @@ import pyarrow as pa
 
 from mqspark import store
 from mqspark.engine.get import GetRequest, plan_get
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA
 from mqspark.model.numbers import check_number
-from mqspark.qmgr import QueueManager
+from mqspark.qmgr import QueueManager, engine
 
 DEFAULT_RECONNECT_TIMEOUT = timedelta(seconds=1800)
 _FIRST_DELAY = 0.2
@@ -128,7 +129,7 @@ class Connection:
     @property
     def effective_mode(self) -> ReconnectMode:
         """The mode in force: the client's, unless its queue manager disables reconnection."""
-        return mode_in_force(self.qm, self.mode)
+        return mode_in_force(engine(self.qm), self.mode)
 
     def call(
         self,
@@ -164,11 +165,11 @@ class Connection:
         def put(qm: QueueManager) -> list[str]:
             if committing:
                 # In doubt: the earlier attempt reached its commit on this same queue manager.
-                done = qm.committed_transaction(queue, self.producer)
+                done = engine(qm).committed_transaction(queue, self.producer)
                 if done is not None and done >= transaction:
                     return committing[0]
                 committing.clear()
-            return qm.put(
+            return engine(qm).put(
                 queue,
                 rows,
                 segmentation=segmentation,
@@ -184,7 +185,7 @@ class Connection:
     ) -> pa.Table:
         """:meth:`QueueManager.get`, resolved exactly when the connection breaks under its commit."""
         planned = self.call(
-            lambda qm: plan_get(qm, GetRequest(queue, consumer, max_messages, wait, **match)),
+            lambda qm: plan_get(engine(qm), GetRequest(queue, consumer, max_messages, wait, **match)),
             f"get from queue {queue}",
             queue,
         )
@@ -215,8 +216,9 @@ class Reconnect:
     @classmethod
     def open(
         cls, root: str, asked: ReconnectMode | None, timeout: timedelta, what: str, *, reopen: bool = False
-    ) -> tuple[QueueManager, Reconnect]:
-        """Open the queue manager at ``root`` and fix the policy. A root out of reach is waited for
+    ) -> tuple[Queues, Reconnect]:
+        """Open the queue manager at ``root`` (its engine: the sink and the streaming get need more
+        than users are shown) and fix the policy. A root out of reach is waited for
         when the client asked for ``yes`` or ``qmgr``, and fails with 2009 otherwise: the queue
         manager's own default cannot be read then. A root whose store answers that it holds no queue
         manager fails with 2085, unless this is a ``reopen``: Spark makes a streaming sink's writer
@@ -226,7 +228,7 @@ class Reconnect:
         deadline = time.monotonic() + timeout.total_seconds()
         while True:
             try:
-                qm = QueueManager.open(location)
+                qm = Queues.open(location)
                 return qm, cls(qm.root, qm.name, qm.qmid, mode_in_force(qm, asked), timeout, qm.storage_options)
             except Exception as error:
                 if not store.broken(error, location, None):
@@ -259,7 +261,7 @@ class Reconnect:
                 _wait_for([self.root], broken)
 
 
-def mode_in_force(qm: QueueManager, asked: ReconnectMode | None) -> ReconnectMode:
+def mode_in_force(qm: Queues, asked: ReconnectMode | None) -> ReconnectMode:
     """The client's mode (``asked``; None: the queue manager's default), unless the queue manager
     disables reconnection."""
     default = ReconnectMode(qm.definition.default_reconnect)

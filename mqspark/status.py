@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from mqspark.qmgr import QueueManager
+from mqspark.engine.waiting import depth_by_original_queue
+from mqspark.qmgr import QueueManager, engine
 from mqspark.services.monitor import group_health
 
 # Beside each source queue: its failure queues and its failed messages waiting there.
@@ -29,13 +30,14 @@ def depths(qm: QueueManager, queue: str | None = None, now: datetime | None = No
     how many of its failed messages wait on each. Every row has every key."""
     queues = {q.name: q for q in qm.queues() if q.type == "local"}
     names = [queue] if queue else list(queues)
+    dead_letter_queue = engine(qm).dead_letter_queue
     from_queue: dict[str, dict[str, int]] = {}
 
     def failed_on(failure_queue: str | None, source: str) -> int | None:
         if failure_queue is None or failure_queue not in queues:
             return None
         if failure_queue not in from_queue:
-            from_queue[failure_queue] = qm.depth_by_original_queue(failure_queue)
+            from_queue[failure_queue] = depth_by_original_queue(engine(qm), failure_queue)
         return from_queue[failure_queue].get(source, 0)
 
     rows = []
@@ -62,14 +64,14 @@ def depths(qm: QueueManager, queue: str | None = None, now: datetime | None = No
                         "held_by": health.held_by,
                     }
                 )
-            if consumer is None and definition is not None and name != qm.dead_letter_queue:
+            if consumer is None and definition is not None and name != dead_letter_queue:
                 row.update(
                     {
                         "backout_queue": definition.backout_queue,
                         "backed_out": failed_on(definition.backout_queue, name),
                         "error_queue": definition.error_queue,
                         "errors": failed_on(definition.error_queue, name),
-                        "dead_letters": failed_on(qm.dead_letter_queue, name),
+                        "dead_letters": failed_on(dead_letter_queue, name),
                     }
                 )
             rows.append(row)
@@ -111,7 +113,7 @@ def holds_failed_messages(qm: QueueManager, queue: str, browsed: pa.Table) -> bo
     """Whether browse shows the dead-letter header: for the dead-letter queue, a queue some queue
     names as its backout or error queue, and any queue holding messages that carry a header."""
     queues = qm.queues()
-    failure_queues = {qm.dead_letter_queue}
+    failure_queues = {engine(qm).dead_letter_queue}
     failure_queues |= {q.backout_queue for q in queues if q.backout_queue}
     failure_queues |= {q.error_queue for q in queues if q.error_queue}
     return qm.inquire_queue(queue).name in failure_queues or browsed["dlq_reason"].null_count < browsed.num_rows

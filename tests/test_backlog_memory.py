@@ -38,11 +38,12 @@ from datetime import UTC, datetime, timedelta
 from mqspark import QueueManager
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.planner import Planner
+from mqspark.qmgr import engine
 
 root, case = sys.argv[1], sys.argv[2]
 qm = QueueManager.open(root)
 if case == "stream":
-    planner = Planner(qm, "Q", "stream", "query-1", DeliveryOptions(), timedelta(minutes=5))
+    planner = Planner(engine(qm), "Q", "stream", "query-1", DeliveryOptions(), timedelta(minutes=5))
     planner.load()
     delivered = []
     for first in (0, 10_000):

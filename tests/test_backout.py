@@ -17,6 +17,7 @@ import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason
 from mqspark.engine.backout import BackoutPolicy, failures
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.qmgr import engine
 
 from .support.samples import dead_letters
 
@@ -205,10 +206,10 @@ def test_nothing_configured_moves_the_message_at_its_fifth_failure(spark, qm, tm
         qm,
         tmp_path / "ck",
         handle,
-        lambda b: qm.depth(qm.dead_letter_queue) == 1 and qm.depth("Q", consumer="default") == 0,
+        lambda b: qm.depth(engine(qm).dead_letter_queue) == 1 and qm.depth("Q", consumer="default") == 0,
     )
     assert _payloads(batches) == [[("bad", 0), ("good", 0)], [("bad", 1)], [("bad", 2)], [("bad", 3)], [("bad", 4)]]
-    moved = qm.browse(qm.dead_letter_queue).to_pylist()
+    moved = qm.browse(engine(qm).dead_letter_queue).to_pylist()
     assert [(m["payload"], m["backout_count"], m["dlq_reason"], m["dlq_original_queue"]) for m in moved] == [
         (b"bad", 5, int(Reason.MQFB_RETRIES_EXHAUSTED), "Q")
     ]
@@ -244,7 +245,7 @@ def test_where_mq_and_tuxedo_rules_meet(qm, attributes, counts):
     for name in ("BOQ", "EQ"):
         qm.define_queue(name)
     qm.define_queue("Q", **attributes)
-    policy = BackoutPolicy.of(qm, qm.inquire_queue("Q"))
+    policy = BackoutPolicy.of(engine(qm), qm.inquire_queue("Q"))
     for count, queue in counts.items():
         destination = policy.destination(count, None)
         assert (destination.queue if destination else None) == queue
@@ -303,9 +304,9 @@ def test_a_backout_queue_deleted_since_it_was_named_sends_to_the_dead_letter_que
         qm,
         tmp_path / "ck",
         handle,
-        lambda b: qm.depth(qm.dead_letter_queue) == 1 and qm.depth("Q", "default") == 0,
+        lambda b: qm.depth(engine(qm).dead_letter_queue) == 1 and qm.depth("Q", "default") == 0,
     )
-    moved = qm.browse(qm.dead_letter_queue).to_pylist()
+    moved = qm.browse(engine(qm).dead_letter_queue).to_pylist()
     assert [(m["payload"], m["dlq_reason"], m["dlq_reason_text"]) for m in moved] == [
         (
             b"bad",
@@ -350,17 +351,17 @@ def test_redrive_round_trip_moves_back_once_in_order_with_the_count_reset(spark,
 
 def test_redrive_refuses_bad_selectors_and_changes_nothing(qm):
     qm.define_queue("Q")
-    dead_letters(qm, qm.dead_letter_queue, [{"payload": "a", "fields": {}, "reason": 2362}])
+    dead_letters(qm, engine(qm).dead_letter_queue, [{"payload": "a", "fields": {}, "reason": 2362}])
     with pytest.raises(
         MQValidationError,
         match=re.escape("redrive: queue SYSTEM.DEAD.LETTER.QUEUE: msg_ids must be a non-empty list, got 'abc'"),
     ):
-        qm.redrive(qm.dead_letter_queue, msg_ids="abc")
+        qm.redrive(engine(qm).dead_letter_queue, msg_ids="abc")
     with pytest.raises(MQError, match=re.escape("MQRC_UNKNOWN_OBJECT_NAME (2085)")):
         qm.redrive("NOPE")
-    assert qm.depth(qm.dead_letter_queue) == 1
-    assert qm.redrive(qm.dead_letter_queue, reasons=[2053]) == {}
-    assert qm.redrive(qm.dead_letter_queue, reasons=[2362]) == {"Q": 1}
+    assert qm.depth(engine(qm).dead_letter_queue) == 1
+    assert qm.redrive(engine(qm).dead_letter_queue, reasons=[2053]) == {}
+    assert qm.redrive(engine(qm).dead_letter_queue, reasons=[2362]) == {"Q": 1}
     assert [m["payload"] for m in qm.browse("Q").to_pylist()] == [b"a"]
     assert qm.browse("Q").to_pylist()[0]["dlq_reason"] is None
 
@@ -373,18 +374,18 @@ def test_cli_redrive_selects_by_msg_id_and_reports_what_moved(qm, capsys):
     qm.define_queue("Q")
     dead_letters(
         qm,
-        qm.dead_letter_queue,
+        engine(qm).dead_letter_queue,
         [{"payload": p, "fields": {"msg_id": p}, "reason": 2362} for p in ("a", "b")],
     )
-    assert main(["--root", qm.root, "redrive", qm.dead_letter_queue, "--msg-id", "b", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"queue": qm.dead_letter_queue, "to": "Q", "messages": 1}]
+    assert main(["--root", qm.root, "redrive", engine(qm).dead_letter_queue, "--msg-id", "b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"queue": engine(qm).dead_letter_queue, "to": "Q", "messages": 1}]
     assert [m["payload"] for m in qm.browse("Q").to_pylist()] == [b"b"]
     assert main(["--root", qm.root, "redrive", "NOPE", "--json"]) == 1
     assert capsys.readouterr().err == (
         "mqspark: error: MQRC_UNKNOWN_OBJECT_NAME (2085): queue NOPE is not defined in queue manager QM1\n"
     )
     with pytest.raises(SystemExit) as usage:
-        main(["--root", qm.root, "redrive", qm.dead_letter_queue, "--reason", "x"])
+        main(["--root", qm.root, "redrive", engine(qm).dead_letter_queue, "--reason", "x"])
     assert usage.value.code == 2
     assert "argument --reason: invalid int value: 'x'" in capsys.readouterr().err
 

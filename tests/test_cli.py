@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mqspark import MQError, QueueManager, Reason
+from mqspark.qmgr import engine
 
 from .support.samples import dead_letters
 
@@ -189,7 +190,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
     assert shown["qmid"].startswith("QM1_")
     altered = ok_json(root, "qmgr", "alter", "--default-reconnect", "disabled", "--description", "the orders hub")
     assert altered == {**shown, "default_reconnect": "disabled", "description": "the orders hub"}
-    assert QueueManager.open(root).definition.default_reconnect == "disabled"
+    assert engine(QueueManager.open(root)).definition.default_reconnect == "disabled"
 
     assert ok(root, "queue", "delete", "SPARE") == "deleted: SPARE\n"
     assert not (root / "queues" / "SPARE").exists()

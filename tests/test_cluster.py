@@ -28,6 +28,8 @@ from mqspark.cluster.records import REPOSITORY_SCHEMA, AdvertisedQueue, Binding,
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.catalog import CATALOG_SCHEMA, Catalog, rewrite_until_landed
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.queues import Queues
+from mqspark.qmgr import engine
 
 from .support.error_checks import refused, unchanged
 
@@ -134,8 +136,8 @@ def test_join_records_the_member_and_the_cluster_in_the_catalog(cluster: Cluster
     member = cluster.join(qm1, network_priority=4)
     assert member == Member("C1", "QM1", qm1.root, network_priority=4)
     assert cluster.snapshot() == ClusterSnapshot("C1", 1, members=(member,))
-    assert qm1.cluster_repository("C1") == cluster.root
-    assert QueueManager.open(qm1.root).cluster_repository("C1") == cluster.root
+    assert engine(qm1).cluster_repository("C1") == cluster.root
+    assert Queues.open(qm1.root).cluster_repository("C1") == cluster.root
     state = Catalog(qm1.root).read()
     assert (state.qmgr.cluster, state.clusters) == (("C1",), {"C1": cluster.root})
     [row] = [
@@ -150,7 +152,7 @@ def test_cluster_repository_of_a_cluster_not_joined(qm1: QueueManager) -> None:
         "MQRC_UNKNOWN_OBJECT_NAME (2085): queue manager QM1 is not a member of cluster C9",
         Reason.MQRC_UNKNOWN_OBJECT_NAME,
     ):
-        qm1.cluster_repository("C9")
+        engine(qm1).cluster_repository("C9")
 
 
 @pytest.mark.parametrize(
@@ -198,7 +200,7 @@ def test_join_of_a_second_cluster_of_the_same_name_is_refused(
         ),
     ):
         other.join(qm1)
-    assert qm1.cluster_repository("C1") == cluster.root
+    assert engine(qm1).cluster_repository("C1") == cluster.root
 
 
 def test_leave_removes_the_member_its_advertisements_and_the_catalog_entry(
@@ -220,7 +222,7 @@ def test_leave_removes_the_member_its_advertisements_and_the_catalog_entry(
         "MQRC_UNKNOWN_OBJECT_NAME (2085): queue manager QM2 is not a member of cluster C1",
         Reason.MQRC_UNKNOWN_OBJECT_NAME,
     ):
-        qm2.cluster_repository("C1")
+        engine(qm2).cluster_repository("C1")
     cluster.leave(qm1)
     assert cluster.snapshot().members == ()
     assert Catalog(qm1.root).read().clusters == {}
@@ -931,10 +933,10 @@ def test_a_catalog_written_before_clusters_opens_and_joins(cluster: Cluster, qm1
         "MQRC_UNKNOWN_OBJECT_NAME (2085): queue manager QM1 is not a member of cluster C1",
         Reason.MQRC_UNKNOWN_OBJECT_NAME,
     ):
-        reopened.cluster_repository("C1")
+        engine(reopened).cluster_repository("C1")
     reopened.alter_queue("ORDERS", default_priority=2)
     cluster.join(reopened)
-    assert reopened.cluster_repository("C1") == cluster.root
+    assert engine(reopened).cluster_repository("C1") == cluster.root
     assert QueueManager.open(qm1.root).inquire_queue("ORDERS") == QueueDefinition(
         "ORDERS", default_priority=2, description="kept"
     )

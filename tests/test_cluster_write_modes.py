@@ -18,6 +18,7 @@ from mqspark import QueueManager, store
 from mqspark.cluster.records import Binding
 from mqspark.cluster.repository import Cluster
 from mqspark.errors import MQError
+from mqspark.qmgr import engine
 from mqspark.spark.routing import TaskRouting, batch_routing, cluster_route
 
 from .test_sink import STREAM_SCHEMA, _stream, _write_json_batch
@@ -151,7 +152,7 @@ def _task(versions: dict[str, int], *bindings: Binding) -> TaskRouting:
 
 
 def test_tasks_that_disagree_back_the_batch_out_before_any_commit(cluster):
-    route = cluster_route(cluster["QM1"], ("INVENTORY",), "ORDERS", "on_open", None)
+    route = cluster_route(engine(cluster["QM1"]), ("INVENTORY",), "ORDERS", "on_open", None)
     (root,) = route.repositories
     with pytest.raises(MQError) as raised:
         batch_routing(route, "ORDERS", "P1", 4, [_task({root: 1}), None, _task({root: 2})])

@@ -16,6 +16,7 @@ from mqspark.engine import queues
 from mqspark.model.groups import GROUP_COLUMNS
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put
+from mqspark.qmgr import engine
 from mqspark.store.commit import landed
 from mqspark.store.log import COMMIT_ID, commit_info
 from mqspark.store.tables import listing_raced
@@ -83,9 +84,9 @@ def test_put_that_gives_up_leaves_no_files(qm, before_commit, monkeypatch):
 def test_commit_put_argument_errors(qm):
     qm.define_queue("Q")
     groups = MESSAGE_SCHEMA.empty_table().select(GROUP_COLUMNS)
-    assert qm.commit_put("Q", [], groups) is None
+    assert engine(qm).commit_put("Q", [], groups) is None
     with pytest.raises(MQValidationError, match=re.escape("queue Q: a commit with producer 'p' needs a batch_id")):
-        qm.commit_put("Q", [], groups, producer="p")
+        engine(qm).commit_put("Q", [], groups, producer="p")
     assert store.open_table(store.queue_location(qm.root, "Q"), None).version() == 0
 
 

@@ -13,6 +13,7 @@ import pytest
 from mqspark import MQError, QueueManager
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.pending import PendingMessages
+from mqspark.qmgr import engine
 
 MESSAGES = 100
 GROUPS = 5
@@ -76,9 +77,9 @@ def test_competing_gets_deliver_every_message_once_and_fail_none(tmp_path, run):
         items = sorted((int(seq), payload) for payload, seq in delivered if payload.startswith(f"g{group}-"))
         assert [payload for _, payload in items] == [f"g{group}-{item}" for item in range(GROUP_SIZE)]
     assert qm.depth("Q", "workers") == 0
-    assert qm.depth(qm.dead_letter_queue) == 0
+    assert qm.depth(engine(qm).dead_letter_queue) == 0
     # A race between healthy getters is not a failed delivery: nothing backed out or rolled back.
-    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
     assert state.events("workers", ("backout", "rollback"), ["event", "origin", "row"]).to_pylist() == []
 
 

@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 
 import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
+from mqspark.qmgr import engine
 from mqspark.reconnect import Connection
 
 from .support.outages import break_root_for, outage
@@ -171,7 +172,7 @@ def test_a_put_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, landed)
     assert broke
     assert q.browse("Q")["msg_id"].to_pylist() == ids
     assert payloads(q) == [b"once", b"only once"]
-    assert q.committed_transaction("Q", connection.producer) == 1
+    assert engine(q).committed_transaction("Q", connection.producer) == 1
 
 
 def _consumption(table, files) -> bool:
@@ -232,4 +233,4 @@ def test_qmid_and_default_reconnect_survive_reopening(q):
     again = QueueManager.open(q.root)
     assert again.qmid == q.qmid
     assert again.qmid.startswith("QM1_")
-    assert again.definition.default_reconnect == "qmgr"
+    assert engine(again).definition.default_reconnect == "qmgr"

@@ -12,6 +12,8 @@ import pytest
 from mqspark import MQError, MQValidationError, Reason
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
+from mqspark.engine.waiting import waiting_messages
+from mqspark.qmgr import engine
 
 LEASE = timedelta(seconds=30)
 
@@ -30,7 +32,7 @@ def test_depth_backlog_and_waiting_of_a_group_the_queue_does_not_have_are_refuse
         lambda: qm.depth("Q", consumer="biling"),
         lambda: qm.backlog("Q", consumer="biling"),
         lambda: qm.backlog("Q", consumer="biling", oldest=False),
-        lambda: qm.waiting_messages("Q", "biling"),
+        lambda: waiting_messages(engine(qm), "Q", "biling"),
     ):
         with pytest.raises(MQError, match=_unknown("Q", "biling", "none")) as refused:
             ask()
@@ -75,7 +77,7 @@ def test_maintenance_expires_a_group_with_nothing_recorded_and_keeps_one_whose_l
     state.acquire("billing", "query-1", LEASE)
     caplog.clear()
     with caplog.at_level("WARNING", logger="mqspark.engine.maintenance"):
-        second = maintain(qm, qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later)
+        second = maintain(engine(qm), qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later)
     assert (second.expired_groups, second.removed_consumed) == (("typo",), 0)
     assert qm.consumers("Q") == ["billing"]
     # The three messages waited only for typo: released, and removed by the next run.
@@ -96,7 +98,7 @@ def test_what_an_expired_group_alone_consumed_is_removed_with_it_and_never_comes
     qm.put("Q", [{"payload": f"m{n}"} for n in range(3)])
     assert qm.get("Q", "solo", max_messages=2).num_rows == 2
     later = datetime.now(UTC) + timedelta(seconds=61)
-    summary = maintain(qm, qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later)
+    summary = maintain(engine(qm), qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later)
     assert (summary.expired_groups, summary.removed_consumed, qm.consumers("Q")) == (("solo",), 2, [])
     assert qm.get("Q", "newcomer", max_messages=5)["payload"].to_pylist() == [b"m2"]
 
@@ -105,7 +107,9 @@ def test_a_group_recorded_within_its_expiry_is_kept(qm):
     qm.define_queue("Q", consumer_group_expiry=3600)
     qm.put("Q", [{"payload": "a"}])
     qm.declare_consumer("Q", "billing")
-    summary = maintain(qm, qm.inquire_queue("Q"), DEFAULT_RETENTION, now=datetime.now(UTC) + timedelta(seconds=3500))
+    summary = maintain(
+        engine(qm), qm.inquire_queue("Q"), DEFAULT_RETENTION, now=datetime.now(UTC) + timedelta(seconds=3500)
+    )
     assert (summary.expired_groups, qm.consumers("Q"), qm.depth("Q", consumer="billing")) == ((), ["billing"], 1)
 
 

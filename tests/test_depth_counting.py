@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mqspark import store
 from mqspark.engine.depth import put_files
+from mqspark.engine.waiting import waiting_messages
 from mqspark.model.ranges import (
     in_ranges,
     intersect_ranges,
@@ -23,6 +24,7 @@ from mqspark.model.ranges import (
     subtract_messages,
     subtract_ranges,
 )
+from mqspark.qmgr import engine
 
 from .support.calls import record_calls
 
@@ -104,7 +106,7 @@ def test_merged_ranges_hold_the_same_identities_sorted_and_apart(rows, probes):
 
 
 def _listed(qm, consumer: str | None = None) -> int:
-    return qm.waiting_messages("Q", consumer).num_rows
+    return waiting_messages(engine(qm), "Q", consumer).num_rows
 
 
 def test_depth_counts_what_waits_through_gets_expiry_and_maintenance_reading_only_other_files(qm, monkeypatch):
@@ -201,11 +203,11 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
         if step == 2:
             qm.maintain("Q", timedelta(0))
         moment = datetime.now(UTC)
-        _, live = qm.live_messages("Q", ["put_time", "available_at"])
+        _, live = engine(qm).live_messages("Q", ["put_time", "available_at"])
         groups = state.all_groups()
         for consumer in ("a", "b", "c"):
             parked = parked_messages(definition, state, consumer, moment)
-            backlog = qm.group_backlog("Q", groups, moment, consumer, parked)
+            backlog = engine(qm).group_backlog("Q", groups, moment, consumer, parked)
             mine = live.filter(pa.array(waiting(live, groups, moment, consumer)))
             delayed = pc.fill_null(
                 pc.greater(mine["available_at"], pa.scalar(moment, mine["available_at"].type)), False
@@ -224,7 +226,7 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
         for consumer in ("a", "b", "c", None):
             mine = live.filter(pa.array(waiting(live, groups, moment, consumer)))
             expected_oldest = (mine.num_rows, pc.min(mine["put_time"]).as_py())
-            assert qm.oldest_waiting("Q", consumer) == expected_oldest, (step, consumer)
+            assert engine(qm).oldest_waiting("Q", consumer) == expected_oldest, (step, consumer)
     # The groups differ: a consumed, b has parked messages, c waits for everything unexpired.
     assert backlog.claimable == backlog.count - sum(1 for row in live.to_pylist() if row["available_at"] is not None)
     assert parked_messages(definition, state, "b", moment).num_rows
@@ -287,10 +289,10 @@ def test_a_groups_backlog_asked_again_is_counted_again_only_after_a_commit_a_del
     now = datetime.now(UTC)
     available = now + timedelta(hours=1)
     qm.put("Q", [{"payload": b"first"}, {"payload": b"delayed", "available_at": available}])
-    state = qm.consumer_state("Q")
+    state = engine(qm).consumer_state("Q")
 
     def claimable(at, parked=NO_RANGES):
-        found = qm.group_backlog("Q", state.all_groups(), at, "a", parked)
+        found = engine(qm).group_backlog("Q", state.all_groups(), at, "a", parked)
         return found.count, found.claimable
 
     assert [claimable(now), claimable(now + timedelta(minutes=1))] == [(2, 1), (2, 1)]
@@ -300,7 +302,7 @@ def test_a_groups_backlog_asked_again_is_counted_again_only_after_a_commit_a_del
     assert claimable(now) == (2, 1)  # asked for a moment before the one counted for
     assert claimable(available) == (2, 2)
     assert counted == [now, available, now, available]
-    _, live = qm.live_messages("Q", [])
+    _, live = engine(qm).live_messages("Q", [])
     first = live.sort_by("row").slice(0, 1)  # parked after a failure
     assert claimable(available, single_ranges(first)) == (2, 1)
     assert len(counted) == 5

@@ -17,7 +17,9 @@ from mqspark.engine.backout import Transfer, failures
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.state_commit import Stale
 from mqspark.engine.state_rows import event_rows
-from mqspark.qmgr import BROWSE_SCHEMA
+from mqspark.engine.waiting import waiting_messages
+from mqspark.model.messages import BROWSE_SCHEMA
+from mqspark.qmgr import engine
 
 from .support.processes import python_child
 from .support.samples import spec_example
@@ -143,17 +145,19 @@ def test_a_compaction_between_a_moves_look_and_its_record_does_not_make_the_move
         with qm.syncpoint_get("Q"):
             raise ValueError("cannot parse")
     assert _payloads(qm.get("Q")) == ["two"]  # "one" moved first: a finished move
-    state = ConsumerState(qm.root, "Q", qm.storage_options)
-    transfer = Transfer(qm, "Q", state, "default", "test", "mqspark.backout/QM1/Q/default", None, group_rules=False)
-    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
+    transfer = Transfer(
+        engine(qm), "Q", state, "default", "test", "mqspark.backout/QM1/Q/default", None, group_rules=False
+    )
+    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), engine(qm).storage_options)
     committed = table.transaction_version("mqspark.backout/QM1/Q/default")
     waiting = failures(state, "default").slice(0, 0)  # the move's messages: none consumed
     check = transfer._alone("Q.BACKOUT", committed, waiting)
 
-    assert ConsumerState(qm.root, "Q", qm.storage_options).compact()  # another process compacts
+    assert ConsumerState(qm.root, "Q", engine(qm).storage_options).compact()  # another process compacts
     check()  # not stale: no move was recorded since the look
 
-    other = ConsumerState(qm.root, "Q", qm.storage_options)
+    other = ConsumerState(qm.root, "Q", engine(qm).storage_options)
     other.append(event_rows("default", "another", "move", plan_id="m2"))
     with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
         check()
@@ -167,13 +171,15 @@ def _one_failed(qm) -> ConsumerState:
     with pytest.raises(ValueError):
         with qm.syncpoint_get("Q"):
             raise ValueError("cannot parse")
-    return ConsumerState(qm.root, "Q", qm.storage_options)
+    return ConsumerState(qm.root, "Q", engine(qm).storage_options)
 
 
 def _late_move_check(qm, state: ConsumerState, looked):
     """The check of a move of ``looked`` by a get that reads the backout queue's version now."""
-    transfer = Transfer(qm, "Q", state, "default", "late", "mqspark.backout/QM1/Q/default", None, group_rules=False)
-    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), qm.storage_options)
+    transfer = Transfer(
+        engine(qm), "Q", state, "default", "late", "mqspark.backout/QM1/Q/default", None, group_rules=False
+    )
+    table = store.open_table(store.queue_location(qm.root, "Q.BACKOUT"), engine(qm).storage_options)
     return transfer._alone("Q.BACKOUT", table.transaction_version("mqspark.backout/QM1/Q/default"), looked)
 
 
@@ -183,7 +189,7 @@ def test_a_move_another_get_finished_and_compaction_folded_meanwhile_makes_a_mov
     state = _one_failed(qm)
     looked = failures(state, "default")  # what the second get saw: "one" failed, due to move
     assert _payloads(qm.get("Q")) == ["two"]  # the first get moved "one", and took "two"
-    assert ConsumerState(qm.root, "Q", qm.storage_options).compact()
+    assert ConsumerState(qm.root, "Q", engine(qm).storage_options).compact()
     check = _late_move_check(qm, state, looked)
     with pytest.raises(Stale, match="consumer group 'default' moved messages since"):
         check()
@@ -231,7 +237,7 @@ def test_a_move_of_other_messages_waits_while_another_move_of_the_group_is_under
         qm.get("Q")  # the first get: its move of "one" recorded, its copy not put yet
     monkeypatch.setattr(Transfer, "_put", real_put)
 
-    two = qm.waiting_messages("Q", "default", ["payload"])
+    two = waiting_messages(engine(qm), "Q", "default", ["payload"])
     two = two.filter(pa.array([p == b"two" for p in two["payload"].to_pylist()]))
     check = _late_move_check(qm, state, two)  # another get moves "two" meanwhile
     with pytest.raises(Stale, match="consumer group 'default' moved messages since"):

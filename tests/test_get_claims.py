@@ -13,6 +13,7 @@ import pytest
 
 from mqspark import MQError, QueueManager, Reason
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.qmgr import engine
 
 from .support.processes import python_child
 from .support.stream_batches import collecting_query
@@ -49,7 +50,7 @@ def test_a_released_claim_gives_its_messages_back_at_once_without_a_failure(qm):
     got = qm.get("Q", max_messages=2)
     assert _payloads(got) == ["m1", "m2"]
     assert got["backout_count"].to_pylist() == [0, 0]
-    assert qm.depth(qm.dead_letter_queue) == 0
+    assert qm.depth(engine(qm).dead_letter_queue) == 0
 
 
 def test_a_claim_committed_is_consumed_and_one_backed_out_comes_back_counting_a_failure(qm):

@@ -13,6 +13,7 @@ import pytest
 
 from mqspark import MQError, Reason
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.qmgr import engine
 from mqspark.services.instances import Instance, instances
 
 from .test_cli import mqspark
@@ -26,7 +27,7 @@ def _lapse() -> None:
 
 def test_renewing_is_refused_once_another_owner_holds_the_lease(qm):
     qm.define_queue("Q")
-    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
     state.acquire("G", "paused", LEASE)
     state.renew("G", "paused", LEASE)
     _lapse()
@@ -59,7 +60,7 @@ def test_a_standby_waits_while_the_active_instance_holds_the_lease_and_takes_ove
     # The active instance stops renewing (it died): the standby becomes active after the lease timeout.
     standby.wait_until_active(timeout=10)
     assert LEASE.total_seconds() - 0.1 < time.monotonic() - leased < LEASE.total_seconds() + 2.0
-    assert ConsumerState(qm.root, "Q", qm.storage_options).lease("G", LEASE).owner == standby.id
+    assert ConsumerState(qm.root, "Q", engine(qm).storage_options).lease("G", LEASE).owner == standby.id
     assert qm.backlog("Q", consumer="G").held_by == standby.id
     # The dead instance's entry is past its heartbeat: only the new active instance is listed.
     assert [(i.instance, i.role) for i in instances(qm, "Q", "G", LEASE)] == [(standby.id, "active")]

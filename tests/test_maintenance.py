@@ -23,12 +23,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
 from mqspark.cli.main import main
+from mqspark.engine.browse import browse_queue
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.engine.maintenance import EXPIRY_GRACE, maintain
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.queues import MAINTAIN_AT_FILES
 from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.qmgr import engine
 from mqspark.spark.stream import QueueStreamReader
 
 from .support.samples import spec_example
@@ -121,9 +123,9 @@ def test_a_batch_planned_before_maintenance_moved_its_messages_reads_them_where_
     assert read_batch(reader, start, first) == [(0, "m0")]
     end = reader.latestOffset(first, ReadMaxRows(2))
     before = store.live_paths(store.open_table(store.queue_location(qm.root, "Q"), None))
-    maintain(qm, qm.inquire_queue("Q"), timedelta(0))
+    maintain(engine(qm), qm.inquire_queue("Q"), timedelta(0))
     time.sleep(0.01)
-    maintain(qm, qm.inquire_queue("Q"), timedelta(0))  # deletes the files the first run removed
+    maintain(engine(qm), qm.inquire_queue("Q"), timedelta(0))  # deletes the files the first run removed
     location = store.queue_location(qm.root, "Q")
     after = store.live_paths(store.open_table(location, None))
     assert len(before) == 4 and len(after) == 1 and after[0] not in before
@@ -152,7 +154,7 @@ def test_maintenance_keeps_a_groups_first_item_while_items_before_its_moved_last
     start, end = end, reader.latestOffset(end, ReadMaxRows(1))  # moves g1 and g5, then plans g2
     assert [payload for _, payload in read_batch(reader, start, end)] == ["g2"]
     for _ in range(2):
-        maintain(qm, qm.inquire_queue("Q"), ZERO)
+        maintain(engine(qm), qm.inquire_queue("Q"), ZERO)
     start, end = end, reader.latestOffset(end, ReadAllAvailable())
     assert [payload for _, payload in read_batch(reader, start, end)] == ["g3", "g4"]
     assert sorted(qm.browse("Q.BACKOUT", order="physical")["payload"].to_pylist()) == [b"g1", b"g5"]
@@ -489,10 +491,10 @@ def test_expired_messages_are_removed_only_after_the_grace_period(qm):
     qm.put("Q", [{"payload": "gone", "expiry": expiry}])
     qm.put("Q", [{"payload": "kept"}])
     assert qm.depth("Q") == 1
-    summary = maintain(qm, qm.inquire_queue("Q"), ZERO, now=expiry + EXPIRY_GRACE - timedelta(microseconds=1))
+    summary = maintain(engine(qm), qm.inquire_queue("Q"), ZERO, now=expiry + EXPIRY_GRACE - timedelta(microseconds=1))
     assert _summary(summary) == (0, 0, 2, 2, 1)
     assert DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table().num_rows == 2
-    summary = maintain(qm, qm.inquire_queue("Q"), ZERO, now=expiry + EXPIRY_GRACE)
+    summary = maintain(engine(qm), qm.inquire_queue("Q"), ZERO, now=expiry + EXPIRY_GRACE)
     assert _summary(summary) == (0, 1, 1, 1, 1)
     assert _payloads(DeltaTable(store.queue_location(qm.root, "Q")).to_pyarrow_table()) == ["kept"]
     assert _browse(qm) == ["kept"]
@@ -517,7 +519,7 @@ def test_expired_messages_in_a_plan_not_yet_consumed_are_kept(qm, new_reader):
     # An hour later every message but "kept" has been expired for long, yet the plan still holds them.
     # (A retention longer than that hour, so that this run deletes no file.)
     later, retention = now + timedelta(hours=1), timedelta(hours=2)
-    assert _summary(maintain(qm, qm.inquire_queue("Q"), retention, now=later)) == (0, 0, 3, 1, 1)
+    assert _summary(maintain(engine(qm), qm.inquire_queue("Q"), retention, now=later)) == (0, 0, 3, 1, 1)
     assert read_batch(reader, start, end) == [(0, "soon"), (1, "kept")]
     reader.stop()
     restarted = new_reader()
@@ -525,7 +527,7 @@ def test_expired_messages_in_a_plan_not_yet_consumed_are_kept(qm, new_reader):
     assert read_batch(restarted, start, end) == [(0, "soon"), (1, "kept")]
     assert restarted.latestOffset(end, ReadAllAvailable()) == end
     # Consumed (the expired one discarded by the batch): all three go.
-    assert _summary(maintain(qm, qm.inquire_queue("Q"), retention, now=later)) == (3, 0, 0, 1, 0)
+    assert _summary(maintain(engine(qm), qm.inquire_queue("Q"), retention, now=later)) == (3, 0, 0, 1, 0)
     assert _browse(qm) == []
 
 
@@ -836,7 +838,7 @@ def test_cli_maintain_purge_consumer_and_depth(qm, capsys, new_reader):
     assert _cli(capsys, qm, "consumer", "delete", "Q", "B") == [{"queue": "Q", "consumer": "A"}]
     no_failures = dict.fromkeys(("backout_queue", "backed_out", "error_queue", "errors", "dead_letters"))
     no_health = dict.fromkeys(("status", "claimable_age_s", "rate_per_s", "held_by"))
-    lease = ConsumerState(qm.root, "Q", qm.storage_options).lease("A", timedelta(seconds=30))
+    lease = ConsumerState(qm.root, "Q", engine(qm).storage_options).lease("A", timedelta(seconds=30))
     # Nothing waits for A: its status is OK, whoever holds its lease (the drained reader, until it lapses).
     a_health = {**no_health, "status": "OK", "held_by": None if lease is None else lease.owner}
     assert _cli(capsys, qm, "depth") == [
@@ -953,7 +955,7 @@ def test_a_browse_whose_files_maintenance_deleted_meanwhile_reads_a_newer_snapsh
     before = _version(qm)
     runs.clear()
     with pytest.raises(store.LogEntryGone, match=rf"a data file of version {before} was deleted"):
-        qm.browse_with("Q", DeliveryOptions(), version=before)
+        browse_queue(engine(qm), "Q", DeliveryOptions(), version=before)
     # The first run merged the file of a-c and the two new put files; the second deleted all three.
     assert runs == [[0, 3]]
 

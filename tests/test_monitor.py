@@ -12,6 +12,8 @@ from chispa import assert_df_equality
 
 from mqspark import MQError, MQValidationError, Reason, store
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.waiting import waiting_messages
+from mqspark.qmgr import engine
 from mqspark.services.backlog_judge import Verdict
 from mqspark.services.monitor import GroupStatus, Monitor, group_health
 
@@ -33,14 +35,14 @@ def _monitor(qm, **options) -> Monitor:
 
 def _active(qm, owner: str = "query-1") -> ConsumerState:
     """Hold the group's lease as a running query does (a real lease record in the state table)."""
-    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
     state.acquire("G", owner, LEASE)
     return state
 
 
 def _get_while_active(qm, count: int, owner: str = "query-1") -> None:
     """The group's running query consumes ``count`` messages: a get between its lease records."""
-    state = ConsumerState(qm.root, "Q", qm.storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
     state.release("G", owner)
     assert qm.get("Q", "G", max_messages=count).num_rows == count
     state.acquire("G", owner, LEASE)
@@ -113,7 +115,7 @@ def test_the_claimable_age_leaves_out_delayed_and_retry_parked_messages(qm):
     with pytest.raises(RuntimeError), qm.syncpoint_get("Q", "G") as got:
         assert got["payload"].to_pylist() == [b"parked"]
         raise RuntimeError("service failed")
-    ready_put = qm.waiting_messages("Q", "G", ["put_time", "payload"])
+    ready_put = waiting_messages(engine(qm), "Q", "G", ["put_time", "payload"])
     put_times = dict(zip(ready_put["payload"].to_pylist(), ready_put["put_time"].to_pylist(), strict=True))
     now = datetime.now(UTC)
     point = _monitor(qm, history=False).point(now)

@@ -22,6 +22,7 @@ from deltalake.exceptions import CommitFailedError
 
 import mqspark
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
+from mqspark.qmgr import engine
 from mqspark.services.instances import Instance, switchover
 from mqspark.services.monitor import Monitor
 from mqspark.store.filesystems import filesystem_of
@@ -127,7 +128,7 @@ def producers_and_a_repeated_transaction_put_exactly_once(qm: QueueManager) -> N
     # Each producer's transaction 1 again: already committed, so nothing is put.
     for name in ("P0", "P1", "P2"):
         qm.put("Q", [{"payload": f"{name}-again"}], producer=name, batch_id=1)
-        assert qm.committed_transaction("Q", name) == 2
+        assert engine(qm).committed_transaction("Q", name) == 2
     payloads = _payloads(qm.browse("Q"))
     assert sorted(payloads) == sorted(f"{p}-{b}-{n}" for p in ("P0", "P1", "P2") for b in range(3) for n in range(2))
     for name in ("P0", "P1", "P2"):

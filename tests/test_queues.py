@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from mqspark import MQError, MQValidationError, QueueDefinition, QueueManager, Reason, store
+from mqspark.qmgr import engine
 
 from .support.error_checks import refused, unchanged
 
@@ -27,9 +28,9 @@ def dead_letter_definition() -> QueueDefinition:
 
 
 def test_create_then_open_round_trip(qm: QueueManager, tmp_path: Path) -> None:
-    assert (qm.name, qm.dead_letter_queue, qm.root) == ("QM1", DLQ, str(tmp_path / "qm"))
+    assert (qm.name, engine(qm).dead_letter_queue, qm.root) == ("QM1", DLQ, str(tmp_path / "qm"))
     reopened = QueueManager.open(tmp_path / "qm")
-    assert (reopened.name, reopened.dead_letter_queue, reopened.root) == ("QM1", DLQ, str(tmp_path / "qm"))
+    assert (reopened.name, engine(reopened).dead_letter_queue, reopened.root) == ("QM1", DLQ, str(tmp_path / "qm"))
     assert reopened.queues() == [dead_letter_definition()]
     assert reopened.inquire_queue(DLQ).type == "local"
 
@@ -232,12 +233,12 @@ def test_a_queue_made_again_shows_its_own_messages_at_the_same_version(qm: Queue
     # reaches the same version numbers with other files.
     qm.define_queue("Q")
     qm.put("Q", [{"payload": b"a"}, {"payload": b"b"}, {"payload": b"c"}])
-    version = qm.queue_version("Q")
+    version = engine(qm).queue_version("Q")
     assert (qm.depth("Q"), qm.backlog("Q").depth) == (3, 3)
     qm.delete_queue("Q", purge=True)
     qm.define_queue("Q")
     qm.put("Q", [{"payload": b"n"}])
-    assert qm.queue_version("Q") == version
+    assert engine(qm).queue_version("Q") == version
     assert (qm.depth("Q"), qm.backlog("Q").depth) == (1, 1)
     assert qm.browse("Q")["payload"].to_pylist() == [b"n"]
 
@@ -538,7 +539,7 @@ def test_backout_and_error_queues_must_be_defined_other_queues(qm: QueueManager,
         MQError, match=re.escape(f"MQRC_UNKNOWN_OBJECT_NAME (2085): queue Q: {attribute} NOPE is not defined")
     ):
         qm.define_queue("Q", **{attribute: "NOPE"})
-    assert [q.name for q in qm.queues()] == [qm.dead_letter_queue]
+    assert [q.name for q in qm.queues()] == [engine(qm).dead_letter_queue]
     qm.define_queue("Q")
     with pytest.raises(MQValidationError, match=re.escape(f"queue Q: {attribute} Q must be another queue")):
         qm.alter_queue("Q", **{attribute: "Q"})
@@ -551,4 +552,4 @@ def test_negative_backout_threshold_is_refused(qm: QueueManager) -> None:
     with pytest.raises(MQValidationError) as refused:
         qm.define_queue("Q", backout_threshold=-1)
     assert str(refused.value) == "queue Q: attribute backout_threshold must be between 0 and 999999999, got -1"
-    assert [q.name for q in qm.queues()] == [qm.dead_letter_queue]
+    assert [q.name for q in qm.queues()] == [engine(qm).dead_letter_queue]

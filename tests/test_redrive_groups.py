@@ -22,9 +22,12 @@ import mqspark
 from mqspark import MQValidationError, QueueManager, store
 from mqspark.cli.main import main
 from mqspark.engine.consumer_groups import ConsumerState
+from mqspark.engine.queues import Queues
 from mqspark.engine.redrive import REDRIVER
+from mqspark.engine.waiting import waiting_messages
 from mqspark.model.messages import PRODUCER_FIELDS
 from mqspark.model.ranges import NO_RANGES
+from mqspark.qmgr import engine
 
 from .support.stream_batches import read_batch
 
@@ -125,12 +128,14 @@ def test_backlog_and_waiting_messages_per_group_after_a_redrive(qm):
     put_times = qm.browse("Q", order="physical")["put_time"].to_pylist()
     backlogs = [qm.backlog("Q", "A"), qm.backlog("Q", "B"), qm.backlog("Q")]
     assert [(b.depth, b.oldest_put_time) for b in backlogs] == [(1, put_times[2]), (2, put_times[0]), (3, put_times[0])]
-    waiting = {group: qm.waiting_messages("Q", group, ["payload"])["payload"].to_pylist() for group in ("A", "B")}
+    waiting = {
+        group: waiting_messages(engine(qm), "Q", group, ["payload"])["payload"].to_pylist() for group in ("A", "B")
+    }
     assert waiting == {"A": [b"m1"], "B": [b"m1", b"m2"]}
     groups = ConsumerState(qm.root, "Q").all_groups()
-    backlog = qm.group_backlog("Q", groups, datetime.now(UTC), "A", NO_RANGES)
+    backlog = engine(qm).group_backlog("Q", groups, datetime.now(UTC), "A", NO_RANGES)
     assert (backlog.count, backlog.depth, backlog.claimable) == (1, 3, 1)
-    backlog = qm.group_backlog("Q", groups, datetime.now(UTC), "B", NO_RANGES)
+    backlog = engine(qm).group_backlog("Q", groups, datetime.now(UTC), "B", NO_RANGES)
     assert (backlog.count, backlog.depth, backlog.claimable) == (2, 3, 2)
 
 
@@ -395,7 +400,7 @@ def test_a_redrive_interrupted_before_its_put_is_put_once_by_the_next(qm, monkey
     qm.put("Q", [{"payload": "m1"}])
     assert _fail(qm, "A") == [b"m1"]
     assert _got(qm, "A") == []
-    crashed = _fail_once(monkeypatch, QueueManager, "commit_put", lambda _qm, queue, *_: queue == "Q")
+    crashed = _fail_once(monkeypatch, Queues, "commit_put", lambda _qm, queue, *_: queue == "Q")
     with pytest.raises(RuntimeError, match="interrupted in commit_put"):
         qm.redrive("BO")
     assert crashed == ["commit_put"]
@@ -415,7 +420,7 @@ def test_what_redrive_took_stays_taken_after_the_backout_queues_state_is_compact
     assert _got(qm, "A") == []  # m1 moves at A's next get
     assert qm.redrive("BO") == {"Q": 1}
 
-    assert ConsumerState(qm.root, "BO", qm.storage_options).compact()
+    assert ConsumerState(qm.root, "BO", engine(qm).storage_options).compact()
 
     assert qm.depth("BO") == 0
     assert qm.redrive("BO") == {}

@@ -22,6 +22,7 @@ from mqspark import QueueManager, store
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
 from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.qmgr import engine
 from mqspark.spark import plain
 
 from .support import reference_model
@@ -199,7 +200,7 @@ def test_a_query_restarted_from_the_checkpoint_of_a_group_gone_since_is_refused(
     else:
         ConsumerState(qm.root, "Q").acquire("B", "query-of-B", timedelta(seconds=30))  # B's query runs
         later = datetime.now(UTC) + timedelta(seconds=61)
-        assert maintain(qm, qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later).expired_groups == ("A",)
+        assert maintain(engine(qm), qm.inquire_queue("Q"), DEFAULT_RETENTION, now=later).expired_groups == ("A",)
     qm.put("Q", [{"payload": "three"}])
     # Going on would deliver one and two again into what the checkpoint's sink already holds.
     batches: list[list[tuple]] = []

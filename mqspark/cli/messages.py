@@ -11,11 +11,12 @@ from typing import Any
 import pyarrow as pa
 
 from mqspark.cli.parser import Commands, duration, key_value, open_root
+from mqspark.engine.browse import browse_queue
 from mqspark.engine.maintenance import DEFAULT_RETENTION
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.messages import BROWSE_SCHEMA, DEAD_LETTER_FIELDS
-from mqspark.qmgr import QueueManager
+from mqspark.qmgr import QueueManager, engine
 from mqspark.status import PAYLOAD_VIEWS, holds_failed_messages, payload_view
 
 # What put prints before it reads messages from a terminal.
@@ -122,7 +123,7 @@ def _browse(args: argparse.Namespace) -> pa.Table:
         args.group_id,
         args.msg_seq_number,
     )
-    return _messages(qm, args, qm.browse_with(args.queue, options, limit=args.limit))
+    return _messages(qm, args, browse_queue(engine(qm), args.queue, options, limit=args.limit))
 
 
 def add_get(commands: Commands, output: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import argparse
 import json
 from typing import Any
 
-from mqspark.cli.parser import Commands, boolean, open_root
+from mqspark.cli.parser import Commands, boolean, open_engine
 from mqspark.services.backlog_judge import Verdict
 from mqspark.services.monitor import Monitor
 
@@ -60,7 +60,7 @@ def _monitor(args: argparse.Namespace) -> None:
     """A point every ``--watch-interval`` seconds, printed as it is taken; :class:`Aborted` on an
     abort verdict."""
     monitor = Monitor(
-        open_root(args.root),
+        open_engine(args.root),
         args.queue,
         args.consumer,
         watch_interval=args.watch_interval,

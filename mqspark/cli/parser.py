@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any, TypeAlias, cast
 
 from mqspark import store
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import (
     ATTRIBUTE_NAMES,
@@ -109,6 +110,11 @@ def checked_root(root: str) -> str:
 def open_root(root: str) -> QueueManager:
     """The queue manager at ``--root``."""
     return QueueManager.open(checked_root(root))
+
+
+def open_engine(root: str) -> Queues:
+    """The engine of the queue manager at ``--root``, for what the facade does not show."""
+    return Queues.open(checked_root(root))
 
 
 def boolean(text: str) -> bool:

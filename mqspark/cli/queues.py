@@ -11,7 +11,7 @@ from typing import Any
 from mqspark.cli.parser import Commands, add_attribute_options, checked_root, open_root
 from mqspark.errors import MQError
 from mqspark.model.definitions import ATTRIBUTE_NAMES, MAX_DESCRIPTION_LENGTH, RECONNECT_MODES, QueueDefinition
-from mqspark.qmgr import QueueManager
+from mqspark.qmgr import QueueManager, engine
 from mqspark.status import FAILURE_KEYS, HEALTH_KEYS, depths
 
 
@@ -37,7 +37,7 @@ def add_qmgr(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 def _create_qmgr(args: argparse.Namespace) -> dict[str, Any]:
     qm = QueueManager.create(checked_root(args.root), args.name)
-    return {"name": qm.name, "root": qm.root, "dead_letter_queue": qm.dead_letter_queue}
+    return {"name": qm.name, "root": qm.root, "dead_letter_queue": engine(qm).dead_letter_queue}
 
 
 def _show_qmgr(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,13 +52,14 @@ def _alter_qmgr(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _qmgr_attributes(qm: QueueManager) -> dict[str, Any]:
+    definition = engine(qm).definition
     return {
         "name": qm.name,
         "qmid": qm.qmid,
         "root": qm.root,
-        "dead_letter_queue": qm.dead_letter_queue,
-        "default_reconnect": qm.definition.default_reconnect,
-        "description": qm.definition.description,
+        "dead_letter_queue": definition.dead_letter_queue,
+        "default_reconnect": definition.default_reconnect,
+        "description": definition.description,
         "queues": len(qm.queues()),
     }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mqspark import jobs
-from mqspark.cli.parser import Commands, open_root
+from mqspark.cli.parser import Commands, open_engine
 from mqspark.errors import MQValidationError
 from mqspark.services.instances import instances, switchover
 
@@ -89,11 +89,10 @@ def add_instance(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _list_instances(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = open_root(args.root)
     timeout = timedelta(seconds=args.lease_timeout)
-    return [info.as_dict() for info in instances(qm, args.queue, args.consumer, timeout)]
+    return [info.as_dict() for info in instances(open_engine(args.root), args.queue, args.consumer, timeout)]
 
 
 def _switchover(args: argparse.Namespace) -> dict[str, Any]:
-    switchover(open_root(args.root), args.queue, args.consumer)
+    switchover(open_engine(args.root), args.queue, args.consumer)
     return {"queue": args.queue, "consumer": args.consumer, "switchover": "requested"}

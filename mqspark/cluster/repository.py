@@ -34,6 +34,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
 from mqspark import store
+from mqspark.engine.access import HoldsQueues, queues_of
 from mqspark.engine.catalog import Catalog, rewrite_until_landed
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import DEFAULT_RETENTION, check_retention
@@ -115,13 +116,14 @@ class Cluster:
 
     # Membership and advertisements
 
-    def join(self, qm: Queues, *, network_priority: int = 0) -> Member:
+    def join(self, qm: Queues | HoldsQueues, *, network_priority: int = 0) -> Member:
         """Make ``qm`` a member (its name and root), and record the cluster in its catalog.
 
         A queue manager of that name already in the cluster is refused. The two tables change one
         after the other: should the second change fail, :meth:`leave` and join again.
         """
         int_in(0, 9)("network_priority", network_priority)
+        qm = queues_of(qm)
         catalog = Catalog(qm.root, qm.storage_options)
         known = catalog.read().clusters.get(self.name)
         if known is not None and known != self.root:
@@ -141,7 +143,7 @@ class Cluster:
         catalog.change_clusters(lambda state: {**state.clusters, self.name: self.root})
         return repository.members[qm.name]
 
-    def leave(self, qmgr: str | Queues) -> None:
+    def leave(self, qmgr: str | Queues | HoldsQueues) -> None:
         """Remove a member and its advertisements, and the cluster from the member's catalog (when its
         root is still there). Bindings to it stay: routing decides what a binding to a gone replica means."""
         name = _qmgr_name(qmgr)
@@ -166,10 +168,11 @@ class Cluster:
                 lambda state: {key: r for key, r in state.clusters.items() if (key, r) != (self.name, self.root)}
             )
 
-    def advertise(self, qm: Queues, queue: str) -> AdvertisedQueue:
+    def advertise(self, qm: Queues | HoldsQueues, queue: str) -> AdvertisedQueue:
         """Advertise local queue ``queue`` of member ``qm``: copy its cluster-visible attributes
         (again, when it is advertised already)."""
         validate_name(queue)
+        qm = queues_of(qm)
         definition = next((q for q in qm.queues() if q.name == queue), None)
         if definition is None:
             raise MQError(f"queue {queue} is not defined in queue manager {qm.name}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
@@ -192,7 +195,7 @@ class Cluster:
         self._change(apply)
         return advertised
 
-    def unadvertise(self, qmgr: str | Queues, queue: str) -> None:
+    def unadvertise(self, qmgr: str | Queues | HoldsQueues, queue: str) -> None:
         """Withdraw the advertisement of ``queue`` by ``qmgr``."""
         name = _qmgr_name(qmgr)
         validate_name(queue)
@@ -211,21 +214,21 @@ class Cluster:
 
     # Routes
 
-    def suspend(self, qmgr: str | Queues) -> Member:
+    def suspend(self, qmgr: str | Queues | HoldsQueues) -> Member:
         """Suspend a member: routing prefers resumed members (spec section 7, rule 3)."""
         return self._update_member(qmgr, lambda member: dataclasses.replace(member, suspended=True))
 
-    def resume(self, qmgr: str | Queues) -> Member:
+    def resume(self, qmgr: str | Queues | HoldsQueues) -> Member:
         """Resume a suspended member."""
         return self._update_member(qmgr, lambda member: dataclasses.replace(member, suspended=False))
 
-    def set_network_priority(self, qmgr: str | Queues, network_priority: int) -> Member:
+    def set_network_priority(self, qmgr: str | Queues | HoldsQueues, network_priority: int) -> Member:
         """Set the network priority (0-9) of the route to a member; routing prefers the highest (rule 5)."""
         int_in(0, 9)("network_priority", network_priority)
         return self._update_member(qmgr, lambda member: dataclasses.replace(member, network_priority=network_priority))
 
     def set_route_state(
-        self, qmgr: str | Queues, state: str | None, *, by: str | None = None, now: datetime | None = None
+        self, qmgr: str | Queues | HoldsQueues, state: str | None, *, by: str | None = None, now: datetime | None = None
     ) -> Member:
         """Set the route state of a member and keep it through health checks; ``state`` None hands it
         back to the health check (the state stays until the next :meth:`refresh`).
@@ -250,7 +253,7 @@ class Cluster:
         """The repository at committed ``version`` (default: the latest)."""
         return self._read(version).snapshot()
 
-    def inquire_queue(self, qmgr: str | Queues | None, queue: str) -> AdvertisedQueue:
+    def inquire_queue(self, qmgr: str | Queues | HoldsQueues | None, queue: str) -> AdvertisedQueue:
         """The advertised attributes of ``queue``: ``qmgr``'s replica, or (``qmgr`` None) the replica of
         the first queue manager by name."""
         name = None if qmgr is None else _qmgr_name(qmgr)
@@ -471,7 +474,7 @@ class Cluster:
 
         return rewrite_until_landed(prepare, f"cluster repository at {self.root}")
 
-    def _update_member(self, qmgr: str | Queues, update: Callable[[Member], Member]) -> Member:
+    def _update_member(self, qmgr: str | Queues | HoldsQueues, update: Callable[[Member], Member]) -> Member:
         name = _qmgr_name(qmgr)
         repository, _ = self._change(lambda repository: repository.with_member(update(repository.member(name))))
         return repository.members[name]
@@ -513,8 +516,8 @@ def _advertised(cluster: str, qmgr: str, definition: QueueDefinition) -> Adverti
     )
 
 
-def _qmgr_name(qmgr: str | Queues) -> str:
-    return validate_name(qmgr if isinstance(qmgr, str) else qmgr.name, "queue manager")
+def _qmgr_name(qmgr: str | Queues | HoldsQueues) -> str:
+    return validate_name(qmgr if isinstance(qmgr, str) else queues_of(qmgr).name, "queue manager")
 
 
 def _check_producer(producer: Any) -> None:

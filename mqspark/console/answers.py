@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from mqspark.cluster.repository import Cluster
 from mqspark.console.managers import Managers
 from mqspark.errors import MQError
-from mqspark.qmgr import QueueManager
+from mqspark.qmgr import QueueManager, engine
 from mqspark.services.instances import instances as group_instances
 from mqspark.services.monitor import history_points
 from mqspark.status import depths, rounded
@@ -30,7 +30,7 @@ def qmgrs(managers: Managers) -> list[dict[str, Any]]:
     rows = []
     for name in managers.names:
         qm = managers.get(name)
-        rows.append({"name": name, "dead_letter_queue": qm.dead_letter_queue, "queues": len(qm.queues())})
+        rows.append({"name": name, "dead_letter_queue": engine(qm).dead_letter_queue, "queues": len(qm.queues())})
     return rows
 
 
@@ -68,7 +68,7 @@ def queue(managers: Managers, qmgr: str, name: str) -> dict[str, Any]:
     rows = depths(qm, definition.name)
     total, groups = rows[0], rows[1:]
     failures = {key: total[key] for key in ("backout_queue", "backed_out", "error_queue", "errors")}
-    failures["dead_letter_queue"] = qm.dead_letter_queue
+    failures["dead_letter_queue"] = engine(qm).dead_letter_queue
     failures["dead_letters"] = total["dead_letters"]
     return {
         "qmgr": qmgr,
@@ -91,10 +91,10 @@ def history(managers: Managers, qmgr: str, name: str, minutes: int) -> dict[str,
     """The monitor history of queue ``name`` over the last ``minutes``, per consumer group, as the
     charts draw it: the points' times (epoch seconds) and depth, oldest claimable age and rate,
     and the times of the warn and abort verdicts."""
-    qm = managers.get(qmgr)
-    resolved = qm.resolve(name).name
+    queues = engine(managers.get(qmgr))
+    resolved = queues.resolve(name).name
     since = datetime.now(UTC) - timedelta(minutes=minutes)
-    points = history_points(qm, resolved, since, [*HISTORY_SERIES, "verdict"])
+    points = history_points(queues, resolved, since, [*HISTORY_SERIES, "verdict"])
     groups: dict[str, Any] = {}
     for consumer in sorted(set(points["consumer"].to_pylist())):
         mine = points.filter(pc.equal(points["consumer"], consumer))
@@ -128,8 +128,8 @@ def clusters(managers: Managers, qmgr: str) -> list[dict[str, Any]]:
     queues they advertise with each replica's depth, and the routing bindings."""
     qm = managers.get(qmgr)
     found = []
-    for root in qm.cluster_roots():
-        snapshot = Cluster.open(root, storage_options=qm.storage_options).snapshot()
+    for root in engine(qm).cluster_roots():
+        snapshot = Cluster.open(root, storage_options=engine(qm).storage_options).snapshot()
         roots = {member.qmgr: member.root for member in snapshot.members}
         found.append(
             {
@@ -151,7 +151,7 @@ def failure_queues(managers: Managers, qmgr: str) -> list[dict[str, Any]]:
     queue names as its backout or error queue, each with its role and depth."""
     qm = managers.get(qmgr)
     defined = {q.name: q for q in qm.queues()}
-    roles: dict[str, list[str]] = {qm.dead_letter_queue: ["dead-letter queue"]}
+    roles: dict[str, list[str]] = {engine(qm).dead_letter_queue: ["dead-letter queue"]}
     for definition in defined.values():
         for attribute, role in (("backout_queue", "backout queue"), ("error_queue", "error queue")):
             target = getattr(definition, attribute, None)
@@ -193,7 +193,7 @@ def _replica_depth(root: str | None, queue: str, local: QueueManager) -> int | s
     if root is None:
         return None
     try:
-        qm = local if root == local.root else QueueManager.open(root, storage_options=local.storage_options)
+        qm = local if root == local.root else QueueManager.open(root, storage_options=engine(local).storage_options)
         return qm.depth(queue)
     except (MQError, OSError) as error:
         return f"unreadable: {error}"

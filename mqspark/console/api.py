@@ -19,6 +19,7 @@ from mqspark.console.reads import PAGE, PREVIEW_BYTES, MessageFilter, Reads, mes
 from mqspark.console.security import NotAdmin, Security
 from mqspark.console.snapshots import NotReady, polled
 from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.qmgr import engine
 from mqspark.status import PAYLOAD_VIEWS
 
 # The HTTP status of each reason code; any other validation error is 400, any other error 500.
@@ -123,8 +124,8 @@ def routes(reads: Reads, security: Security) -> list[Route]:
     def put_limit(request: Request) -> int:
         """The longest body a put may send: checked before any of it is read."""
         security.check_write(request)
-        qm = managers.get(request.path_params["qmgr"])
-        return qm.resolve_for_put(request.path_params["queue"]).max_message_length
+        queues = engine(managers.get(request.path_params["qmgr"]))
+        return queues.resolve_for_put(request.path_params["queue"]).max_message_length
 
     def get(request: Request) -> Response:
         security.check_write(request)

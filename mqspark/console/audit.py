@@ -14,7 +14,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from mqspark import store
-from mqspark.qmgr import QueueManager
+from mqspark.qmgr import QueueManager, engine
 
 AUDIT_SCHEMA = pa.schema(
     [
@@ -46,20 +46,20 @@ def record(
         },
         schema=AUDIT_SCHEMA,
     )
-    location = store.audit_location(qm.root)
+    location, options = store.audit_location(qm.root), engine(qm).storage_options
     with _lock:
-        if not store.table_exists(location, qm.storage_options):
+        if not store.table_exists(location, options):
             try:
-                store.create_table(location, AUDIT_SCHEMA, qm.storage_options)
+                store.create_table(location, AUDIT_SCHEMA, options)
             except Exception:  # noqa: BLE001 - another console created it first
-                if not store.table_exists(location, qm.storage_options):
+                if not store.table_exists(location, options):
                     raise
-        write_deltalake(location, row, mode="append", storage_options=qm.storage_options or None)
+        write_deltalake(location, row, mode="append", storage_options=options or None)
 
 
 def read(qm: QueueManager, limit: int = 100) -> list[dict[str, Any]]:
     """The newest ``limit`` actions of ``qm``'s audit table, newest first."""
-    table = store.open_table(store.audit_location(qm.root), qm.storage_options)
+    table = store.open_table(store.audit_location(qm.root), engine(qm).storage_options)
     if table is None:
         return []
     rows = table.to_pyarrow_table().sort_by([("at", "descending")]).slice(0, limit).to_pylist()

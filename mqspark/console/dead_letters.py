@@ -20,6 +20,7 @@ from mqspark.console.pages import Render, failed, offset_option
 from mqspark.console.reads import PAGE, Reads
 from mqspark.console.security import CSRF_FIELD, Security
 from mqspark.errors import MQError, MQValidationError, Reason
+from mqspark.qmgr import engine
 
 
 class _DeadLetters:
@@ -42,7 +43,7 @@ class _DeadLetters:
         query = request.query_params
         try:
             queues = self.reads.failure_queues(qmgr)
-            chosen = query.get("queue") or self.reads.managers.get(qmgr).dead_letter_queue
+            chosen = query.get("queue") or engine(self.reads.managers.get(qmgr)).dead_letter_queue
             offset = offset_option(query.get("offset"))
             messages = self.reads.messages(qmgr, chosen, message_filter(query), offset=offset, limit=PAGE)
         except Exception as error:  # noqa: BLE001 - every failure is shown as a page

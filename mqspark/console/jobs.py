@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqspark.console.managers import Managers
+from mqspark.engine.waiting import waiting_messages
 from mqspark.errors import MQError, MQValidationError
 from mqspark.model.numbers import check_number
+from mqspark.qmgr import engine
 
 # The most messages a redrive moves per second, and the default.
 MAX_RATE = 1000
@@ -75,10 +77,10 @@ class Redrives:
         ends, done or failed."""
         error = f"redrive: option rate must be 1-{MAX_RATE} messages a second, got {rate!r}"
         check_number(rate, error, whole=True, at_least=1, at_most=MAX_RATE)
-        qm = self.managers.get(qmgr)
-        name = qm.resolve_for_get(queue).name
+        queues = engine(self.managers.get(qmgr))
+        name = queues.resolve_for_get(queue).name
         if msg_ids is None:
-            waiting = qm.waiting_messages(name, columns=["msg_id"])
+            waiting = waiting_messages(queues, name, columns=["msg_id"])
             msg_ids = list(dict.fromkeys(waiting["msg_id"].to_pylist()))
         elif (
             isinstance(msg_ids, str | bytes)

@@ -17,9 +17,11 @@ from mqspark.console.machine import MachineLoad
 from mqspark.console.managers import Managers
 from mqspark.console.reader import Reader
 from mqspark.console.snapshots import Dated, Snapshots
+from mqspark.engine.browse import browse_queue
 from mqspark.engine.ordering import ORDERS, DeliveryOptions
 from mqspark.errors import MQValidationError
 from mqspark.model.numbers import check_number
+from mqspark.qmgr import engine
 from mqspark.status import holds_failed_messages, payload_view
 
 # How often an answer clients keep polling is computed again: as often as the overview page asks,
@@ -135,7 +137,7 @@ class Reads:
             limit, f"option limit must be 1-{MAX_PAGE}, got {limit!r}", whole=True, at_least=1, at_most=MAX_PAGE
         )
         qm = self.managers.get(qmgr)
-        browsed = qm.browse_with(queue, selected.options())
+        browsed = browse_queue(engine(qm), queue, selected.options())
         browsed = _narrowed(browsed, selected)
         page = browsed.slice(offset, limit)
         header = holds_failed_messages(qm, queue, page)

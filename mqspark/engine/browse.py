@@ -4,12 +4,13 @@ A browse orders the index columns of every live message (:class:`~mqspark.engine
 without payloads or ``msg_id``) and reads the whole rows of only the messages it returns. With a
 ``limit`` it orders a head of the queue (see :func:`~mqspark.engine.ordering.deliver`), a longer one
 when the head held too few: a browse of ten costs what its head costs, plus one pass over the index.
+:func:`browse_queue` is the browse of a queue by name, with the columns the facade's browse returns.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +19,42 @@ from deltalake import DeltaTable
 from mqspark import store
 from mqspark.engine.ordering import HEAD, Delivery, DeliveryOptions, deliver, join_segments
 from mqspark.engine.pending import PendingMessages
-from mqspark.model.messages import MESSAGE_SCHEMA
+from mqspark.engine.queues import Queues
+from mqspark.model.messages import BROWSE_SCHEMA, MESSAGE_SCHEMA
+from mqspark.model.numbers import check_number
 from mqspark.model.ranges import NO_RANGES
+
+
+@store.connected
+def browse_queue(
+    qm: Queues,
+    queue: str,
+    options: DeliveryOptions,
+    *,
+    limit: int | None = None,
+    now: datetime | None = None,
+    version: int | None = None,
+) -> pa.Table:
+    """The browse of ``queue`` (its target, for an alias) with its options as one value, at queue
+    table ``version`` (default: latest): the message columns plus ``queue``, ``qmgr`` and
+    ``delivery_seq``, the number of expired messages left out in the schema metadata under
+    ``mqspark.expired``."""
+    if limit is not None:
+        check_number(limit, f"option limit must be a whole number >= 0, got {limit!r}", whole=True, at_least=0)
+    definition = qm.resolve(queue)
+    moment = now or datetime.now(UTC)
+    delivered, expired = qm.with_snapshot(
+        definition.name,
+        lambda table: browse_messages(
+            table, qm.storage_options, definition.delivery_sequence, options, moment, limit, version
+        ),
+        retry=version is None,
+    )
+    rows = delivered.num_rows
+    delivered = delivered.append_column(BROWSE_SCHEMA.field("queue"), pa.repeat(definition.name, rows))
+    delivered = delivered.append_column(BROWSE_SCHEMA.field("qmgr"), pa.repeat(qm.name, rows))
+    delivered = delivered.append_column(BROWSE_SCHEMA.field("delivery_seq"), pa.array(np.arange(rows, dtype=np.int64)))
+    return delivered.cast(BROWSE_SCHEMA).replace_schema_metadata({"mqspark.expired": str(expired)})
 
 
 def browse_messages(

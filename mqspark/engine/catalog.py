@@ -99,6 +99,15 @@ class CatalogState:
     clusters: dict[str, str]
     """Cluster name -> root of its repository, for each cluster the queue manager has joined."""
 
+    def queue(self, name: str) -> QueueDefinition:
+        """The definition of queue ``name``; MQRC_UNKNOWN_OBJECT_NAME when it is not defined."""
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise MQError(
+                f"queue {name} is not defined in queue manager {self.qmgr.name}", Reason.MQRC_UNKNOWN_OBJECT_NAME
+            ) from None
+
 
 class Catalog:
     """Reads and changes the catalog table at ``<root>/_qmgr``."""

@@ -3,8 +3,9 @@ the queue definitions and how a name resolves (an alias to its target, inhibited
 message tables kept open, the put and its commit (every put path ends in :meth:`Queues.commit_put`),
 and the live messages that depth counts.
 
-Everything below the :class:`~mqspark.qmgr.QueueManager` facade takes a :class:`Queues`: the facade
-is one, with administration, clusters, the get and the services added.
+Everything below the :class:`~mqspark.qmgr.QueueManager` facade takes a :class:`Queues`. The facade
+holds one and does not show it to users (see :mod:`mqspark.engine.access` for how a queue manager a
+user hands a layer below the facade reaches it).
 """
 
 from __future__ import annotations
@@ -12,20 +13,22 @@ from __future__ import annotations
 import logging
 import operator
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
 import cachetools
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
 from mqspark.engine import group_commit
-from mqspark.engine.catalog import Catalog, CatalogState
+from mqspark.engine.catalog import Catalog
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.depth import (
     GroupBacklog,
@@ -36,13 +39,13 @@ from mqspark.engine.depth import (
     kept_or_counted,
     live_messages,
     oldest_waiting,
-    waiting,
 )
 from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
+from mqspark.engine.put_checks import before_targets, check_against_committed, check_before_targets
 from mqspark.engine.state_reads import GroupsSnapshot
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
-from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
+from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA, replace_column
 from mqspark.model.put import prepare_put, rows_to_table
 
@@ -71,7 +74,7 @@ _log = logging.getLogger("mqspark.engine.queues")
 class Queues:
     """The queues of the queue manager at a root, as the engine uses them. Create one with
     :meth:`create`, reopen it with :meth:`open`; applications use the
-    :class:`~mqspark.qmgr.QueueManager` facade, which is one."""
+    :class:`~mqspark.qmgr.QueueManager` facade, which holds one."""
 
     def __init__(self, root: str, catalog: Catalog, definition: QueueManagerDefinition) -> None:
         self.root = root
@@ -115,6 +118,11 @@ class Queues:
     def storage_options(self) -> store.StorageOptions:
         return self._catalog.storage_options
 
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog table, which the facade's administration reads and changes."""
+        return self._catalog
+
     @classmethod
     def create(cls, root: str | os.PathLike, name: str, *, storage_options: dict[str, str] | None = None) -> Self:
         """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue."""
@@ -143,7 +151,7 @@ class Queues:
             return cls(location, catalog, catalog.read().qmgr)
 
     def __repr__(self) -> str:
-        return f"QueueManager(name={self.name!r}, root={self.root!r})"
+        return f"Queues(name={self.name!r}, root={self.root!r})"
 
     @store.connected
     def queues(self) -> list[QueueDefinition]:
@@ -152,9 +160,28 @@ class Queues:
         return [state.queues[name] for name in sorted(state.queues)]
 
     @store.connected
+    def alter_qmgr(self, **attributes: Any) -> QueueManagerDefinition:
+        """Change the queue manager's own attributes (``description``, ``default_reconnect``)."""
+        self._definition.altered(**attributes)
+        state = self._catalog.change_qmgr(lambda state: state.qmgr.altered(**attributes))
+        self._definition = state.qmgr
+        return self._definition
+
+    @store.connected
     def cluster_roots(self) -> list[str]:
         """The repository roots of the clusters this queue manager has joined."""
         return sorted(self._catalog.read().clusters.values())
+
+    @store.connected
+    def cluster_repository(self, cluster: str) -> str:
+        """The repository root of ``cluster``, which this queue manager has joined (see :meth:`Cluster.join`)."""
+        validate_name(cluster, "cluster")
+        try:
+            return self._catalog.read().clusters[cluster]
+        except KeyError:
+            raise MQError(
+                f"queue manager {self.name} is not a member of cluster {cluster}", Reason.MQRC_UNKNOWN_OBJECT_NAME
+            ) from None
 
     @store.connected
     def put(
@@ -276,8 +303,8 @@ class Queues:
                     f"queue {local} is full (max_depth {resolved.max_depth}, depth {depth}, put of {rows})",
                     Reason.MQRC_Q_FULL,
                 )
-            _check_against_committed(local, table, groups)
-            _check_before_targets(local, table, targets)
+            check_against_committed(local, table, groups)
+            check_before_targets(local, table, targets)
             info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
             if transaction is not None:
                 info.update({"mqspark.producer": transaction[0], "mqspark.batch_id": transaction[1]})
@@ -319,19 +346,36 @@ class Queues:
     def live_messages(self, queue: str, columns: Sequence[str] = ()) -> tuple[pa.Table, pa.Table]:
         """The live files of local queue ``queue`` and its live messages, with ``columns``: see
         :func:`mqspark.engine.depth.live_messages`."""
-        return self._with_snapshot(queue, lambda table: live_messages(table, list(columns) or None, self._file_reads))
+        return self.with_snapshot(queue, lambda table: live_messages(table, list(columns) or None, self._file_reads))
 
-    def depth_by_original_queue(self, queue: str) -> dict[str, int]:
-        """How many of the messages waiting on ``queue`` (as :meth:`depth` counts them) came from each
-        queue, by their dead-letter header's ``dlq_original_queue``: for a backout, error or
-        dead-letter queue. Messages without a header are not counted."""
-        local = self._resolve(queue).name
-        _, live = self._with_snapshot(
-            local, lambda table: live_messages(table, ["dlq_original_queue"], self._file_reads)
-        )
-        mask = waiting(live, self.consumer_state(local).all_groups(), datetime.now(UTC))
-        counts = pc.value_counts(live["dlq_original_queue"].filter(pa.array(mask)).drop_null())
-        return {item["values"].as_py(): item["counts"].as_py() for item in counts}
+    @contextmanager
+    def deleting(self, queue: str, purge: bool) -> Iterator[None]:
+        """Close the message table of local queue ``queue`` for the block that deletes the queue. A
+        queue holding messages is refused unless ``purge`` is set. A block that raises MQError opens
+        the table again; one that succeeds leaves it closed, and forgotten here."""
+        self._close(queue, purge)
+        try:
+            yield
+        except MQError:
+            store.close_table(self._message_table(queue), closed=False)
+            raise
+        self._tables.pop(queue, None)
+
+    def _close(self, queue: str, purge: bool) -> None:
+        """Check the depth and close the message table in one step, so no put can land in between."""
+        for attempt in range(PUT_ATTEMPTS):
+            table = self._message_table(queue)
+            depth = self._count_waiting(queue, table)
+            if depth and not purge:
+                raise MQError(
+                    f"queue {queue} holds {depth} messages; delete with purge to discard them", Reason.MQRC_Q_NOT_EMPTY
+                )
+            try:
+                store.close_table(table)
+                return
+            except CommitFailedError:
+                time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
+        raise MQError(f"queue {queue}: delete gave up after {PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
     def _location(self, queue: str) -> str:
         return store.queue_location(self.root, queue)
@@ -365,7 +409,7 @@ class Queues:
         except Exception as error:  # noqa: BLE001 - see the docstring
             _log.info("maintenance of queue %s after a put did not run: %s", definition.name, error)
 
-    def _with_snapshot(self, queue: str, read: Callable[[DeltaTable], _Read], retry: bool = True) -> _Read:
+    def with_snapshot(self, queue: str, read: Callable[[DeltaTable], _Read], retry: bool = True) -> _Read:
         """``read(table)`` on the message table of ``queue``; when maintenance cleaned up a log entry
         the snapshot needed, again on the newer snapshot (which needs no such entry)."""
         for _ in range(_READ_ATTEMPTS - 1):
@@ -379,12 +423,12 @@ class Queues:
     def waiting_count(self, queue: str, consumer: str | None = None) -> int:
         """How many messages wait on local queue ``queue``: for ``consumer``, or (None) for at least one
         counted group (CURDEPTH); see :func:`mqspark.engine.depth.count_waiting`."""
-        return self._with_snapshot(queue, lambda table: self._count_waiting(queue, table, consumer))
+        return self.with_snapshot(queue, lambda table: self._count_waiting(queue, table, consumer))
 
     def oldest_waiting(self, queue: str, consumer: str | None = None) -> tuple[int, datetime | None]:
         """How many messages wait on local queue ``queue`` (as :meth:`waiting_count` counts them) and
         the put time of the oldest; see :func:`mqspark.engine.depth.oldest_waiting`."""
-        answer = self._with_snapshot(queue, lambda table: self._oldest_waiting(queue, table, consumer))
+        answer = self.with_snapshot(queue, lambda table: self._oldest_waiting(queue, table, consumer))
         return answer.count, answer.put_time
 
     def _oldest_waiting(self, queue: str, table: DeltaTable, consumer: str | None) -> OldestWaiting:
@@ -406,9 +450,7 @@ class Queues:
         """Group ``consumer``'s backlog on local queue ``queue`` now, counted from ranges; see
         :func:`mqspark.engine.depth.group_backlog`."""
         groups.require(queue, consumer)
-        return self._with_snapshot(
-            queue, lambda table: self._group_backlog(queue, table, groups, now, consumer, parked)
-        )
+        return self.with_snapshot(queue, lambda table: self._group_backlog(queue, table, groups, now, consumer, parked))
 
     def _group_backlog(
         self, queue: str, table: DeltaTable, groups: GroupsSnapshot, now: datetime, consumer: str, parked: pa.Table
@@ -440,23 +482,15 @@ class Queues:
             groups.require(queue, consumer)
         return groups
 
-    def _definition_in(self, state: CatalogState, name: str) -> QueueDefinition:
-        try:
-            return state.queues[name]
-        except KeyError:
-            raise MQError(
-                f"queue {name} is not defined in queue manager {self.name}", Reason.MQRC_UNKNOWN_OBJECT_NAME
-            ) from None
-
     def _resolve(self, queue: str, for_put: bool = False, for_get: bool = False) -> QueueDefinition:
         """The local queue behind ``queue`` (itself, or an alias's target); for a put (a get), neither
         may be put-inhibited (get-inhibited)."""
         validate_name(queue)
         state = self._catalog.read()
-        definition = self._definition_in(state, queue)
+        definition = state.queue(queue)
         chain = [definition]
         if definition.type == "alias":
-            definition = self._definition_in(state, definition.alias_target)
+            definition = state.queue(definition.alias_target)
             chain.append(definition)
         for item in chain:
             if for_put and item.put_inhibited:
@@ -481,39 +515,3 @@ def create_message_table(location: str, storage_options: store.StorageOptions) -
     elif store.live_counts(existing)[1]:
         # A table left behind by a delete that stopped half-way: never adopt its messages silently.
         raise MQError(f"a message table with data already exists at {location}; remove it first")
-
-
-def before_targets(messages: pa.Table) -> list[str]:
-    """The msg_ids a put's messages are to be placed before."""
-    return pc.unique(messages["before_msg_id"].drop_null()).to_pylist()
-
-
-def _check_before_targets(queue: str, table: DeltaTable, targets: Sequence[str]) -> None:
-    """A ``before_msg_id`` must name a committed message outside any group, not itself placed before another."""
-    if not targets:
-        return
-    found = store.table_dataset(table).to_table(
-        columns=["msg_id", "group_id", "before_msg_id"], filter=pc.field("msg_id").isin(targets)
-    )
-    for target in targets:
-        rows = found.filter(pc.equal(found["msg_id"], target))
-        if rows.num_rows == 0:
-            raise MQError(
-                f"queue {queue}: field before_msg_id names {target}, which is not on the queue",
-                Reason.MQRC_NO_MSG_AVAILABLE,
-            )
-        if pc.any(pc.is_valid(rows["group_id"])).as_py() or pc.any(pc.is_valid(rows["before_msg_id"])).as_py():
-            raise MQValidationError(
-                f"queue {queue}: field before_msg_id names {target}, which is in a group or was itself placed "
-                "before another message"
-            )
-
-
-def _check_against_committed(queue: str, table: DeltaTable, groups: pa.Table) -> None:
-    """Group rules across puts: no msg_seq_number twice, nothing after the group's last message."""
-    if groups.num_rows == 0:
-        return
-    group_ids = pc.unique(groups["group_id"])
-    committed = store.table_dataset(table).to_table(columns=GROUP_COLUMNS, filter=pc.field("group_id").isin(group_ids))
-    if committed.num_rows:
-        check_group_items(queue, pa.concat_tables([committed.cast(groups.schema), groups]))

@@ -93,12 +93,13 @@ def _run_instance(
     from datetime import timedelta
 
     from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
-    from mqspark.qmgr import QueueManager
+    from mqspark.engine.queues import Queues
     from mqspark.services.instances import Instance
 
     lease = DEFAULT_LEASE_TIMEOUT if args.lease_timeout is None else timedelta(seconds=args.lease_timeout)
-    qm = QueueManager.open(args.root)
-    instance = Instance(qm, args.queue, args.consumer, service="forward", lease_timeout=lease, spark=spark)
+    instance = Instance(
+        Queues.open(args.root), args.queue, args.consumer, service="forward", lease_timeout=lease, spark=spark
+    )
     print(f"standby {instance.id}", flush=True)
     query = instance.run(start)
     print(f"active {instance.id}", flush=True)

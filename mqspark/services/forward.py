@@ -54,6 +54,7 @@ import pyarrow.compute as pc
 
 from mqspark import store
 from mqspark.cluster.repository import Cluster
+from mqspark.engine.access import HoldsQueues, queues_of
 from mqspark.engine.get import GetRequest, get
 from mqspark.engine.state_rows import EventKind
 from mqspark.errors import MQError, MQValidationError, Reason
@@ -328,7 +329,7 @@ def live_reply_records(rows: pa.Table) -> Iterator[tuple[tuple[str, int, str], p
 
 @store.connected
 def request(
-    qm: Queues,
+    qm: Queues | HoldsQueues,
     queue: str,
     payload: bytes | str,
     *,
@@ -345,6 +346,7 @@ def request(
     Raises :class:`MQError` with the failure's dead-letter reason when a failure record comes back,
     and 2033 (``MQRC_NO_MSG_AVAILABLE``) when nothing came back in time.
     """
+    qm = queues_of(qm)
     correl_id = uuid.uuid4().hex
     fields = {
         "payload": payload,

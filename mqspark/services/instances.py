@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from mqspark import store
+from mqspark.engine.access import HoldsQueues, queues_of
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.state_rows import EventKind, event_rows
@@ -137,7 +138,7 @@ class Instance:
 
     def __init__(
         self,
-        qm: Queues,
+        qm: Queues | HoldsQueues,
         queue: str,
         consumer: str = "default",
         *,
@@ -145,7 +146,7 @@ class Instance:
         lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT,
         spark: SparkSession | None = None,
     ) -> None:
-        self.qm = qm
+        self.qm = qm = queues_of(qm)
         with store.answering(qm.root):
             self.queue = qm.resolve_for_get(queue).name
         self.consumer = validate_name(consumer, "consumer group")
@@ -338,11 +339,12 @@ def _interruption(error: Exception) -> str | None:
 
 
 @store.connected
-def switchover(qm: Queues, queue: str, consumer: str) -> None:
+def switchover(qm: Queues | HoldsQueues, queue: str, consumer: str) -> None:
     """Ask the active instance of group ``consumer``'s service to hand over (MQ's ``endmqm -s``): at
     its next micro-batch boundary its query records the last batch consumed, releases the lease
     and stops, and a standby takes over at once with nothing to redeliver. With no standby, the
     group has no reader until an instance starts."""
+    qm = queues_of(qm)
     local = qm.resolve_for_get(queue).name
     state = ConsumerState(qm.root, local, qm.storage_options)
     state.append(event_rows(validate_name(consumer, "consumer group"), new_instance_id("admin"), EventKind.SWITCHOVER))
@@ -354,11 +356,12 @@ def _file_name(instance: str) -> str:
 
 @store.connected
 def instances(
-    qm: Queues, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT
+    qm: Queues | HoldsQueues, queue: str, consumer: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT
 ) -> list[InstanceInfo]:
     """The instances of group ``consumer``'s service on ``queue``: the one holding the group's lease
     is active, the others whose heartbeat is within ``lease_timeout`` stand by. Entries older than a
     day are removed."""
+    qm = queues_of(qm)
     local = qm.resolve(queue).name
     holder = qm.consumer_state(local).lease(consumer, lease_timeout)
     filesystem, path = store.filesystem_of(registry_location(qm.root, local, consumer))

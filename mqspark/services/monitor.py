@@ -43,10 +43,12 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from mqspark import store
+from mqspark.engine.access import HoldsQueues, queues_of
 from mqspark.engine.backout import failures
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.state_rows import abort_rows
+from mqspark.engine.waiting import depth_by_original_queue
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import TIMESTAMP
@@ -266,7 +268,7 @@ def history_points(qm: Queues, queue: str, since: datetime, columns: list[str]) 
 
 @store.connected
 def group_health(
-    qm: Queues,
+    qm: Queues | HoldsQueues,
     queue: str,
     consumer: str,
     now: datetime | None = None,
@@ -281,6 +283,7 @@ def group_health(
     newest point in the monitor history (``WARNING`` and ``STALL`` need a window of points), or
     None when no monitor recorded one. The rate is that point's rate.
     """
+    qm = queues_of(qm)
     now = now or datetime.now(UTC)
     definition = qm.resolve(queue)
     consumer = validate_name(consumer, "consumer group")
@@ -320,7 +323,7 @@ class Monitor:
 
     def __init__(
         self,
-        qm: Queues,
+        qm: Queues | HoldsQueues,
         queue: str,
         consumer: str = "default",
         *,
@@ -349,7 +352,7 @@ class Monitor:
         if service_interval is not None:
             service_interval = validate_watch_interval(service_interval)
         self.depth_high, self.depth_low, self.service_interval = depth_high, depth_low, service_interval
-        self.qm = qm
+        self.qm = qm = queues_of(qm)
         with store.answering(qm.root):
             self.definition = qm.resolve(queue)
         self.queue = self.definition.name
@@ -459,7 +462,7 @@ class Monitor:
             if name is None:
                 return None
             try:
-                return self.qm.depth_by_original_queue(name).get(self.queue, 0)
+                return depth_by_original_queue(self.qm, name).get(self.queue, 0)
             except MQError as error:
                 if error.reason != Reason.MQRC_UNKNOWN_OBJECT_NAME:
                     raise

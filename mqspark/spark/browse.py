@@ -1,7 +1,7 @@
 """Reading queues in Spark: the batch browse reader behind ``spark.read.format("mq")``.
 
 Python data-source methods run in worker processes without a SparkSession, so the queue is read
-with delta-rs through :class:`mqspark.QueueManager`.
+with delta-rs through the engine (:func:`mqspark.engine.browse.browse_queue`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from datetime import datetime
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from mqspark.engine.browse import browse_queue
 from mqspark.engine.ordering import DeliveryOptions
-from mqspark.qmgr import QueueManager
+from mqspark.engine.queues import Queues
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class BrowseReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         plan = self.plan
-        table = QueueManager.open(plan.root).browse_with(
-            plan.queue, plan.delivery, limit=plan.limit, now=plan.now, version=plan.version
+        table = browse_queue(
+            Queues.open(plan.root), plan.queue, plan.delivery, limit=plan.limit, now=plan.now, version=plan.version
         )
         yield from table.to_batches(max_chunksize=batch_rows(table))
 

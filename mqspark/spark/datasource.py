@@ -29,10 +29,10 @@ from pyspark.sql.types import StructType
 
 from mqspark.engine.leases import DEFAULT_LEASE_TIMEOUT
 from mqspark.engine.ordering import DeliveryOptions
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import validate_name
 from mqspark.model.messages import BROWSE_SCHEMA
-from mqspark.qmgr import QueueManager
 from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode, reconnect_mode
 from mqspark.spark.browse import BrowsePlan, BrowseReader
 from mqspark.spark.plain import without_frames
@@ -167,7 +167,7 @@ def _browse_options(options: dict[str, str]) -> BrowsePlan:
     queue = _required(options, "queue", 'give the queue to read, as in .option("queue", "ORDERS")')
     delivery = _delivery(options)
     limit = _whole_number(options, "limit", 0)
-    qm = QueueManager.open(root)
+    qm = Queues.open(root)
     version = qm.queue_version(queue)
     return BrowsePlan(qm.root, queue, delivery, limit, datetime.now(UTC), version)
 

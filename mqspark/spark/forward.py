@@ -92,9 +92,7 @@ def forward(
     :class:`~mqspark.services.instances.Instance` with ``instance=instance_id``. The checkpoint is
     ``checkpoint_location``, by default under the queue manager root.
     """
-    from mqspark.qmgr import QueueManager
-
-    qm = QueueManager.open(root)
+    qm = open_queues(root)
     validate_name(consumer, "consumer group")
     local = qm.resolve_for_get(queue).name
     unknown = sorted(set(options) - set(GET_OPTIONS))

@@ -22,11 +22,12 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from mqspark.cluster.records import Binding, ClusterSnapshot
 from mqspark.cluster.repository import Cluster
 from mqspark.cluster.routing import RouteRequest, Routing, check_bind, route_messages
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.dead_letter import dead_letter
 from mqspark.model.definitions import QueueDefinition, validate_name
 from mqspark.model.messages import MESSAGE_SCHEMA
-from mqspark.qmgr import QueueManager
+from mqspark.qmgr import QueueManager, engine
 from mqspark.spark.tasks import task_context
 
 # What route() adds to a DataFrame.
@@ -106,7 +107,7 @@ class RoutedTask:
     record: TaskRouting
 
 
-def cluster_route(qm: QueueManager, clusters: Sequence[str], queue: str, bind: str, qmgr: str | None) -> ClusterRoute:
+def cluster_route(qm: Queues, clusters: Sequence[str], queue: str, bind: str, qmgr: str | None) -> ClusterRoute:
     """Check a put to cluster queue ``queue`` from ``qm`` through ``clusters`` (names it has joined)."""
     validate_name(queue)
     check_bind(bind)
@@ -158,7 +159,7 @@ def route_task(
         root = _member_root(snapshots, qmgr)
         definition = _REPLICAS.get((root, queue, producer, batch_id)) if batch_id is not None else None
         if definition is None:
-            definition = QueueManager.open(root).resolve_for_put(queue)
+            definition = Queues.open(root).resolve_for_put(queue)
             if batch_id is not None:
                 _REPLICAS[(root, queue, producer, batch_id)] = definition
         shares.append(((root, definition), data.filter(pc.equal(routing.target_qmgr, qmgr))))
@@ -290,7 +291,7 @@ def route(
     sink's ``.option("cluster", ...)`` routes the same way and records least-recently-used order and
     bindings; this function records nothing.
     """
-    qm = from_qmgr if isinstance(from_qmgr, QueueManager) else QueueManager.open(from_qmgr)
+    qm = engine(from_qmgr) if isinstance(from_qmgr, QueueManager) else Queues.open(from_qmgr)
     names = cluster_names(cluster) if isinstance(cluster, str) else tuple(cluster)
     plan = cluster_route(qm, names, queue, bind, qmgr)
     snapshots = [Cluster.open(root).snapshot() for root in plan.repositories]

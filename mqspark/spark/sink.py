@@ -2,7 +2,7 @@
 
 Executors validate their rows with the same :func:`mqspark.model.messages.prepare_put` as every other put
 and write Parquet files into the queue table's folder. The driver then commits every task's files in
-one Delta commit (:meth:`mqspark.QueueManager.commit_put`). A streaming commit carries a Delta
+one Delta commit (:meth:`mqspark.engine.queues.Queues.commit_put`). A streaming commit carries a Delta
 ``txn`` of (producer, batchId), so a micro-batch replayed after a failure is recognised and never
 committed twice. Commit messages are keyed by queue, so one batch can commit to several queues,
 each exactly once.
@@ -26,13 +26,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from mqspark import store
-from mqspark.engine.queues import before_targets
+from mqspark.engine.put_checks import before_targets
+from mqspark.engine.queues import Queues
 from mqspark.errors import MQError, Reason
 from mqspark.model.definitions import QueueDefinition
 from mqspark.model.groups import GROUP_COLUMNS, check_group_items, group_items
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put
-from mqspark.qmgr import QueueManager
 from mqspark.reconnect import DEFAULT_RECONNECT_TIMEOUT, Reconnect, ReconnectMode
 from mqspark.spark import routing
 from mqspark.spark.tasks import commit_messages, task_context
@@ -250,10 +250,10 @@ def _commit_batch(plan: SinkPlan, messages: list[PutCommitMessage], batch: Batch
     metadata = {"mqspark.commit_started_ms": int(time.time() * 1000), "mqspark.producer": batch.producer}
     targets = sorted({target for message in messages for target in message.files})
     landed: list[str] = []
-    managers: dict[str, QueueManager] = {}
+    managers: dict[str, Queues] = {}
     try:
         for target in targets:
-            qm = managers.setdefault(target[0], QueueManager.open(target[0]))
+            qm = managers.setdefault(target[0], Queues.open(target[0]))
             where = f"queue {target[1]} of {qm.name}" if plan.cluster is not None else f"queue {target[1]}"
             rows, version = _commit_target(qm, target, messages, batch.transaction, metadata)
             landed.append(f"{where} ({rows} messages)")
@@ -280,7 +280,7 @@ def _partly_committed(queue: str, batch: BatchCommit, error: Exception, landed: 
 
 
 def _commit_target(
-    qm: QueueManager,
+    qm: Queues,
     target: Target,
     messages: list[PutCommitMessage],
     transaction: tuple[str, int] | None,

@@ -50,9 +50,9 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.maintenance import Maintenance
 from mqspark.engine.ordering import DeliveryOptions
 from mqspark.engine.planner import PlannedRows, Planner
+from mqspark.engine.queues import Queues
 from mqspark.engine.state_rows import EventKind, consumed_rows
 from mqspark.errors import MQError, Reason
-from mqspark.qmgr import QueueManager
 from mqspark.reconnect import Reconnect
 from mqspark.spark.browse import batch_rows
 from mqspark.spark.plain import without_frames
@@ -121,7 +121,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark calls this again after a crash in the first micro-batch (to replay it), so it takes no
         # lease: the lease goes to the owner named by the offsets the query actually runs on.
         if self._initial is None:
-            qm = QueueManager.open(self.options.root)
+            qm = Queues.open(self.options.root)
             state = ConsumerState(qm.root, qm.resolve_for_get(self.options.queue).name, qm.storage_options)
             seq, delivered = state.last_position(self.options.consumer)
             self._initial = offset(
@@ -149,7 +149,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @without_frames
     def prepareForTriggerAvailableNow(self) -> None:
         version = self._reconnecting(
-            "trigger", lambda: QueueManager.open(self.options.root).queue_version(self.options.queue)
+            "trigger", lambda: Queues.open(self.options.root).queue_version(self.options.queue)
         )
         self._target = (version, datetime.now(UTC))
         if self._group is not None:
@@ -306,7 +306,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             options = self.options
             self._owner = owner
             self._group = Planner(
-                QueueManager.open(options.root),
+                Queues.open(options.root),
                 options.queue,
                 options.consumer,
                 options.instance or owner,
@@ -334,7 +334,7 @@ def record_finished_batch(end_offset: str) -> None:
         return
     if not is_offset(end) or not end["plan"]:
         return
-    qm = QueueManager.open(end["root"])
+    qm = Queues.open(end["root"])
     state = ConsumerState(qm.root, qm.resolve_for_get(end["queue"]).name, qm.storage_options)
     settled = end["plan"] in state.consumed_plans(end["consumer"]).to_pylist()
     # A batch that backed out messages is settled by the group's next run, which knows their groups.

@@ -29,6 +29,7 @@ def dead_letters(qm, queue: str, rows: list[dict], original: str = "Q") -> None:
     from mqspark.model.groups import group_items
     from mqspark.model.messages import QUEUE_TABLE_SCHEMA
     from mqspark.model.put import prepare_put, rows_to_table
+    from mqspark.qmgr import engine
 
     definition = qm.inquire_queue(queue)
     prepared = prepare_put(definition, rows_to_table(queue, [{"payload": r["payload"], **r["fields"]} for r in rows]))
@@ -41,4 +42,4 @@ def dead_letters(qm, queue: str, rows: list[dict], original: str = "Q") -> None:
         datetime.now(UTC),
     )
     file = store.write_data_file(store.queue_location(qm.root, queue), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-    qm.commit_put(queue, [file], group_items(messages))
+    engine(qm).commit_put(queue, [file], group_items(messages))
