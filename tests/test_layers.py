@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mqspark"
 
 # Bottom to top. A name ending in "." is a package: every module under it.
 LAYERS: list[tuple[str, ...]] = [
-    ("mqspark.errors",),
+    ("mqspark.errors", "mqspark.clock"),
     ("mqspark.store.",),
     ("mqspark.model.",),
     ("mqspark.engine.",),
