@@ -17,6 +17,7 @@ from typing import Any, Self, TypeVar
 import pyarrow as pa
 
 from mqspark import store
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.cluster.records import AdvertisedQueue
 from mqspark.cluster.repository import Cluster
 from mqspark.engine.browse import browse_queue
@@ -61,14 +62,25 @@ class QueueManager:
         self._queues = queues
 
     @classmethod
-    def create(cls, root: str | os.PathLike, name: str, *, storage_options: dict[str, str] | None = None) -> Self:
-        """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue."""
-        return cls(Queues.create(root, name, storage_options=storage_options))
+    def create(
+        cls,
+        root: str | os.PathLike,
+        name: str,
+        *,
+        storage_options: dict[str, str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> Self:
+        """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue. ``clock``
+        is the time its leases, locks and instances read (see :mod:`mqspark.clock`)."""
+        return cls(Queues.create(root, name, storage_options=storage_options, clock=clock))
 
     @classmethod
-    def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> Self:
-        """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
-        return cls(Queues.open(root, storage_options=storage_options))
+    def open(
+        cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> Self:
+        """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none.
+        ``clock`` as for :meth:`create`."""
+        return cls(Queues.open(root, storage_options=storage_options, clock=clock))
 
     def __repr__(self) -> str:
         return f"QueueManager(name={self.name!r}, root={self.root!r})"

@@ -6,31 +6,42 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from datetime import timedelta
 
 import pytest
 
-from mqspark import MQError, Reason
+from mqspark import MQError, QueueManager, Reason
+from mqspark.clock import ManualClock
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.qmgr import engine
-from mqspark.services.instances import Instance, instances
+from mqspark.services.instances import STANDBY_POLL, Instance, instances
 
 from .test_cli import mqspark
 
 LEASE = timedelta(seconds=2)
 
 
-def _lapse() -> None:
-    time.sleep(LEASE.total_seconds() + 0.3)
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
-def test_renewing_is_refused_once_another_owner_holds_the_lease(qm):
+@pytest.fixture
+def qm(tmp_path, clock) -> QueueManager:
+    """A queue manager whose leases and instances read ``clock``, which the tests move."""
+    return QueueManager.create(tmp_path / "qm", "QM1", clock=clock)
+
+
+def _lapse(clock: ManualClock) -> None:
+    clock.advance(LEASE + timedelta(seconds=0.3))
+
+
+def test_renewing_is_refused_once_another_owner_holds_the_lease(qm, clock):
     qm.define_queue("Q")
-    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options, clock=clock)
     state.acquire("G", "paused", LEASE)
     state.renew("G", "paused", LEASE)
-    _lapse()
+    _lapse(clock)
     state.acquire("G", "standby", LEASE)
     with pytest.raises(MQError) as refused:
         state.renew("G", "paused", LEASE)
@@ -39,11 +50,11 @@ def test_renewing_is_refused_once_another_owner_holds_the_lease(qm):
     assert state.lease("G", LEASE).owner == "standby"
 
 
-def test_a_standby_waits_while_the_active_instance_holds_the_lease_and_takes_over_once_it_lapses(qm):
+def test_a_standby_waits_while_the_active_instance_holds_the_lease_and_takes_over_once_it_lapses(qm, clock):
     qm.define_queue("Q")
     active, standby = (Instance(qm, "Q", "G", lease_timeout=LEASE) for _ in range(2))
     active.wait_until_active(timeout=5)
-    leased = time.monotonic()
+    leased = clock.monotonic()
     with pytest.raises(MQError) as waited:
         standby.wait_until_active(timeout=1.0)
     assert waited.value.reason == Reason.MQRC_OBJECT_IN_USE
@@ -58,22 +69,24 @@ def test_a_standby_waits_while_the_active_instance_holds_the_lease_and_takes_ove
     assert qm.backlog("Q").held_by is None
 
     # The active instance stops renewing (it died): the standby becomes active after the lease timeout.
+    # Its wait of 1 s above moved the clock too; it polls every STANDBY_POLL (or a third of the lease).
     standby.wait_until_active(timeout=10)
-    assert LEASE.total_seconds() - 0.1 < time.monotonic() - leased < LEASE.total_seconds() + 2.0
-    assert ConsumerState(qm.root, "Q", engine(qm).storage_options).lease("G", LEASE).owner == standby.id
+    poll = min(LEASE.total_seconds() / 3, STANDBY_POLL)
+    assert LEASE.total_seconds() < clock.monotonic() - leased <= LEASE.total_seconds() + poll
+    assert ConsumerState(qm.root, "Q", engine(qm).storage_options, clock=clock).lease("G", LEASE).owner == standby.id
     assert qm.backlog("Q", consumer="G").held_by == standby.id
     # The dead instance's entry is past its heartbeat: only the new active instance is listed.
     assert [(i.instance, i.role) for i in instances(qm, "Q", "G", LEASE)] == [(standby.id, "active")]
 
 
-def test_a_fenced_batch_function_runs_only_while_its_instance_holds_the_lease(qm):
+def test_a_fenced_batch_function_runs_only_while_its_instance_holds_the_lease(qm, clock):
     qm.define_queue("Q")
     first, second = (Instance(qm, "Q", "G", lease_timeout=LEASE) for _ in range(2))
     delivered = []
     first.wait_until_active(timeout=5)
     fenced = first.fence(lambda batch, batch_id: delivered.append(batch_id))
     fenced(None, 0)
-    _lapse()
+    _lapse(clock)
     second.wait_until_active(timeout=5)
     with pytest.raises(MQError) as refused:
         fenced(None, 1)

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from mqspark import store
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.engine.leases import Lease, Leases
 from mqspark.engine.state_commit import StateWriter
 from mqspark.engine.state_compaction import Compaction
@@ -46,13 +47,18 @@ class ConsumerState:
     """
 
     def __init__(
-        self, root: str, queue: str, storage_options: store.StorageOptions = None, location: str | None = None
+        self,
+        root: str,
+        queue: str,
+        storage_options: store.StorageOptions = None,
+        location: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._table = StateTable(root, queue, storage_options, location)
+        self._table = StateTable(root, queue, storage_options, location, clock)
         self._reads = StateReads(self._table)
         self._compaction = Compaction(self._table)
         self._writer = StateWriter(self._table, self._compaction)
-        self._leases = Leases(self._reads, self._writer, queue)
+        self._leases = Leases(self._reads, self._writer, queue, clock)
 
     @property
     def root(self) -> str:
@@ -71,13 +77,17 @@ class ConsumerState:
         return self._table.storage_options
 
     @property
+    def clock(self) -> Clock:
+        return self._table.clock
+
+    @property
     def rewrites(self) -> int:
         """How many times rows seen before went (see :attr:`StateTable.rewrites`)."""
         return self._table.rewrites
 
     def reopened(self) -> ConsumerState:
         """The same state table with a handle of its own: a DeltaTable is not shared between threads."""
-        return ConsumerState(self.root, self.queue, self.storage_options, self.location)
+        return ConsumerState(self.root, self.queue, self.storage_options, self.location, self.clock)
 
     # The table (:class:`StateTable`)
 

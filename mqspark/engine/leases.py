@@ -7,12 +7,12 @@ renews a lease in the background.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pyarrow.compute as pc
 
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.engine.state_commit import StateWriter
 from mqspark.engine.state_reads import StateReads
 from mqspark.engine.state_rows import GET_OWNER, LEASE_EVENTS, EventKind, event_rows, lease_rows
@@ -54,10 +54,11 @@ class Leases:
     """The leases of the consumer groups of one queue, recorded in its state table: read with
     ``reads``, committed with ``writer``."""
 
-    def __init__(self, reads: StateReads, writer: StateWriter, queue: str) -> None:
+    def __init__(self, reads: StateReads, writer: StateWriter, queue: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self._reads = reads
         self._writer = writer
         self.queue = queue
+        self._clock = clock
 
     def lease(self, consumer: str, timeout: timedelta | None, now: datetime | None = None) -> Lease | None:
         """The live lease of the group: the owner of the newest lease record, unless that record is
@@ -70,7 +71,7 @@ class Leases:
         owner, event, seen, recorded = (latest[name][0].as_py() for name in ("owner", "event", "at", "count"))
         if timeout is None:
             timeout = timedelta(milliseconds=recorded) if recorded is not None else DEFAULT_LEASE_TIMEOUT
-        if event == EventKind.RELEASE or seen < (now or datetime.now(UTC)) - timeout:
+        if event == EventKind.RELEASE or seen < (now or self._clock.now()) - timeout:
             return None
         return Lease(owner, seen)
 
@@ -89,7 +90,7 @@ class Leases:
         The check and the lease record commit at exactly the next version, so of two readers
         starting at once only one gets the lease.
         """
-        deadline = time.monotonic() + patience.total_seconds()
+        deadline = self._clock.monotonic() + patience.total_seconds()
 
         def check() -> None:
             holder = self.lease(consumer, timeout)
@@ -100,7 +101,7 @@ class Leases:
             if holder is not None and holder.owner != owner:
                 if holder.owner.startswith(GET_OWNER):
                     raise HeldByGet(holder)
-                age = (datetime.now(UTC) - holder.seen).total_seconds()
+                age = (self._clock.now() - holder.seen).total_seconds()
                 raise MQError(
                     f"queue {self.queue}: consumer group {consumer!r} is already being read by a running query "
                     f"(last seen {age:.1f} s ago); stop it, wait {timeout.total_seconds():g} s after it died, "
@@ -113,13 +114,13 @@ class Leases:
                 self._writer.commit(lease_rows(consumer, owner, timeout), check)
                 return
             except HeldByGet as held:
-                if time.monotonic() >= deadline:
+                if self._clock.monotonic() >= deadline:
                     raise MQError(
                         f"queue {self.queue}: consumer group {consumer!r} has messages claimed by a Python get "
                         f"(owner {held.holder.owner}) for longer than {patience.total_seconds():g} s",
                         Reason.MQRC_OBJECT_IN_USE,
                     ) from None
-                time.sleep(LEASE_POLL)
+                self._clock.sleep(LEASE_POLL)
 
     def renew(self, consumer: str, owner: str, timeout: timedelta) -> None:
         """Renew ``owner``'s lease of the group; refused (2042) once another owner holds it. The check

@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.engine import group_commit
 from mqspark.engine.catalog import Catalog
 from mqspark.engine.consumer_groups import ConsumerState
@@ -76,8 +77,12 @@ class Queues:
     :meth:`create`, reopen it with :meth:`open`; applications use the
     :class:`~mqspark.qmgr.QueueManager` facade, which holds one."""
 
-    def __init__(self, root: str, catalog: Catalog, definition: QueueManagerDefinition) -> None:
+    def __init__(
+        self, root: str, catalog: Catalog, definition: QueueManagerDefinition, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.root = root
+        # Time as leases, locks and instances read it (see mqspark.clock).
+        self.clock = clock
         self._catalog = catalog
         self._definition = definition
         # Message tables stay open and are brought up to date incrementally: opening one lists and
@@ -124,7 +129,14 @@ class Queues:
         return self._catalog
 
     @classmethod
-    def create(cls, root: str | os.PathLike, name: str, *, storage_options: dict[str, str] | None = None) -> Self:
+    def create(
+        cls,
+        root: str | os.PathLike,
+        name: str,
+        *,
+        storage_options: dict[str, str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> Self:
         """Create queue manager ``name`` at ``root`` with its catalog and dead-letter queue."""
         validate_name(name, "queue manager")
         location = store.normalize_root(root)
@@ -138,17 +150,19 @@ class Queues:
             dead_letter = QueueDefinition.build(DEAD_LETTER_QUEUE, description="dead-letter queue")
             create_message_table(store.queue_location(location, DEAD_LETTER_QUEUE), storage_options)
             catalog.create(QueueManagerDefinition(name=name), [dead_letter])
-            return cls(location, catalog, catalog.read().qmgr)
+            return cls(location, catalog, catalog.read().qmgr, clock)
 
     @classmethod
-    def open(cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None) -> Self:
+    def open(
+        cls, root: str | os.PathLike, *, storage_options: dict[str, str] | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> Self:
         """Open the queue manager at ``root``; raises MQRC_UNKNOWN_OBJECT_NAME when there is none."""
         location = store.normalize_root(root)
         catalog = Catalog(location, storage_options)
         with store.answering(location, Reason.MQRC_Q_MGR_NOT_AVAILABLE):
             if not _catalog_exists(catalog):
                 raise MQError(f"no queue manager at {location}", Reason.MQRC_UNKNOWN_OBJECT_NAME)
-            return cls(location, catalog, catalog.read().qmgr)
+            return cls(location, catalog, catalog.read().qmgr, clock)
 
     def __repr__(self) -> str:
         return f"Queues(name={self.name!r}, root={self.root!r})"
@@ -398,7 +412,7 @@ class Queues:
         concurrent use by threads."""
         state = self._states.get(queue)
         if state is None:
-            state = self._states[queue] = ConsumerState(self.root, queue, self.storage_options)
+            state = self._states[queue] = ConsumerState(self.root, queue, self.storage_options, clock=self.clock)
         return state
 
     def _maintain_quietly(self, definition: QueueDefinition) -> None:

@@ -87,7 +87,7 @@ class StateWriter:
         if not pc.any(leases).as_py():
             return rows, None
         newest = self._newest_lease_record(pc.unique(rows["consumer"]))
-        stamp = max(datetime.now(UTC), newest + timedelta(microseconds=1))
+        stamp = max(self._table.clock.now(), newest + timedelta(microseconds=1))
         at = pc.if_else(leases, pa.scalar(stamp, TIMESTAMP), rows["at"])
         index = STATE_SCHEMA.get_field_index("at")
         return rows.set_column(index, STATE_SCHEMA.field(index), at), stamp

@@ -8,7 +8,7 @@ the events are :mod:`mqspark.engine.state_rows`'s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -206,7 +206,7 @@ class StateReads:
         )
         newest = stamps.group_by("plan_id", use_threads=False).aggregate([("at", "max")])
         expiry = pc.add(newest["at_max"], pa.scalar(lock, pa.duration("us")))
-        locked = pc.greater(expiry, pa.scalar(now or datetime.now(UTC), TIMESTAMP))
+        locked = pc.greater(expiry, pa.scalar(now or self._table.clock.now(), TIMESTAMP))
         live_ids = newest["plan_id"].filter(locked)
         plans = self.events(consumer, (EventKind.PLAN,))
         live = plans.filter(pc.is_in(plans["plan_id"], value_set=live_ids))

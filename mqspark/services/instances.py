@@ -53,11 +53,10 @@ import math
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
@@ -153,9 +152,10 @@ class Instance:
         self.service = service
         self.lease_timeout = lease_timeout
         self.id = new_instance_id(service)
-        self.since = datetime.now(UTC)
+        self._clock = qm.clock
+        self.since = self._clock.now()
         self.active_since: datetime | None = None
-        self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self.state = ConsumerState(qm.root, self.queue, qm.storage_options, clock=self._clock)
         self._stopped = threading.Event()
         self._registry = registry_location(qm.root, self.queue, self.consumer)
         self._spark = spark
@@ -174,7 +174,7 @@ class Instance:
         """Stand by until the group's lease is free, then take it for this instance. Raises
         ``MQRC_OBJECT_IN_USE`` (2042) when ``timeout`` seconds pass first, or when :meth:`stop`
         was called."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self._clock.monotonic() + timeout
         while True:
             self._warm()
             self._register()
@@ -185,12 +185,12 @@ class Instance:
                     if error.reason != Reason.MQRC_OBJECT_IN_USE:
                         raise
                 else:
-                    self.active_since = datetime.now(UTC)
+                    self.active_since = self._clock.now()
                     self._register()
                     return
             poll = min(self.interval, STANDBY_POLL)
-            wait = poll if deadline is None else min(poll, deadline - time.monotonic())
-            if wait <= 0 or self._stopped.wait(wait):
+            wait = poll if deadline is None else min(poll, deadline - self._clock.monotonic())
+            if wait <= 0 or self._clock.wait(self._stopped, wait):
                 raise MQError(
                     f"queue {self.queue}: instance {self.id} of consumer group {self.consumer!r} did not become "
                     "active" + ("" if self._stopped.is_set() else f" within {timeout:g} s"),
@@ -201,9 +201,9 @@ class Instance:
         """With a Spark session, browse one message of the queue now and then while standing by,
         so the session's Python data source workers are up when the query starts. (A one-row
         ``mapInArrow`` task does not do: measured, only a read of the ``mq`` source does.)"""
-        if self._spark is None or time.monotonic() - self._warmed < WARM_EVERY:
+        if self._spark is None or self._clock.monotonic() - self._warmed < WARM_EVERY:
             return
-        self._warmed = time.monotonic()
+        self._warmed = self._clock.monotonic()
         try:
             self._spark.read.format("mq").option("queue", self.queue).option("limit", 1).load(self.qm.root).collect()
         except Exception as error:  # noqa: BLE001 - a standby goes on standing by; the query will meet the fault
@@ -254,8 +254,8 @@ class Instance:
         """Renew the lease and the registry entry until the query (``started[0]``, once started) ends,
         or, on a switchover, until its planner released the lease at a batch boundary. A store that
         does not answer is tried again at the next renewal; the lease may pass meanwhile."""
-        state = ConsumerState(self.qm.root, self.queue, self.qm.storage_options)
-        while not self._stopped.wait(self.interval):
+        state = ConsumerState(self.qm.root, self.queue, self.qm.storage_options, clock=self._clock)
+        while not self._clock.wait(self._stopped, self.interval):
             try:
                 if self._kept(state, started):
                     return
@@ -296,7 +296,7 @@ class Instance:
             "pid": os.getpid(),
             "since": self.since.isoformat(),
             "active_since": None if self.active_since is None else self.active_since.isoformat(),
-            "heartbeat": datetime.now(UTC).isoformat(),
+            "heartbeat": self._clock.now().isoformat(),
         }
         filesystem, path = store.filesystem_of(self._registry)
         filesystem.create_dir(path, recursive=True)
@@ -366,7 +366,7 @@ def instances(
     holder = qm.consumer_state(local).lease(consumer, lease_timeout)
     filesystem, path = store.filesystem_of(registry_location(qm.root, local, consumer))
     selector = pafs.FileSelector(path, allow_not_found=True)
-    now = datetime.now(UTC)
+    now = qm.clock.now()
     found = []
     for info in filesystem.get_file_info(selector):
         if not info.path.endswith(".json"):
