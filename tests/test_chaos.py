@@ -21,7 +21,7 @@ import pytest
 from chaos.history import evidence
 from chaos.run import run
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers-a")]
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("drivers-a"), pytest.mark.timeout(1800)]
 
 SEED = int(os.environ.get("MQSPARK_CHAOS_SEED", "20261127"))
 

@@ -47,6 +47,9 @@ from mqspark.engine.maintenance import LEASE_TIMEOUT
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
+# Soaks run for minutes by design: a longer limit than the suite's 900 s.
+pytestmark = pytest.mark.timeout(1800)
+
 PRIORITIES = (0, 4, 9)
 PAYLOAD_BYTES = 100
 OUTPUT_COLUMNS = ["delivery_seq", "msg_id", "group_id", "msg_seq_number", "priority"]
