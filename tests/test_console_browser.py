@@ -23,6 +23,9 @@ from mqspark.services.monitor import Monitor
 
 from .support.processes import free_port, start_server, stop_server
 
+# Each test drives a real Chromium against a console server: processes, and seconds each.
+pytestmark = pytest.mark.slow
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".pytest-screenshots"

@@ -66,6 +66,7 @@ def transactions(draw, first: int) -> list[list[dict]]:
 STEPS = st.lists(st.sampled_from(["get"] * 5 + ["put", "maintain", "afresh"]), min_size=4, max_size=14)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )

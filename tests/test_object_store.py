@@ -140,6 +140,7 @@ def test_commits_on_the_object_store_are_put_if_absent_so_one_writer_of_a_versio
     one_writer_wins_each_version(f"{az_root}/plain", azurite.storage_options)
 
 
+@pytest.mark.slow
 def test_concurrent_puts_and_a_repeated_transaction_on_the_object_store_are_exactly_once(azurite, az_root):
     producers_and_a_repeated_transaction_put_exactly_once(
         QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)

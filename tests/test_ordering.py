@@ -161,6 +161,7 @@ def _head(messages: int) -> Iterator[None]:
         browse.HEAD = default
 
 
+@pytest.mark.slow
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
@@ -383,6 +384,7 @@ def test_before_msg_id_ignores_a_namesake_put_with_it(qm):
     assert qm.browse("Q", now=NOW + 2 * HOUR)["payload"].to_pylist() == [b"namesake", b"ins"]
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     transactions=puts(),
@@ -405,6 +407,7 @@ def test_a_head_orders_a_prefix_of_the_whole_order(transactions, delivery_sequen
         assert _fields(everything.messages.to_pylist()) == _fields(whole)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
