@@ -22,16 +22,22 @@ from .test_sink import _stream, _write_json_batch
 REPLICAS = ("QM2", "QM3", "QM4")
 
 
-@pytest.fixture
-def cluster(tmp_path) -> dict:
-    managers = {name: QueueManager.create(tmp_path / name, name) for name in ("QM1", *REPLICAS)}
+def make_cluster(tmp_path, replicas: tuple[str, ...]) -> dict:
+    """QM1 and ``replicas``, all members of cluster INVENTORY, each replica hosting ORDERS (whose
+    default bind is on_open); the repository under ``"repository"``, the queue managers by name."""
+    managers = {name: QueueManager.create(tmp_path / name, name) for name in ("QM1", *replicas)}
     repository = Cluster.create(tmp_path / "cluster", "INVENTORY")
     for name, qm in managers.items():
         repository.join(qm)
-        if name in REPLICAS:
+        if name in replicas:
             qm.define_queue("ORDERS")
             repository.advertise(qm, "ORDERS")
     return {"repository": repository, **managers}
+
+
+@pytest.fixture
+def cluster(tmp_path) -> dict:
+    return make_cluster(tmp_path, REPLICAS)
 
 
 def _payloads(qm: QueueManager) -> list[str]:

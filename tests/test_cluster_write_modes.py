@@ -16,11 +16,11 @@ from deltalake import DeltaTable
 
 from mqspark import QueueManager, store
 from mqspark.cluster.records import Binding
-from mqspark.cluster.repository import Cluster
 from mqspark.errors import MQError
 from mqspark.qmgr import engine
 from mqspark.spark.routing import TaskRouting, batch_routing, cluster_route
 
+from .test_cluster_put import make_cluster
 from .test_sink import STREAM_SCHEMA, _stream, _write_json_batch
 
 REPLICAS = ("QM2", "QM3")
@@ -36,15 +36,8 @@ ROWS = [
 
 @pytest.fixture
 def cluster(tmp_path) -> dict:
-    managers = {name: QueueManager.create(tmp_path / name, name) for name in ("QM1", *REPLICAS)}
-    repository = Cluster.create(tmp_path / "cluster", "INVENTORY")
-    for name, qm in managers.items():
-        repository.join(qm)
-        if name in REPLICAS:
-            # The queue's default bind is on_open, so as_q_def binds on open.
-            qm.define_queue("ORDERS")
-            repository.advertise(qm, "ORDERS")
-    return {"repository": repository, **managers}
+    # The queue's default bind is on_open, so as_q_def binds on open.
+    return make_cluster(tmp_path, REPLICAS)
 
 
 def _landed(qm: QueueManager) -> list[str]:
