@@ -356,7 +356,7 @@ class QueueManager:
         once. See :mod:`mqspark.engine.consumer`."""
         return Consumer(self._queues, queue, consumer, prefetch, wait)
 
-    def browse(
+    def browse(  # noqa: PLR0913 - MQ's browse options (MQGMO and match options) are its keywords
         self,
         queue: str,
         order: str = "logical",

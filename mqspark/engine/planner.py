@@ -111,7 +111,7 @@ class Planner:
     """What one reader of a consumer group knows of the group while it reads: its lease, its pending
     messages, and the plans it made."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the streaming get's options, each a reader option users set
         self,
         qm: Queues,
         queue: str,

@@ -321,7 +321,7 @@ class Monitor:
     :meth:`attach` (a thread beside a running query) do it.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the monitor's thresholds, public keywords as the docs show them
         self,
         qm: Queues | HoldsQueues,
         queue: str,

@@ -65,7 +65,7 @@ from mqspark.services.instances import stoppable
 REPLY_FORMAT = "mq_forward_replies"
 
 
-def forward(
+def forward(  # noqa: PLR0913 - the forwarder's public keywords, as the docs show them
     spark: SparkSession,
     root: str,
     queue: str,

@@ -60,7 +60,7 @@ class SinkPlan:
     write_id: str = ""
 
     @classmethod
-    def build(
+    def build(  # noqa: PLR0913 - the sink's options, checked together before any task runs
         cls,
         root: str,
         queue: str,
