@@ -317,12 +317,14 @@ def test_an_unknown_queue_is_refused(qm):
     assert raised.value.reason == Reason.MQRC_UNKNOWN_OBJECT_NAME
 
 
-def test_every_point_is_in_the_history_table(qm, spark):
+def test_every_point_is_in_the_history_table(qm, clock, spark):
     qm.define_queue("Q")
     _put(qm, 3)
     monitor = _monitor(qm, watch_count=2, expected_count=1)
     monitor.point()
     qm.get("Q", "G", max_messages=1)
+    # A watch interval on, so that the points are ordered by their times.
+    clock.advance(1)
     monitor.point()
     history = spark.read.format("delta").load(store.monitor_location(qm.root, "Q"))
     columns = ["consumer", "backlog", "still_waiting", "processed", "state", "verdict", "judged", "status"]
