@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqspark import store
+from mqspark import QueueManager, store
+from mqspark.clock import ManualClock
 from mqspark.engine.depth import put_files
 from mqspark.engine.waiting import waiting_messages
 from mqspark.model.ranges import (
@@ -232,26 +233,20 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
     assert parked_messages(definition, state, "b", moment).num_rows
 
 
-def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an_expiry(qm, monkeypatch):
+def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an_expiry(tmp_path, monkeypatch):
     """Pollers ask a queue's depth and oldest put time again and again: the answer is kept while the
     table version, the groups' records and every expiry stay as they were, and counted again once
     an expiry is reached (no commit), after a get, a group declared and a put. The queue manager's
     depth reads see a clock the test moves; the put and the get see the real one."""
     from mqspark.engine import queues
 
-    class Clock(datetime):
-        at = datetime.now(UTC)
-
-        @classmethod
-        def now(cls, tz=None):
-            return cls.at
-
+    clock = ManualClock()
+    qm = QueueManager.create(tmp_path / "qm", "QM1", clock=clock)
     counted = record_calls(monkeypatch, queues, "oldest_waiting", 3)
-    monkeypatch.setattr(queues, "datetime", Clock)
     qm.define_queue("Q")
     qm.declare_consumer("Q", "a")
     qm.put("Q", [{"payload": b"first"}, {"payload": b"second"}])
-    expiry = Clock.at + timedelta(hours=1)
+    expiry = clock.now() + timedelta(hours=1)
     qm.put("Q", [{"payload": b"expiring", "expiry": expiry}])
     first_put = qm.browse("Q", order="physical")["put_time"][0].as_py()
 
@@ -261,10 +256,11 @@ def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an
 
     assert [backlog(), backlog("a"), backlog(), backlog("a")] == [(3, first_put), (3, first_put)] * 2
     assert counted == [None, "a"]
-    Clock.at = expiry - timedelta(microseconds=1)
+    clock.advance(timedelta(hours=1) - timedelta(microseconds=1))
     assert [backlog(), backlog("a")] == [(3, first_put)] * 2
     assert counted == [None, "a"]
-    Clock.at = expiry
+    clock.advance(timedelta(microseconds=1))
+    assert clock.now() == expiry
     assert [backlog(), backlog("a"), backlog()] == [(2, first_put)] * 3
     assert counted == [None, "a", None, "a"]
     qm.get("Q", "a", max_messages=1)

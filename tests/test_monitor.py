@@ -1,5 +1,6 @@
 """The backlog monitor against real queues and state tables: exact points, group health, claimable
-age, MQ events, the history table, the abort of a running query, and the CLI."""
+age, MQ events, the history table, the abort of a running query, and the CLI. The queue manager reads
+a :class:`~mqspark.clock.ManualClock` the tests move, but for a running query's, whose pace is real."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from chispa import assert_df_equality
 
-from mqspark import MQError, MQValidationError, Reason, store
+from mqspark import MQError, MQValidationError, QueueManager, Reason, store
+from mqspark.clock import ManualClock
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.waiting import waiting_messages
 from mqspark.qmgr import engine
@@ -20,6 +22,23 @@ from mqspark.services.monitor import GroupStatus, Monitor, group_health
 from .test_cli import mqspark
 
 LEASE = timedelta(seconds=30)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def qm(tmp_path, clock) -> QueueManager:
+    """A queue manager whose monitors, depth, leases and expiry read ``clock``, which the tests move."""
+    return QueueManager.create(tmp_path / "qm", "QM1", clock=clock)
+
+
+@pytest.fixture
+def system_qm(tmp_path) -> QueueManager:
+    """A queue manager on the system's clock, for a monitor beside a running query."""
+    return QueueManager.create(tmp_path / "qm", "QM1")
 
 
 def _put(qm, count: int, queue: str = "Q", **fields) -> list[str]:
@@ -35,20 +54,20 @@ def _monitor(qm, **options) -> Monitor:
 
 def _active(qm, owner: str = "query-1") -> ConsumerState:
     """Hold the group's lease as a running query does (a real lease record in the state table)."""
-    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options, clock=engine(qm).clock)
     state.acquire("G", owner, LEASE)
     return state
 
 
 def _get_while_active(qm, count: int, owner: str = "query-1") -> None:
     """The group's running query consumes ``count`` messages: a get between its lease records."""
-    state = ConsumerState(qm.root, "Q", engine(qm).storage_options)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options, clock=engine(qm).clock)
     state.release("G", owner)
     assert qm.get("Q", "G", max_messages=count).num_rows == count
     state.acquire("G", owner, LEASE)
 
 
-def test_a_point_counts_which_messages_of_the_previous_backlog_still_wait(qm):
+def test_a_point_counts_which_messages_of_the_previous_backlog_still_wait(qm, clock):
     qm.define_queue("Q")
     _put(qm, 10)
     monitor = _monitor(qm, history=False, expected_count=4)
@@ -58,6 +77,7 @@ def test_a_point_counts_which_messages_of_the_previous_backlog_still_wait(qm):
     assert got["payload"].to_pylist() == [b"m0", b"m1", b"m2", b"m3"]
     # Five new messages replace the four got: the backlog grew by one, yet four were processed.
     _put(qm, 5)
+    clock.advance(2)
     second = monitor.point()
     judgement = second.judgement
     assert (judgement.backlog, judgement.still_waiting, judgement.processed, judgement.previous_backlog) == (
@@ -67,19 +87,19 @@ def test_a_point_counts_which_messages_of_the_previous_backlog_still_wait(qm):
         10,
     )
     assert (second.state.value, second.verdict.value) == ("judging", "continue")
-    assert second.rate_per_s == pytest.approx(4 / (second.at - first.at).total_seconds())
+    assert (second.at - first.at, second.rate_per_s) == (timedelta(seconds=2), 2.0)
 
 
 @pytest.mark.parametrize("consumer", ["G", "H", "NEVER.READ"])
-def test_a_points_backlog_and_depth_are_what_depth_counts_with_several_groups(qm, consumer):
+def test_a_points_backlog_and_depth_are_what_depth_counts_with_several_groups(qm, clock, consumer):
     qm.define_queue("Q")
     for group in ("G", "H", "NEVER.READ"):
         qm.declare_consumer("Q", group)
     _put(qm, 6)
-    qm.put("Q", [{"payload": b"expired", "expiry": datetime.now(UTC) + timedelta(seconds=0.5)}])
+    qm.put("Q", [{"payload": b"expired", "expiry": clock.now() + timedelta(seconds=0.5)}])
     assert qm.get("Q", "G", max_messages=4).num_rows == 4
     assert qm.get("Q", "H", max_messages=2).num_rows == 2
-    time.sleep(0.6)
+    clock.advance(0.6)
     point = Monitor(qm, "Q", consumer, watch_interval=1, watch_count=1, expected_count=1, history=False).point()
     assert (point.backlog, point.depth) == (qm.depth("Q", consumer), qm.depth("Q"))
     # NEVER.READ, declared and never read, still waits for all six: so does CURDEPTH.
@@ -150,7 +170,7 @@ def test_stall_when_an_active_group_processes_nothing_and_ok_once_it_does(qm):
     assert (point.status, point.judgement.processed) == (GroupStatus.OK, 2)
 
 
-def test_group_health_measures_now_and_takes_warning_and_stall_from_the_monitors_newest_point(qm):
+def test_group_health_measures_now_and_takes_warning_and_stall_from_the_monitors_newest_point(qm, clock):
     qm.define_queue("Q")
     qm.declare_consumer("Q", "G")
     _put(qm, 3)
@@ -167,6 +187,8 @@ def test_group_health_measures_now_and_takes_warning_and_stall_from_the_monitors
     assert (group_health(qm, "Q", "G").status, group_health(qm, "Q", "G").status_at) == (None, None)
     monitor = _monitor(qm)
     monitor.point()
+    # A watch interval on: points at one moment have no rate.
+    clock.advance(1)
     stalled = monitor.point()
     assert stalled.status is GroupStatus.STALL
     health = group_health(qm, "Q", "G")
@@ -237,22 +259,26 @@ def test_warning_when_the_backlog_grows_across_the_window(qm):
     assert monitor.point().status is GroupStatus.OK
 
 
-def test_depth_high_low_and_service_interval_events(qm):
+def test_depth_high_low_and_service_interval_events(qm, clock):
     qm.define_queue("Q", max_depth=10)
     monitor = _monitor(qm, history=False, depth_high=80, depth_low=20, service_interval=0.05)
     _put(qm, 8)
-    # The points carry their own times, so a slow machine cannot stretch the idle time between them.
-    start = datetime.now(UTC)
-    assert monitor.point(now=start).events == ("MQRC_Q_DEPTH_HIGH (2224)",)
-    assert monitor.point(now=start + timedelta(seconds=0.04)).events == ()
-    assert monitor.point(now=start + timedelta(seconds=0.1)).events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
+    # The clock moves only when told, so a slow machine cannot stretch the idle time between points.
+    assert monitor.point().events == ("MQRC_Q_DEPTH_HIGH (2224)",)
+    clock.advance(0.04)
+    assert monitor.point().events == ()
+    clock.advance(0.06)
+    assert monitor.point().events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
     qm.get("Q", "G", max_messages=6)
-    assert monitor.point(now=start + timedelta(seconds=0.2)).events == (
+    clock.advance(0.1)
+    assert monitor.point().events == (
         "MQRC_Q_DEPTH_LOW (2225)",
         "MQRC_Q_SERVICE_INTERVAL_OK (2227)",
     )
-    assert monitor.point(now=start + timedelta(seconds=0.24)).events == ()
-    assert monitor.point(now=start + timedelta(seconds=0.3)).events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
+    clock.advance(0.04)
+    assert monitor.point().events == ()
+    clock.advance(0.06)
+    assert monitor.point().events == ("MQRC_Q_SERVICE_INTERVAL_HIGH (2226)",)
 
 
 def test_failed_messages_waiting_on_the_backout_and_dead_letter_queues_are_reported(qm):
@@ -291,12 +317,14 @@ def test_an_unknown_queue_is_refused(qm):
     assert raised.value.reason == Reason.MQRC_UNKNOWN_OBJECT_NAME
 
 
-def test_every_point_is_in_the_history_table(qm, spark):
+def test_every_point_is_in_the_history_table(qm, clock, spark):
     qm.define_queue("Q")
     _put(qm, 3)
     monitor = _monitor(qm, watch_count=2, expected_count=1)
     monitor.point()
     qm.get("Q", "G", max_messages=1)
+    # A watch interval on, so that the points are ordered by their times.
+    clock.advance(1)
     monitor.point()
     history = spark.read.format("delta").load(store.monitor_location(qm.root, "Q"))
     columns = ["consumer", "backlog", "still_waiting", "processed", "state", "verdict", "judged", "status"]
@@ -311,7 +339,9 @@ def test_every_point_is_in_the_history_table(qm, spark):
     assert history.select("monitor").distinct().collect()[0][0] == monitor.id
 
 
-def test_a_slow_consumer_gets_warn_points_then_abort_stops_its_query(qm, spark, tmp_path, caplog):
+def test_a_slow_consumer_gets_warn_points_then_abort_stops_its_query(system_qm, spark, tmp_path, caplog):
+    # The query and its monitors run on the system's clock: the test polls for what they do.
+    qm = system_qm
     qm.define_queue("Q")
     _put(qm, 300)
     processed = []

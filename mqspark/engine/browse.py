@@ -10,7 +10,7 @@ when the head held too few: a browse of ten costs what its head costs, plus one 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +42,7 @@ def browse_queue(
     if limit is not None:
         check_number(limit, f"option limit must be a whole number >= 0, got {limit!r}", whole=True, at_least=0)
     definition = qm.resolve(queue)
-    moment = now or datetime.now(UTC)
+    moment = now or qm.clock.now()
     delivered, expired = qm.with_snapshot(
         definition.name,
         lambda table: browse_messages(

@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Self, TypeVar
 
 import cachetools
@@ -81,7 +81,7 @@ class Queues:
         self, root: str, catalog: Catalog, definition: QueueManagerDefinition, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         self.root = root
-        # Time as leases, locks and instances read it (see mqspark.clock).
+        # Time as leases, locks, instances, depth, browse and monitors read it (see mqspark.clock).
         self.clock = clock
         self._catalog = catalog
         self._definition = definition
@@ -447,7 +447,7 @@ class Queues:
 
     def _oldest_waiting(self, queue: str, table: DeltaTable, consumer: str | None) -> OldestWaiting:
         """:func:`oldest_waiting` on ``table``, or the answer kept from before while it holds."""
-        groups, now = self._groups(queue, consumer), datetime.now(UTC)
+        groups, now = self._groups(queue, consumer), self.clock.now()
         return kept_or_counted(
             self._kept,
             ("oldest", queue, consumer),
@@ -487,7 +487,7 @@ class Queues:
         return None if stamp is None else (table.version(), stamp)
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
-        return count_waiting(table, self._groups(queue, consumer), datetime.now(UTC), consumer)
+        return count_waiting(table, self._groups(queue, consumer), self.clock.now(), consumer)
 
     def _groups(self, queue: str, consumer: str | None) -> GroupsSnapshot:
         """The counted groups of local queue ``queue``; refused (2085) when ``consumer`` is not one."""

@@ -6,7 +6,6 @@ source queue (the depth report's failed messages).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +28,7 @@ def waiting_messages(qm: Queues, queue: str, consumer: str | None = None, column
     if consumer is not None:
         groups.require(local, consumer)
     _, live = qm.live_messages(local, columns)
-    return live.filter(pa.array(waiting(live, groups, datetime.now(UTC), consumer)))
+    return live.filter(pa.array(waiting(live, groups, qm.clock.now(), consumer)))
 
 
 def depth_by_original_queue(qm: Queues, queue: str) -> dict[str, int]:
@@ -38,6 +37,6 @@ def depth_by_original_queue(qm: Queues, queue: str) -> dict[str, int]:
     Messages without a header are not counted."""
     local = qm.resolve(queue).name
     _, live = qm.live_messages(local, ["dlq_original_queue"])
-    mask = waiting(live, qm.consumer_state(local).all_groups(), datetime.now(UTC))
+    mask = waiting(live, qm.consumer_state(local).all_groups(), qm.clock.now())
     counts = pc.value_counts(live["dlq_original_queue"].filter(pa.array(mask)).drop_null())
     return {item["values"].as_py(): item["counts"].as_py() for item in counts}

@@ -33,7 +33,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -281,10 +281,11 @@ def group_health(
     The backlog, lease and claimable age are measured now. The status: ``STOP`` when messages
     wait and no query holds the group's lease, ``OK`` when none waits; otherwise the status of the
     newest point in the monitor history (``WARNING`` and ``STALL`` need a window of points), or
-    None when no monitor recorded one. The rate is that point's rate.
+    None when no monitor recorded one. The rate is that point's rate. ``now`` defaults to the queue
+    manager's clock.
     """
     qm = queues_of(qm)
-    now = now or datetime.now(UTC)
+    now = now or qm.clock.now()
     definition = qm.resolve(queue)
     consumer = validate_name(consumer, "consumer group")
     state = qm.consumer_state(definition.name)
@@ -318,7 +319,8 @@ class Monitor:
     """The backlog monitor of ``queue`` and consumer group ``consumer`` (see the module docstring).
 
     Call :meth:`point` once per ``watch_interval`` yourself, or let :meth:`run` (the CLI) or
-    :meth:`attach` (a thread beside a running query) do it.
+    :meth:`attach` (a thread beside a running query) do it. Points and the waits between them read
+    the queue manager's clock (see :mod:`mqspark.clock`) unless a point is given ``now``.
     """
 
     def __init__(  # noqa: PLR0913 - the monitor's thresholds, public keywords as the docs show them
@@ -360,7 +362,7 @@ class Monitor:
         self.lease_timeout = lease_timeout
         self.id = f"monitor:{uuid.uuid4().hex[:12]}"
         self.history = store.monitor_location(qm.root, self.queue) if history else None
-        self.state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        self.state = ConsumerState(qm.root, self.queue, qm.storage_options, clock=qm.clock)
         with store.answering(qm.root):
             self.state.all_groups().require(self.queue, self.consumer)
         self._waiting: pa.Table | None = None
@@ -380,7 +382,7 @@ class Monitor:
     @store.connected
     def point(self, now: datetime | None = None) -> MonitorPoint:
         """Measure, judge and record one point; an ``abort`` verdict also stops the group's query."""
-        now = now or datetime.now(UTC)
+        now = now or self.qm.clock.now()
         parked = parked_messages(self.definition, self.state, self.consumer, now)
         backlog = self.qm.group_backlog(self.queue, self.state.all_groups(), now, self.consumer, parked)
         still = None
@@ -504,7 +506,7 @@ class Monitor:
                 on_point(point)
             if point.verdict is Verdict.ABORT or (points is not None and taken >= points):
                 return point
-            if self._stopped.wait(self.watch_interval):
+            if self.qm.clock.wait(self._stopped, self.watch_interval):
                 return point
 
     def attach(self, query: StreamingQuery) -> Monitor:
@@ -520,7 +522,7 @@ class Monitor:
                 else:
                     if point.verdict is Verdict.ABORT:
                         return
-                self._stopped.wait(self.watch_interval)
+                self.qm.clock.wait(self._stopped, self.watch_interval)
 
         self._thread = threading.Thread(target=watch, name=f"mqspark-monitor-{self.queue}", daemon=True)
         self._thread.start()
