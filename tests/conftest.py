@@ -15,6 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from mqspark import QueueManager
+from mqspark.clock import ManualClock
 from mqspark.console.app import build_app
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
@@ -79,6 +80,18 @@ def spark():
 @pytest.fixture
 def qm(tmp_path) -> QueueManager:
     return QueueManager.create(tmp_path / "qm", "QM1")
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock the test moves by hand (see mqspark.clock)."""
+    return ManualClock()
+
+
+@pytest.fixture
+def clocked_qm(tmp_path, clock) -> QueueManager:
+    """A queue manager whose leases, locks, instances, monitors, depth and expiry read ``clock``."""
+    return QueueManager.create(tmp_path / "qm", "QM1", clock=clock)
 
 
 @pytest.fixture

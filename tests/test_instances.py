@@ -22,14 +22,8 @@ LEASE = timedelta(seconds=2)
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def qm(tmp_path, clock) -> QueueManager:
-    """A queue manager whose leases and instances read ``clock``, which the tests move."""
-    return QueueManager.create(tmp_path / "qm", "QM1", clock=clock)
+def qm(clocked_qm) -> QueueManager:
+    return clocked_qm
 
 
 def _lapse(clock: ManualClock) -> None:

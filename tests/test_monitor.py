@@ -12,7 +12,6 @@ import pytest
 from chispa import assert_df_equality
 
 from mqspark import MQError, MQValidationError, QueueManager, Reason, store
-from mqspark.clock import ManualClock
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.waiting import waiting_messages
 from mqspark.qmgr import engine
@@ -25,14 +24,8 @@ LEASE = timedelta(seconds=30)
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def qm(tmp_path, clock) -> QueueManager:
-    """A queue manager whose monitors, depth, leases and expiry read ``clock``, which the tests move."""
-    return QueueManager.create(tmp_path / "qm", "QM1", clock=clock)
+def qm(clocked_qm) -> QueueManager:
+    return clocked_qm
 
 
 @pytest.fixture
