@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from mqspark import store
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.engine.get import GetRequest, plan_get
 from mqspark.engine.queues import Queues
 from mqspark.errors import MQError, MQValidationError, Reason
@@ -93,7 +93,8 @@ class Connection:
 
     Its puts are exactly once: each carries this connection's producer id and the next transaction
     number, so a put in doubt is resolved on reconnect. In mode ``yes`` a call moves along the list
-    to the next queue manager that hosts its queue, except while it is in doubt.
+    to the next queue manager that hosts its queue, except while it is in doubt. Its reconnect
+    deadlines and backoff, and the queue managers it opens, read ``clock``.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class Connection:
         reconnect: str | None = None,
         reconnect_timeout: float | timedelta = DEFAULT_RECONNECT_TIMEOUT,
         storage_options: dict[str, str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         listed = [roots] if isinstance(roots, str | os.PathLike) else list(roots)
         if not listed:
@@ -111,6 +113,7 @@ class Connection:
         self.mode = reconnect_mode(reconnect)
         self.timeout = reconnect_timeout_of(reconnect_timeout)
         self.storage_options = storage_options
+        self.clock = clock
         self.producer = f"connection:{uuid.uuid4().hex}"
         self._transactions = 0
         self.qm = self._first()
@@ -119,7 +122,7 @@ class Connection:
         failures = []
         for root in self.roots:
             try:
-                return QueueManager.open(root, storage_options=self.storage_options)
+                return QueueManager.open(root, storage_options=self.storage_options, clock=self.clock)
             except Exception as error:  # noqa: BLE001 - tried the next root; all are reported below
                 failures.append(f"{root}: {_summary(error)}")
         raise MQError(
@@ -146,7 +149,9 @@ class Connection:
             try:
                 return operation(qm)
             except Exception as error:
-                broken = _broken(error, qm, self.effective_mode, self.timeout, self.storage_options, what, deadline)
+                broken = _broken(
+                    error, qm, self.effective_mode, self.timeout, self.storage_options, what, deadline, self.clock
+                )
                 deadline = broken.deadline
                 doubt = in_doubt()
                 follow = broken.mode is ReconnectMode.YES and not doubt
@@ -204,7 +209,8 @@ class Connection:
 @dataclass(frozen=True)
 class Reconnect:
     """The reconnect policy of a Spark query (sink or streaming get), fixed on the driver when it
-    starts and shipped to its tasks: one queue manager, one root, never another queue manager."""
+    starts and shipped to its tasks: one queue manager, one root, never another queue manager. Its
+    waits read the system's clock, which every task has (a test's clock stays in the test)."""
 
     root: str
     name: str
@@ -225,7 +231,7 @@ class Reconnect:
         again for each micro-batch, and a root that vanished mid-stream (a disk unmounted) looks the
         same as one that never held a queue manager."""
         location = store.normalize_root(root)
-        deadline = time.monotonic() + timeout.total_seconds()
+        deadline = SYSTEM_CLOCK.monotonic() + timeout.total_seconds()
         while True:
             try:
                 qm = Queues.open(location)
@@ -241,13 +247,13 @@ class Reconnect:
                         f"reconnect is {asked or 'the default'}",
                         Reason.MQRC_CONNECTION_BROKEN,
                     ) from error
-                if time.monotonic() >= deadline:
+                if SYSTEM_CLOCK.monotonic() >= deadline:
                     raise MQError(
                         f"{what}: the queue manager at {location} did not answer within the reconnect timeout "
                         f"of {timeout.total_seconds():g} s ({_summary(error)})",
                         Reason.MQRC_RECONNECT_FAILED,
                     ) from error
-                time.sleep(_FIRST_DELAY)
+                SYSTEM_CLOCK.sleep(_FIRST_DELAY)
 
     def call(self, operation: Callable[[], _Result], what: str) -> _Result:
         """``operation()``, retried as the mode says while the root cannot be reached."""
@@ -256,7 +262,9 @@ class Reconnect:
             try:
                 return operation()
             except Exception as error:
-                broken = _broken(error, self, self.mode, self.timeout, self.storage_options, what, deadline)
+                broken = _broken(
+                    error, self, self.mode, self.timeout, self.storage_options, what, deadline, SYSTEM_CLOCK
+                )
                 deadline = broken.deadline
                 _wait_for([self.root], broken)
 
@@ -275,7 +283,8 @@ class _Break:
     """A connection broken under a call, as the call reconnects: ``what`` names the call in messages,
     ``lost`` is the queue manager it had (its root, name and qmid) and ``error`` what broke it;
     ``mode`` is the reconnect mode in force, ``timeout`` the reconnect timeout and ``deadline`` its
-    end (``time.monotonic()``, set at the call's first break); roots open with ``storage_options``."""
+    end (on ``clock.monotonic()``, set at the call's first break); roots open with ``storage_options``
+    and ``clock``, which times the backoff too."""
 
     what: str
     lost: QueueManager | Reconnect
@@ -284,6 +293,7 @@ class _Break:
     timeout: timedelta
     deadline: float
     storage_options: store.StorageOptions
+    clock: Clock
 
 
 def _broken(
@@ -294,9 +304,11 @@ def _broken(
     storage_options: store.StorageOptions,
     what: str,
     deadline: float | None,
+    clock: Clock,
 ) -> _Break:
     """Raise ``error`` unless it broke the connection to ``lost``; raise 2009 when the mode does not
-    reconnect; else the break, its deadline the call's earlier one (None: set now, at its first)."""
+    reconnect; else the break, its deadline the call's earlier one (None: set now on ``clock``, at
+    its first)."""
     root, name = lost.root, lost.name
     if not store.broken(error, root, storage_options):
         raise error
@@ -307,8 +319,8 @@ def _broken(
             Reason.MQRC_CONNECTION_BROKEN,
         ) from error
     _log.warning("%s: queue manager %s at %s cannot be reached (%s); reconnecting", what, name, root, _summary(error))
-    deadline = deadline if deadline is not None else time.monotonic() + timeout.total_seconds()
-    return _Break(what, lost, error, mode, timeout, deadline, storage_options)
+    deadline = deadline if deadline is not None else clock.monotonic() + timeout.total_seconds()
+    return _Break(what, lost, error, mode, timeout, deadline, storage_options, clock)
 
 
 def _wait_for(
@@ -317,13 +329,13 @@ def _wait_for(
     """Wait, with backoff, for a queue manager at the roots of ``order`` that the mode accepts: the
     lost one (same qmid), or with ``follow`` any that hosts ``queue``. ``in_doubt``: the call is in
     doubt, which the error at the timeout says."""
-    what, lost, error, mode = broken.what, broken.lost, broken.error, broken.mode
+    what, lost, error, mode, clock = broken.what, broken.lost, broken.error, broken.mode, broken.clock
     delay = _FIRST_DELAY
     others: list[str] = []
     while True:
         for root in order:
             try:
-                found = QueueManager.open(root, storage_options=broken.storage_options)
+                found = QueueManager.open(root, storage_options=broken.storage_options, clock=clock)
                 if found.qmid != lost.qmid:
                     if not follow and mode is ReconnectMode.YES and len(order) == 1:
                         raise MQError(
@@ -344,7 +356,7 @@ def _wait_for(
                 continue
             _log.warning("%s: reconnected to queue manager %s at %s", what, found.name, root)
             return found
-        if time.monotonic() + delay > broken.deadline:
+        if clock.monotonic() + delay > broken.deadline:
             waited = broken.timeout.total_seconds()
             if others and mode is ReconnectMode.QMGR:
                 raise MQError(
@@ -358,7 +370,7 @@ def _wait_for(
                 f"of {waited:g} s (lost {lost.name} at {lost.root}: {_summary(error)}).{doubt}",
                 Reason.MQRC_RECONNECT_FAILED,
             ) from error
-        time.sleep(delay)
+        clock.sleep(delay)
         delay = min(delay * 2, _MAX_DELAY)
 
 
@@ -368,9 +380,18 @@ def connect(
     reconnect: str | None = None,
     reconnect_timeout: float | timedelta = DEFAULT_RECONNECT_TIMEOUT,
     storage_options: dict[str, str] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Connection:
-    """Connect to the first queue manager of ``roots`` that answers (MQCONNX with a connection list)."""
-    return Connection(roots, reconnect=reconnect, reconnect_timeout=reconnect_timeout, storage_options=storage_options)
+    """Connect to the first queue manager of ``roots`` that answers (MQCONNX with a connection list).
+    ``clock`` is the time its reconnect deadlines and backoff and its queue managers read (see
+    :mod:`mqspark.clock`)."""
+    return Connection(
+        roots,
+        reconnect=reconnect,
+        reconnect_timeout=reconnect_timeout,
+        storage_options=storage_options,
+        clock=clock,
+    )
 
 
 def _summary(error: BaseException) -> str:
