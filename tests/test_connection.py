@@ -1,11 +1,11 @@
 """Client reconnection of the Python API against real outages: the queue manager root is moved away
-(its path then holds nothing, as when a mount is gone) and put back a few seconds later."""
+(its path then holds a file, as when a mount is gone) and put back once the connection's clock has
+moved a few seconds, or at the end of the test's block. That clock is a ManualClock, which the
+connection's own backoff moves, so no test waits in real time."""
 
 from __future__ import annotations
 
 import os
-import threading
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,7 +16,7 @@ from mqspark import MQError, MQValidationError, QueueManager, Reason, store
 from mqspark.qmgr import engine
 from mqspark.reconnect import Connection
 
-from .support.outages import break_root_for, outage
+from .support.outages import break_root_on, clocked_outage, outage
 
 OUTAGE = 1.5
 
@@ -31,14 +31,14 @@ def q(qm) -> QueueManager:
     return qm
 
 
-def test_mode_no_fails_at_once_with_connection_broken_and_writes_nothing(q):
-    connection = mqspark.connect(q.root, reconnect="no")
+def test_mode_no_fails_at_once_with_connection_broken_and_writes_nothing(q, clock):
+    connection = mqspark.connect(q.root, reconnect="no", clock=clock)
     connection.put("Q", [{"payload": b"before"}])
-    started = time.monotonic()
-    with outage(q.root, OUTAGE):
+    started = clock.monotonic()
+    with clocked_outage(clock, q.root, OUTAGE):
         with pytest.raises(MQError) as caught:
             connection.put("Q", [{"payload": b"lost"}])
-        assert time.monotonic() - started < OUTAGE
+        assert clock.monotonic() - started < OUTAGE
     assert caught.value.reason is Reason.MQRC_CONNECTION_BROKEN
     assert str(caught.value).startswith(
         f"MQRC_CONNECTION_BROKEN (2009): put to queue Q: queue manager QM1 at {q.root} cannot be reached ("
@@ -54,23 +54,23 @@ def test_default_mode_is_the_queue_managers_default_reconnect(q):
     assert Connection(q.root, reconnect="qmgr").effective_mode == "qmgr"
 
 
-def test_mode_yes_retries_through_the_outage(q):
-    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30)
-    started = time.monotonic()
-    with outage(q.root, OUTAGE):
+def test_mode_yes_retries_through_the_outage(q, clock):
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30, clock=clock)
+    started = clock.monotonic()
+    with clocked_outage(clock, q.root, OUTAGE):
         ids = connection.put("Q", [{"payload": b"a"}, {"payload": b"b"}])
+        assert clock.monotonic() - started >= OUTAGE
         assert connection.depth("Q") == 2
-    assert time.monotonic() - started >= OUTAGE
     assert q.browse("Q")["msg_id"].to_pylist() == ids
     assert payloads(q) == [b"a", b"b"]
     assert connection.get("Q", max_messages=2)["payload"].to_pylist() == [b"a", b"b"]
 
 
-def test_mode_yes_moves_along_the_connection_list_to_a_queue_manager_hosting_the_queue(q, tmp_path):
+def test_mode_yes_moves_along_the_connection_list_to_a_queue_manager_hosting_the_queue(q, tmp_path, clock):
     without = QueueManager.create(tmp_path / "qm2", "QM2")
     other = QueueManager.create(tmp_path / "qm3", "QM3")
     other.define_queue("Q")
-    connection = mqspark.connect([q.root, without.root, other.root], reconnect="yes", reconnect_timeout=30)
+    connection = mqspark.connect([q.root, without.root, other.root], reconnect="yes", reconnect_timeout=30, clock=clock)
     assert connection.qm.name == "QM1"
     with outage(q.root, None):
         connection.put("Q", [{"payload": b"moved"}])
@@ -79,19 +79,21 @@ def test_mode_yes_moves_along_the_connection_list_to_a_queue_manager_hosting_the
     assert payloads(q) == []
 
 
-def test_mode_qmgr_comes_back_only_to_the_same_queue_manager(q, tmp_path):
+def test_mode_qmgr_comes_back_only_to_the_same_queue_manager(q, tmp_path, clock):
     other = QueueManager.create(tmp_path / "qm2", "QM2")
     other.define_queue("Q")
-    connection = mqspark.connect([q.root, other.root], reconnect="qmgr", reconnect_timeout=30)
-    with outage(q.root, OUTAGE):
+    connection = mqspark.connect([q.root, other.root], reconnect="qmgr", reconnect_timeout=30, clock=clock)
+    started = clock.monotonic()
+    with clocked_outage(clock, q.root, OUTAGE):
         connection.put("Q", [{"payload": b"back home"}])
+        assert clock.monotonic() - started >= OUTAGE
     assert connection.qm.qmid == q.qmid
     assert payloads(q) == [b"back home"]
     assert payloads(other) == []
 
 
-def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmid_mismatch(q, tmp_path):
-    connection = mqspark.connect(q.root, reconnect="qmgr", reconnect_timeout=2)
+def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmid_mismatch(q, clock):
+    connection = mqspark.connect(q.root, reconnect="qmgr", reconnect_timeout=2, clock=clock)
     created: list[QueueManager] = []
 
     def create_again() -> None:
@@ -101,11 +103,9 @@ def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmi
 
     with outage(q.root, None):
         # While the client waits, another queue manager of the same name appears at the root.
-        timer = threading.Timer(0.3, create_again)
-        timer.start()
+        clock.after(0.3, create_again)
         with pytest.raises(MQError) as caught:
             connection.put("Q", [{"payload": b"x"}])
-        timer.join()
         store.remove_tree(q.root)
         open(q.root, "w").close()
     assert created[0].qmid != q.qmid
@@ -117,19 +117,19 @@ def test_mode_qmgr_refuses_a_new_queue_manager_created_at_the_same_root_with_qmi
     assert payloads(q) == []
 
 
-def test_disabled_on_the_queue_manager_overrides_the_clients_mode(q):
+def test_disabled_on_the_queue_manager_overrides_the_clients_mode(q, clock):
     q.alter_qmgr(default_reconnect="disabled")
-    connection = mqspark.connect(q.root, reconnect="yes")
+    connection = mqspark.connect(q.root, reconnect="yes", clock=clock)
     assert connection.effective_mode == "disabled"
-    with outage(q.root, OUTAGE):
+    with clocked_outage(clock, q.root, OUTAGE):
         with pytest.raises(MQError) as caught:
             connection.depth("Q")
     assert caught.value.reason is Reason.MQRC_CONNECTION_BROKEN
     assert str(caught.value).endswith("; reconnection is disabled on the queue manager")
 
 
-def test_reconnect_timeout_ends_with_reconnect_failed(q):
-    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=0.5)
+def test_reconnect_timeout_ends_with_reconnect_failed(q, clock):
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=0.5, clock=clock)
     with outage(q.root, None):
         with pytest.raises(MQError) as caught:
             connection.put("Q", [{"payload": b"x"}])
@@ -141,10 +141,12 @@ def test_reconnect_timeout_ends_with_reconnect_failed(q):
     assert payloads(q) == []
 
 
-def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=lambda table, files: True) -> list[str]:
+def _break_at_commit(
+    monkeypatch, clock, root: str, table: str, landed: bool, wanted=lambda table, files: True
+) -> list[str]:
     """The root goes away at the first commit to a ``table`` (``queues`` or ``state``) table that
-    ``wanted`` picks: just before it (so it does not land), or just after it (it landed, but the
-    client's next read fails)."""
+    ``wanted`` picks, for OUTAGE seconds of ``clock``: just before it (so it does not land), or just
+    after it (it landed, but the client's next read fails)."""
     real = store.commit_files
     broke: list[str] = []
 
@@ -153,10 +155,10 @@ def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=la
             return real(delta_table, files, *args, **kwargs)
         broke.append(delta_table.table_uri)
         if not landed:
-            break_root_for(root, OUTAGE)
+            break_root_on(clock, root, OUTAGE)
             return real(delta_table, files, *args, **kwargs)
         real(delta_table, files, *args, **kwargs)
-        break_root_for(root, OUTAGE)
+        break_root_on(clock, root, OUTAGE)
         # What the client does next after a commit fails: the answer never reaches it.
         return DeltaTable(delta_table.table_uri).version()
 
@@ -165,11 +167,12 @@ def _break_at_commit(monkeypatch, root: str, table: str, landed: bool, wanted=la
 
 
 @pytest.mark.parametrize("landed", [True, False], ids=["commit-landed", "commit-lost"])
-def test_a_put_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, landed):
-    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30)
-    broke = _break_at_commit(monkeypatch, q.root, "queues", landed)
+def test_a_put_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, clock, landed):
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30, clock=clock)
+    broke = _break_at_commit(monkeypatch, clock, q.root, "queues", landed)
     ids = connection.put("Q", [{"payload": b"once"}, {"payload": b"only once"}])
     assert broke
+    assert clock.monotonic() >= OUTAGE
     assert q.browse("Q")["msg_id"].to_pylist() == ids
     assert payloads(q) == [b"once", b"only once"]
     assert engine(q).committed_transaction("Q", connection.producer) == 1
@@ -181,12 +184,13 @@ def _consumption(table, files) -> bool:
 
 
 @pytest.mark.parametrize("landed", [True, False], ids=["commit-landed", "commit-lost"])
-def test_a_get_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, landed):
+def test_a_get_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, clock, landed):
     q.put("Q", [{"payload": b"1"}, {"payload": b"2"}, {"payload": b"3"}])
-    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30)
-    broke = _break_at_commit(monkeypatch, q.root, "state", landed, _consumption)
+    connection = mqspark.connect(q.root, reconnect="yes", reconnect_timeout=30, clock=clock)
+    broke = _break_at_commit(monkeypatch, clock, q.root, "state", landed, _consumption)
     first = connection.get("Q", max_messages=2)
     assert broke
+    assert clock.monotonic() >= OUTAGE
     assert first["payload"].to_pylist() == [b"1", b"2"]
     assert connection.get("Q", max_messages=5)["payload"].to_pylist() == [b"3"]
     assert first["backout_count"].to_pylist() == [0, 0]
