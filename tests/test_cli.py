@@ -1,8 +1,9 @@
-"""End-to-end tests of the ``mqspark`` command: real subprocesses on real Delta tables, no Spark.
+"""End-to-end tests of the ``mqspark`` command on real Delta tables, no Spark.
 
-Every invocation costs about half a second (the interpreter imports pyarrow and deltalake), so each
-test shares one queue manager across its steps, and state that is not under test is set up or checked
-in-process with :class:`mqspark.QueueManager`.
+Commands run in this process (:func:`.support.cli.mqspark`: ``main()`` with stdin, stdout and
+stderr of its own), except where the process is what is tested: a reader that goes away. Each test
+shares one queue manager across its steps, and state that is not under test is set up or checked
+with :class:`mqspark.QueueManager`.
 """
 
 from __future__ import annotations
@@ -19,25 +20,13 @@ import pytest
 from mqspark import MQError, QueueManager, Reason
 from mqspark.qmgr import engine
 
+from .support.cli import mqspark
 from .support.samples import dead_letters
 
 REPO_CONF = Path(__file__).parents[1] / "examples" / "queue-manager.toml"
 DLQ = "SYSTEM.DEAD.LETTER.QUEUE"
 MSG_ID = re.compile(r"[0-9a-f]{32}")
 PUT_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?\+00:00")
-
-
-def mqspark(root: str | Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m mqspark.cli --root ROOT ARGS...``; stdin is ``input`` or empty."""
-    return subprocess.run(
-        [sys.executable, "-m", "mqspark.cli", "--root", str(root), *args],
-        input=input,
-        stdin=subprocess.DEVNULL if input is None else None,
-        capture_output=True,
-        text=True,
-        cwd=Path(root).parent,
-        timeout=120,
-    )
 
 
 def ok(root: str | Path, *args: str, input: str | None = None) -> str:

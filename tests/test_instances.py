@@ -16,7 +16,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.qmgr import engine
 from mqspark.services.instances import STANDBY_POLL, Instance, instances
 
-from .test_cli import mqspark
+from .support.cli import mqspark
 
 LEASE = timedelta(seconds=2)
 

@@ -30,8 +30,8 @@ from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.services.instances import Instance
 
 from .support import reference_model
+from .support.cli import mqspark_process
 from .support.processes import PATIENCE, kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
-from .test_cli import mqspark
 from .test_get_failures import OUTPUT, _fill
 
 # Every test runs instances that are Spark drivers of their own (mqspark.session()).
@@ -308,7 +308,7 @@ def test_switchover_hands_over_at_a_batch_boundary_with_nothing_redelivered(spar
     try:
         active_token, active, _, standby = instances.start_active_and_standby()
         instances.wait_for_deliveries(active, 2)
-        requested = mqspark(qm.root, "--json", "instance", "switchover", "Q", "--consumer", "ha")
+        requested = mqspark_process(qm.root, "--json", "instance", "switchover", "Q", "--consumer", "ha")
         assert (requested.returncode, json.loads(requested.stdout)) == (
             0,
             {"queue": "Q", "consumer": "ha", "switchover": "requested"},

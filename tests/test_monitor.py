@@ -18,7 +18,7 @@ from mqspark.qmgr import engine
 from mqspark.services.backlog_judge import Verdict
 from mqspark.services.monitor import GroupStatus, Monitor, group_health
 
-from .test_cli import mqspark
+from .support.cli import mqspark
 
 LEASE = timedelta(seconds=30)
 
