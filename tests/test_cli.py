@@ -1,9 +1,9 @@
 """End-to-end tests of the ``mqspark`` command on real Delta tables, no Spark.
 
 Commands run in this process (:func:`.support.cli.mqspark`: ``main()`` with stdin, stdout and
-stderr of its own), except where the process is what is tested: a reader that goes away. Each test
-shares one queue manager across its steps, and state that is not under test is set up or checked
-with :class:`mqspark.QueueManager`.
+stderr of its own), except where the process is what is tested: the command as a shell runs it,
+and a reader that goes away. Each test shares one queue manager across its steps, and state that
+is not under test is set up or checked with :class:`mqspark.QueueManager`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from mqspark import MQError, QueueManager, Reason
 from mqspark.qmgr import engine
 
-from .support.cli import mqspark
+from .support.cli import mqspark, mqspark_process
 from .support.samples import dead_letters
 
 REPO_CONF = Path(__file__).parents[1] / "examples" / "queue-manager.toml"
@@ -443,6 +443,28 @@ def test_a_root_that_is_a_file_is_refused_in_the_same_line_by_every_command(tmp_
     for command in (("qmgr", "create", "QM1"), ("queue", "list"), ("apply", str(REPO_CONF)), ("console",)):
         assert fails(root, *command) == f"mqspark: error: --root {root} is a file, not a queue manager folder"
     assert root.read_text() == "not a queue manager"
+
+
+def test_the_command_as_a_process_puts_the_lines_of_stdin_and_browses_them(qm):
+    """``python -m mqspark.cli`` itself, as a shell runs it: put reads a pipe, browse prints the table.
+    (The other tests run the command's main() in this process.)"""
+    qm.define_queue("ORDERS")
+    put = mqspark_process(qm.root, "put", "ORDERS", input="first\nsecond\n")
+    first, second = qm.browse("ORDERS").to_pylist()
+    assert (put.returncode, put.stdout, put.stderr) == (
+        0,
+        f"queue: ORDERS\nmsg_ids:\n  {first['msg_id']}\n  {second['msg_id']}\n",
+        "",
+    )
+    browse = mqspark_process(qm.root, "browse", "ORDERS")
+    times = [message["put_time"].isoformat() for message in (first, second)]
+    width = max(len("put_time"), *map(len, times))
+    header = f"{'msg_id':32}  priority  group_id  msg_seq_number  offset  correl_id  {'put_time':{width}}  payload\n"
+    rows = [
+        f"{message['msg_id']}  0         {'':8}  1               0       {'':9}  {time:{width}}  {payload}\n"
+        for message, time, payload in zip((first, second), times, ("first", "second"), strict=True)
+    ]
+    assert (browse.returncode, browse.stdout, browse.stderr) == (0, header + "".join(rows), "")
 
 
 def test_a_reader_that_stops_reading_ends_the_output_without_a_traceback(qm):
