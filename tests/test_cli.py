@@ -69,7 +69,6 @@ def parse_table(text: str) -> tuple[list[str], list[dict[str, str]]]:
     return names, [{n: row[s:e].strip() for n, s, e in zip(names, starts, ends, strict=True)} for row in rows]
 
 
-@pytest.mark.slow  # one mqspark process per step, many steps
 def test_queue_manager_and_queue_administration(tmp_path):
     root = tmp_path / "qm"
     assert ok_json(root, "qmgr", "create", "QM1") == {"name": "QM1", "root": str(root), "dead_letter_queue": DLQ}
@@ -194,7 +193,6 @@ def test_queue_manager_and_queue_administration(tmp_path):
     assert [q.name for q in QueueManager.open(root).queues()] == [DLQ]
 
 
-@pytest.mark.slow  # one mqspark process per step, many steps
 def test_put_browse_and_depth(qm, tmp_path):
     root = qm.root
     qm.define_queue("ORDERS", default_priority=2)
@@ -298,7 +296,6 @@ def test_put_options_may_come_between_queue_and_payloads(qm):
     ]
 
 
-@pytest.mark.slow  # one mqspark process per step
 def test_apply_creates_then_alters_what_changed_and_refuses_a_type_change(tmp_path):
     root = tmp_path / "qm"
     first = ok_json(root, "apply", str(REPO_CONF))
@@ -436,7 +433,6 @@ def test_error_when_no_queue_manager_at_root(tmp_path):
     assert not root.exists()
 
 
-@pytest.mark.slow  # one mqspark process per command
 def test_a_root_that_is_a_file_is_refused_in_the_same_line_by_every_command(tmp_path):
     root = tmp_path / "notes.txt"
     root.write_text("not a queue manager")
@@ -521,7 +517,6 @@ def test_put_ordering_overrides(qm):
     assert [row["payload"] for row in browsed] == ["first", "a", "before-b", "b"]
 
 
-@pytest.mark.slow  # one mqspark process per step, many steps
 def test_browse_shows_the_dead_letter_header_and_depth_shows_failed_messages_beside_their_queue(qm):
     root = qm.root
     qm.define_queue("BOQ")
@@ -563,7 +558,6 @@ def test_browse_shows_the_dead_letter_header_and_depth_shows_failed_messages_bes
     assert re.fullmatch(r"Q\s+1\s+\d+\.\d\s+BOQ\s+2\s+ERRQ\s+1\s+1", table[1]) and len(table) == 2
 
 
-@pytest.mark.slow  # one mqspark process per step, many steps
 def test_get_takes_messages_for_a_consumer_group_and_reports_2033_when_none_is_left(qm):
     root = qm.root
     qm.define_queue("ORDERS")
@@ -594,7 +588,6 @@ def test_get_takes_messages_for_a_consumer_group_and_reports_2033_when_none_is_l
     )
 
 
-@pytest.mark.slow  # one mqspark process per step
 def test_get_count_takes_that_many_messages_with_the_block_consumer_and_no_more(qm):
     root = qm.root
     qm.define_queue("ORDERS")
