@@ -15,7 +15,7 @@ from mqspark.console.app import SERVING_NICE
 from mqspark.console.reader import NICE
 from mqspark.console.security import TOKEN_VARIABLE
 
-from .support.processes import free_port, nice_values, spawned_children, start_server, stop_server
+from .support.processes import PATIENCE, free_port, nice_values, spawned_children, start_server, stop_server
 
 
 def _request(url: str, method: str = "GET", token: str | None = None, body: bytes | None = None) -> tuple[int, str]:
@@ -23,7 +23,9 @@ def _request(url: str, method: str = "GET", token: str | None = None, body: byte
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        # The first answer waits for the console's reader, which runs at the lowest priority: on a
+        # machine busy with other work it has taken over 10 s.
+        with urllib.request.urlopen(request, timeout=PATIENCE) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
