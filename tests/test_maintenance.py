@@ -558,6 +558,7 @@ def test_maintenance_checkpoints_cleans_up_the_log_and_vacuums_on_the_next_run(q
     ]
     configuration = DeltaTable(store.queue_location(qm.root, "Q")).metadata().configuration
     assert {key: configuration.get(key) for key in sorted(configuration) if key.startswith("delta.")} == {
+        "delta.checkpointInterval": "20",
         "delta.deletedFileRetentionDuration": "interval 0 seconds",
         "delta.enableChangeDataFeed": "true",
         "delta.enableExpiredLogCleanup": "false",

@@ -54,6 +54,7 @@ MESSAGE_TABLE_CONFIGURATION = {
     "delta.enableChangeDataFeed": "true",
     # Log entries say which version added a file a put wrote: only maintenance may clean them up.
     "delta.enableExpiredLogCleanup": "false",
+    "delta.checkpointInterval": "20",
 }
 
 PUT_ATTEMPTS = 100
