@@ -535,6 +535,17 @@ def test_expired_messages_in_a_plan_not_yet_consumed_are_kept(qm, new_reader):
     assert _browse(qm) == []
 
 
+def test_maintenance_sets_the_checkpoint_interval_on_a_queue_table_of_an_earlier_mqspark(qm):
+    qm.define_queue("Q")
+    location = store.queue_location(qm.root, "Q")
+    # Before the interval was set at creation, a queue table had Delta's default of 100.
+    DeltaTable(location).alter.set_table_properties({"delta.checkpointInterval": "100"})
+    _put_each(qm, ["m0", "m1"])
+    qm.maintain("Q", retention=ZERO)
+    assert DeltaTable(location).metadata().configuration["delta.checkpointInterval"] == "20"
+    assert _browse(qm) == ["m0", "m1"]
+
+
 def test_maintenance_checkpoints_cleans_up_the_log_and_vacuums_on_the_next_run(qm, new_reader):
     qm.define_queue("Q")
     _put_each(qm, [f"m{i}" for i in range(6)])

@@ -295,12 +295,18 @@ def _queue_table(location: str, storage_options: store.StorageOptions) -> DeltaT
     return table
 
 
+# How often a message table's commits checkpoint (see docs/architecture.md, "checkpointInterval"):
+# set when the table is created, and by maintenance on tables of an earlier mqspark.
+CHECKPOINT_INTERVAL = "20"
+
+
 def _prepared_table(location: str, storage_options: store.StorageOptions, retention: timedelta) -> DeltaTable:
     """The queue table, its properties set for ``retention`` and for log clean-up by maintenance only."""
     table = _queue_table(location, storage_options)
     seconds = int(retention.total_seconds())
     wanted = {
         "delta.enableExpiredLogCleanup": "false",
+        "delta.checkpointInterval": CHECKPOINT_INTERVAL,
         "delta.logRetentionDuration": f"interval {seconds} seconds",
         "delta.deletedFileRetentionDuration": f"interval {seconds} seconds",
     }

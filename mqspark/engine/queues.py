@@ -41,7 +41,7 @@ from mqspark.engine.depth import (
     live_messages,
     oldest_waiting,
 )
-from mqspark.engine.maintenance import DEFAULT_RETENTION, maintain
+from mqspark.engine.maintenance import CHECKPOINT_INTERVAL, DEFAULT_RETENTION, maintain
 from mqspark.engine.put_checks import before_targets, check_against_committed, check_before_targets
 from mqspark.engine.state_reads import GroupsSnapshot
 from mqspark.errors import MQError, MQValidationError, Reason
@@ -54,7 +54,7 @@ MESSAGE_TABLE_CONFIGURATION = {
     "delta.enableChangeDataFeed": "true",
     # Log entries say which version added a file a put wrote: only maintenance may clean them up.
     "delta.enableExpiredLogCleanup": "false",
-    "delta.checkpointInterval": "20",
+    "delta.checkpointInterval": CHECKPOINT_INTERVAL,
 }
 
 PUT_ATTEMPTS = 100
