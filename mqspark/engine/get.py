@@ -51,7 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -166,7 +166,8 @@ class Claim:
     def _renew_on(self, state: ConsumerState) -> None:
         planner = self.planner
         state.append(
-            event_rows(planner.consumer, planner.owner, EventKind.RENEW, self.plan_id, self.seq), self._held(state)
+            event_rows(planner.consumer, planner.owner, EventKind.RENEW, self.plan_id, self.seq, state.clock.now()),
+            self._held(state),
         )
 
     @store.connected
@@ -295,7 +296,8 @@ def plan_get(
     is recorded consumed in its own commit: they are the caller's once it returns."""
     match = _checked(request)
     queue, consumer = request.queue, request.consumer
-    deadline = time.monotonic() + request.wait
+    clock = qm.clock
+    deadline = clock.monotonic() + request.wait
     seen = None
     due: datetime | None = None
     conflicts = 0
@@ -304,7 +306,7 @@ def plan_get(
             # Messages come with the queue's commits, and back with the state's (released, backed
             # out); a get that does not wait plans once and needs neither version.
             version = (qm.queue_version(queue), _state_version(qm, queue, consumer)) if request.wait else None
-            if seen is None or version != seen or (due is not None and datetime.now(UTC) >= due):
+            if seen is None or version != seen or (due is not None and clock.now() >= due):
                 seen = version
                 kept = _kept(qm, queue, consumer)
                 planner = Planner(
@@ -331,15 +333,16 @@ def plan_get(
                     planner.drop_unrecorded()
                     kept.keep(planner)
                     seen = None
+                    # Real time, not the clock's: it spaces out commits racing in other threads and processes.
                     time.sleep(random.uniform(0, 0.002 * min(conflicts, 10)))
                     continue
                 kept.keep(planner)
                 if planned is not None:
                     return planned
                 due = planner.due()
-        if time.monotonic() >= deadline:
+        if clock.monotonic() >= deadline:
             return None
-        time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+        clock.sleep(min(_POLL, max(0.0, deadline - clock.monotonic())))
 
 
 def _state_version(qm: Queues, queue: str, consumer: str) -> int | None:
@@ -389,7 +392,7 @@ def _claim(
         planner.with_next_commit(settling.rows)
         planner.mark_consumed(settling.plan)
     while True:
-        now = datetime.now(UTC)
+        now = state.clock.now()
         claims = state.claims(consumer, planner.lock, now)
         if settling is not None:
             claims = Claims(claims.live.filter(pc.not_equal(claims.live["plan_id"], settling.plan_id)), claims.expired)

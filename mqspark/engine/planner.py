@@ -138,8 +138,9 @@ class Planner:
         self.delivery_sequence = definition.delivery_sequence
         self.exact_lengths = exact_lengths
         self.location = store.queue_location(qm.root, self.queue)
-        if state is None or state.queue != self.queue or state.root != qm.root:
-            state = ConsumerState(qm.root, self.queue, qm.storage_options)
+        # A handle kept from another queue manager on the root may read another clock.
+        if state is None or state.queue != self.queue or state.root != qm.root or state.clock is not qm.clock:
+            state = ConsumerState(qm.root, self.queue, qm.storage_options, clock=qm.clock)
         self.state = state
         _refuse_a_lost_history(state, definition, consumer, resumes_at)
         _warn_of_a_new_group(state, consumer)
@@ -583,7 +584,8 @@ class Planner:
     def record(self, plan_id: str, seq: int, plan: pa.Table, check: Callable[[], None] | None = None) -> None:
         """Record plan ``plan_id`` as the group's plan number ``seq``, with the consumption records
         not yet recorded, in one state commit (once ``check`` passes, when given)."""
-        self.flush(plan_rows(self.consumer, self.owner, plan_id, seq, plan), check)
+        # A get's claim is locked from this record: stamped by the clock its lock is judged by.
+        self.flush(plan_rows(self.consumer, self.owner, plan_id, seq, plan, self.state.clock.now()), check)
         self.plans[plan_id] = plan
 
 

@@ -167,11 +167,16 @@ def state_rows(columns: Mapping[str, Any], count: int = 1) -> pa.Table:
 
 
 def event_rows(
-    consumer: str, owner: str, event: EventKind, plan_id: str | None = None, seq: int | None = None
+    consumer: str,
+    owner: str,
+    event: EventKind,
+    plan_id: str | None = None,
+    seq: int | None = None,
+    at: datetime | None = None,
 ) -> pa.Table:
-    """One ``event`` record of group ``consumer`` by ``owner``, made now."""
+    """One ``event`` record of group ``consumer`` by ``owner``, made ``at`` (default now)."""
     return state_rows(
-        {"consumer": consumer, "owner": owner, "event": event, "plan_id": plan_id, "seq": seq, "at": _now()}
+        {"consumer": consumer, "owner": owner, "event": event, "plan_id": plan_id, "seq": seq, "at": at or _now()}
     )
 
 
@@ -204,11 +209,11 @@ def abort_rows(consumer: str, owner: str, reason: int, error: str) -> pa.Table:
     )
 
 
-def plan_rows(consumer: str, owner: str, plan_id: str, seq: int, plan: pa.Table) -> pa.Table:
-    """The records of plan ``plan_id``, the group's plan number ``seq``: one row per range of ``plan``
-    (its ``origin``, ``row``, ``count``, ``delivery_seq`` and ``partition``)."""
+def plan_rows(consumer: str, owner: str, plan_id: str, seq: int, plan: pa.Table, at: datetime) -> pa.Table:
+    """The records of plan ``plan_id``, the group's plan number ``seq``, made ``at``: one row per
+    range of ``plan`` (its ``origin``, ``row``, ``count``, ``delivery_seq`` and ``partition``)."""
     given = {"consumer": consumer, "owner": owner, "event": EventKind.PLAN, "plan_id": plan_id, "seq": seq}
-    return state_rows({**given, "at": _now(), **{name: plan[name] for name in plan.column_names}}, plan.num_rows)
+    return state_rows({**given, "at": at, **{name: plan[name] for name in plan.column_names}}, plan.num_rows)
 
 
 def failure_rows(
