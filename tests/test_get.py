@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import textwrap
-import threading
 import time
 
 import pyarrow as pa
@@ -66,19 +65,20 @@ def test_get_matches_correl_id_msg_id_and_group_id(qm):
     assert qm.get("Q", correl_id="c1").num_rows == 0
 
 
-def test_get_waits_for_a_message_put_meanwhile_and_returns_empty_when_none_comes(qm):
+def test_get_waits_for_a_message_put_meanwhile_and_returns_empty_when_none_comes(clocked_qm, clock):
+    qm = clocked_qm
     qm.define_queue("Q")
-    began = time.monotonic()
+    # The get waits on its queue manager's clock, which its sleeps move in this thread.
+    began = clock.monotonic()
     assert qm.get("Q", wait=0.5).num_rows == 0
-    assert time.monotonic() - began >= 0.5
+    assert clock.monotonic() - began == pytest.approx(0.5)
 
-    putter = threading.Timer(0.5, lambda: qm.put("Q", [{"payload": "late", "correl_id": "r1"}]))
-    putter.start()
-    began = time.monotonic()
+    began = clock.monotonic()
+    clock.after(0.5, lambda: qm.put("Q", [{"payload": "late", "correl_id": "r1"}]))
     got = qm.get("Q", wait=20, correl_id="r1")
-    putter.join()
     assert _payloads(got) == ["late"]
-    assert time.monotonic() - began < 10
+    # Taken at the first look after the put: at most one poll (0.05 s) later.
+    assert 0.5 <= clock.monotonic() - began <= 0.55 + 1e-9
 
 
 def test_syncpoint_get_consumes_on_success_and_backs_out_when_the_block_raises(qm):

@@ -80,18 +80,19 @@ def test_a_backout_error_that_is_not_text_is_refused_naming_the_queue_and_value(
     assert _payloads(qm.get("Q")) == ["m1"]
 
 
-def test_a_lapsed_claim_is_taken_back_counted_once_and_its_late_consumption_is_refused(qm):
+def test_a_lapsed_claim_is_taken_back_counted_once_and_its_late_consumption_is_refused(clocked_qm, clock):
+    qm = clocked_qm
     qm.define_queue("Q", lock_duration=1)
     qm.put("Q", [{"payload": "m1"}])
     late = qm.claim("Q")
     renewed = qm.claim("Q", "other")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        renewed.renew()
-        got = qm.get("Q", wait=0.3)
-        if got.num_rows:
-            break
-    # The renewed claim of group "other" still holds; the lapsed one of "default" was taken back.
+    clock.advance(0.6)
+    renewed.renew()
+    began = clock.monotonic()
+    # The get waits (moving the clock) until the lock of the claim of "default" passed, 1 s after it.
+    got = qm.get("Q", wait=30)
+    assert 0.4 <= clock.monotonic() - began <= 0.45 + 1e-9
+    # The claim of group "other", renewed, still holds; the lapsed one of "default" was taken back.
     assert _payloads(got) == ["m1"]
     assert got["backout_count"].to_pylist() == [1]
     with pytest.raises(MQError, match="get from queue Q: consumer group 'default': the lock of its 1 messages passed"):
@@ -104,11 +105,15 @@ def test_a_lapsed_claim_is_taken_back_counted_once_and_its_late_consumption_is_r
     assert state.events("other", ("rollback",), ["plan_id"]).num_rows == 0
 
 
-def test_a_renewal_after_the_claim_was_taken_back_is_refused(qm):
+def test_a_renewal_after_the_claim_was_taken_back_is_refused(clocked_qm, clock):
+    qm = clocked_qm
     qm.define_queue("Q", lock_duration=1)
     qm.put("Q", [{"payload": "m1"}])
     late = qm.claim("Q")
+    began = clock.monotonic()
     assert _payloads(qm.get("Q", wait=30)) == ["m1"]
+    # Taken back at the first look once the lock passed.
+    assert 1.0 <= clock.monotonic() - began <= 1.05 + 1e-9
     with pytest.raises(MQError) as refused:
         late.renew()
     assert refused.value.reason == Reason.MQRC_BACKED_OUT
