@@ -17,6 +17,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.console import api, dead_letters, pages
 from mqspark.console.admin import routes as admin_routes
 from mqspark.console.jobs import Redrives
@@ -67,12 +68,17 @@ class _SecurityHeaders:
 
 
 def build_app(
-    roots: Sequence[str], admin: bool = False, token: str | None = None, hosts: Sequence[str] = LOCAL_HOSTS
+    roots: Sequence[str],
+    admin: bool = False,
+    token: str | None = None,
+    hosts: Sequence[str] = LOCAL_HOSTS,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Starlette:
     """The console over the queue managers at ``roots``; writes need ``admin`` and ``token``. It
     answers only requests for ``hosts``: a page of another site that points its own name at this
-    machine (DNS rebinding) is refused."""
-    reads = Reads(Managers(roots))
+    machine (DNS rebinding) is refused. ``clock`` is the time its queue managers and redrives read
+    in this process (its reader process reads the system's)."""
+    reads = Reads(Managers(roots, clock))
     security = Security(admin=admin, token=token)
     redrives = Redrives(reads.managers)
     routes = [

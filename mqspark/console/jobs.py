@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -107,11 +106,13 @@ class Redrives:
         ids = iter(redrive.msg_ids)
         try:
             qm = self.managers.get(redrive.qmgr)
+            clock = engine(qm).clock
             while chunk := list(itertools.islice(ids, redrive.rate)):
-                started = time.monotonic()
+                started = clock.monotonic()
                 redrive.moved.update(qm.redrive(redrive.queue, msg_ids=chunk))
                 redrive.done += len(chunk)
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - started)) if redrive.done < len(redrive.msg_ids) else 0)
+                if redrive.done < len(redrive.msg_ids):
+                    clock.sleep(max(0.0, 1.0 - (clock.monotonic() - started)))
             redrive.state = "done"
         except Exception as error:  # noqa: BLE001 - a redrive that fails says so, whatever failed
             redrive.state = "failed"
