@@ -6,7 +6,7 @@ shown (payloads as text, hex or base64; the dead-letter header where it applies)
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -41,7 +41,7 @@ def depths(qm: QueueManager, queue: str | None = None, now: datetime | None = No
         return from_queue[failure_queue].get(source, 0)
 
     rows = []
-    now = now or datetime.now(UTC)
+    now = now or engine(qm).clock.now()
     for name in names:
         definition = queues.get(name)
         for consumer in [None, *qm.consumers(name)]:

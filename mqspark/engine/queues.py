@@ -221,7 +221,7 @@ class Queues:
         validate_name(queue)
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
         definition = self.resolve_for_put(queue)
-        messages, msg_ids = prepare_put(definition, data, segmentation=segmentation)
+        messages, msg_ids = prepare_put(definition, data, segmentation=segmentation, now=self.clock.now())
         if not messages.num_rows:
             return msg_ids
         groups, targets = group_items(messages), before_targets(messages)

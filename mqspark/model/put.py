@@ -141,12 +141,14 @@ def prepare_put(
     data: pa.Table,
     *,
     segmentation: bool = False,
+    now: datetime | None = None,
 ) -> PreparedPut:
     """Validate a producer's messages for ``queue`` and return rows in :data:`MESSAGE_SCHEMA`.
 
     Fills defaults (msg_id, priority from the queue, put_time), checks every field and the group rules
     inside this put, and splits payloads longer than the queue's max message length into segments when
-    ``segmentation`` is allowed. Raises :class:`MQValidationError` naming the queue, field and value.
+    ``segmentation`` is allowed. ``now`` is the put time (default: the system's). Raises
+    :class:`MQValidationError` naming the queue, field and value.
     """
     name = queue.name
     unknown = sorted(set(data.column_names) - set(PRODUCER_FIELDS))
@@ -188,7 +190,7 @@ def prepare_put(
     table = segment_payloads(queue, table, segmentation)
     check_groups(name, table)
 
-    stamp = datetime.now(UTC)
+    stamp = now or datetime.now(UTC)
     table = table.append_column("put_time", pa.repeat(pa.scalar(stamp, TIMESTAMP), table.num_rows))
     table = table.append_column("put_seq", pa.array(np.arange(table.num_rows, dtype=np.int64)))
     for field_name in STAMPED_NULL_FIELDS:
