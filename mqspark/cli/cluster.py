@@ -128,12 +128,12 @@ def _open(args: argparse.Namespace) -> Cluster:
     """The cluster named by ``--cluster-root``, or by ``--cluster`` through the ``--root`` queue manager."""
     if args.cluster_root is not None:
         return Cluster.open(args.cluster_root)
-    return Cluster.open(open_engine(args.root).cluster_repository(args.cluster))
+    return Cluster.open(open_engine(args.root, args.clock).cluster_repository(args.cluster))
 
 
 def _member(args: argparse.Namespace) -> str:
     """The member acted on: ``--qmgr``, or the ``--root`` queue manager."""
-    return args.qmgr or open_engine(args.root).name
+    return args.qmgr or open_engine(args.root, args.clock).name
 
 
 def _rows(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -157,12 +157,12 @@ def _maintain(args: argparse.Namespace) -> dict[str, Any]:
 
 def _join(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _open(args)
-    return dataclasses.asdict(cluster.join(open_engine(args.root), network_priority=args.network_priority))
+    return dataclasses.asdict(cluster.join(open_engine(args.root, args.clock), network_priority=args.network_priority))
 
 
 def _advertise(args: argparse.Namespace) -> dict[str, Any]:
     cluster = _open(args)
-    return dataclasses.asdict(cluster.advertise(open_engine(args.root), args.queue))
+    return dataclasses.asdict(cluster.advertise(open_engine(args.root, args.clock), args.queue))
 
 
 def _leave(args: argparse.Namespace) -> dict[str, Any]:

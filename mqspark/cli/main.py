@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from mqspark.cli import cluster, console, messages, monitor, queues, services
 from mqspark.cli.parser import AddCommand, build_parser
 from mqspark.cli.render import render
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.errors import MQError
 
 # Printed on stderr when Ctrl-C ends a command, which then exits like a shell's command killed by
@@ -45,9 +46,9 @@ COMMANDS: tuple[AddCommand, ...] = (
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one ``mqspark`` command; the exit code: 0, 1 on an error, 2 on the monitor's abort verdict
-    (usage errors exit with 2 from argparse)."""
+def main(argv: Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK) -> int:
+    """Run one ``mqspark`` command on queue managers reading ``clock``; the exit code: 0, 1 on an
+    error, 2 on the monitor's abort verdict (usage errors exit with 2 from argparse)."""
     parser = build_parser(COMMANDS)
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after submit is spark-submit's, options included.
@@ -56,19 +57,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv[:at])
         if args.command == "submit":
             args.arguments = argv[at:]
-            return _run(args)
+            return _run(args, clock)
     # Payloads may follow put's options (put Q --priority 9 "rush"); argparse leaves those over.
     args, extras = parser.parse_known_args(argv)
     if extras:
         if args.command != "put" or any(extra.startswith("-") for extra in extras):
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         args.payloads = [*args.payloads, *extras]
-    return _run(args)
+    return _run(args, clock)
 
 
-def _run(args: argparse.Namespace) -> int:
-    """Run the parsed command; its exit code (see :func:`main`). mqspark's warnings (a new consumer
-    group, the monitor's verdicts) go to stderr as ``mqspark: warning: ...`` lines while it runs."""
+def _run(args: argparse.Namespace, clock: Clock) -> int:
+    """Run the parsed command, its queue managers on ``clock``; its exit code (see :func:`main`).
+    mqspark's warnings (a new consumer group, the monitor's verdicts) go to stderr as
+    ``mqspark: warning: ...`` lines while it runs."""
+    args.clock = clock
     warnings = logging.StreamHandler(sys.stderr)
     warnings.setLevel(logging.WARNING)
     warnings.setFormatter(logging.Formatter("mqspark: warning: %(message)s"))

@@ -57,7 +57,7 @@ def add_put(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _put(args: argparse.Namespace) -> dict[str, Any]:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     payloads = _payloads(args)
     common = {
         "priority": args.priority,
@@ -113,7 +113,7 @@ def add_browse(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _browse(args: argparse.Namespace) -> pa.Table:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     options = DeliveryOptions(
         args.order,
         args.all_messages_available,
@@ -153,7 +153,7 @@ def add_get(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _get(args: argparse.Namespace) -> pa.Table:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     if args.count is not None:
         table = _get_count(qm, args)
     else:
@@ -231,7 +231,7 @@ def add_maintain(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _maintain(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     names = [args.queue] if args.queue else [q.name for q in qm.queues() if q.type == "local"]
     return [qm.maintain(name, retention=args.retention).as_dict() for name in names]
 
@@ -246,7 +246,7 @@ def add_purge(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _purge(args: argparse.Namespace) -> dict[str, Any]:
-    return {"queue": args.queue, "purged": open_root(args.root).purge(args.queue)}
+    return {"queue": args.queue, "purged": open_root(args.root, args.clock).purge(args.queue)}
 
 
 def add_redrive(commands: Commands, output: argparse.ArgumentParser) -> None:
@@ -270,6 +270,6 @@ def add_redrive(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _redrive(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     moved = qm.redrive(args.queue, msg_ids=args.msg_ids, correl_ids=args.correl_ids, reasons=args.reasons)
     return [{"queue": args.queue, "to": target, "messages": count} for target, count in moved.items()]

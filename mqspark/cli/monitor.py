@@ -60,7 +60,7 @@ def _monitor(args: argparse.Namespace) -> None:
     """A point every ``--watch-interval`` seconds, printed as it is taken; :class:`Aborted` on an
     abort verdict."""
     monitor = Monitor(
-        open_engine(args.root),
+        open_engine(args.root, args.clock),
         args.queue,
         args.consumer,
         watch_interval=args.watch_interval,

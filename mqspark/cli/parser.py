@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any, TypeAlias, cast
 
 from mqspark import store
+from mqspark.clock import Clock
 from mqspark.engine.queues import Queues
 from mqspark.errors import MQValidationError
 from mqspark.model.definitions import (
@@ -107,14 +108,14 @@ def checked_root(root: str) -> str:
     return root
 
 
-def open_root(root: str) -> QueueManager:
-    """The queue manager at ``--root``."""
-    return QueueManager.open(checked_root(root))
+def open_root(root: str, clock: Clock) -> QueueManager:
+    """The queue manager at ``--root``, reading ``clock``."""
+    return QueueManager.open(checked_root(root), clock=clock)
 
 
-def open_engine(root: str) -> Queues:
-    """The engine of the queue manager at ``--root``, for what the facade does not show."""
-    return Queues.open(checked_root(root))
+def open_engine(root: str, clock: Clock) -> Queues:
+    """The engine of the queue manager at ``--root``, reading ``clock``, for what the facade does not show."""
+    return Queues.open(checked_root(root), clock=clock)
 
 
 def boolean(text: str) -> bool:

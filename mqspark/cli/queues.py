@@ -41,11 +41,11 @@ def _create_qmgr(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _show_qmgr(args: argparse.Namespace) -> dict[str, Any]:
-    return _qmgr_attributes(open_root(args.root))
+    return _qmgr_attributes(open_root(args.root, args.clock))
 
 
 def _alter_qmgr(args: argparse.Namespace) -> dict[str, Any]:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     given = {"description": args.description, "default_reconnect": args.default_reconnect}
     qm.alter_qmgr(**{name: value for name, value in given.items() if value is not None})
     return _qmgr_attributes(qm)
@@ -90,28 +90,28 @@ def _attributes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _define_queue(args: argparse.Namespace) -> dict[str, Any]:
-    return open_root(args.root).define_queue(args.name, **_attributes(args)).attributes()
+    return open_root(args.root, args.clock).define_queue(args.name, **_attributes(args)).attributes()
 
 
 def _alter_queue(args: argparse.Namespace) -> dict[str, Any]:
-    return open_root(args.root).alter_queue(args.name, **_attributes(args)).attributes()
+    return open_root(args.root, args.clock).alter_queue(args.name, **_attributes(args)).attributes()
 
 
 def _show_queue(args: argparse.Namespace) -> dict[str, Any]:
-    shown = open_root(args.root).inquire_queue(args.name)
+    shown = open_root(args.root, args.clock).inquire_queue(args.name)
     # A cluster queue defined elsewhere shows its advertised attributes only.
     return shown.attributes() if isinstance(shown, QueueDefinition) else dataclasses.asdict(shown)
 
 
 def _list_queues(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     return [
         {"name": q.name, "type": q.type, "depth": qm.depth(q.name), "description": q.description} for q in qm.queues()
     ]
 
 
 def _delete_queue(args: argparse.Namespace) -> dict[str, Any]:
-    open_root(args.root).delete_queue(args.name, purge=args.purge)
+    open_root(args.root, args.clock).delete_queue(args.name, purge=args.purge)
     return {"deleted": args.name}
 
 
@@ -134,19 +134,19 @@ def add_consumer(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _declare_consumer(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     qm.declare_consumer(args.queue, args.group)
     return _consumers(qm, args.queue)
 
 
 def _delete_consumer(args: argparse.Namespace) -> list[dict[str, Any]]:
-    qm = open_root(args.root)
+    qm = open_root(args.root, args.clock)
     qm.delete_consumer(args.queue, args.group)
     return _consumers(qm, args.queue)
 
 
 def _list_consumers(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return _consumers(open_root(args.root), args.queue)
+    return _consumers(open_root(args.root, args.clock), args.queue)
 
 
 def _consumers(qm: QueueManager, queue: str) -> list[dict[str, Any]]:
@@ -165,7 +165,7 @@ def add_depth(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 
 def _depth(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = depths(open_root(args.root), args.queue)
+    rows = depths(open_root(args.root, args.clock), args.queue)
     if args.json:
         return rows
     hidden: set[str] = set()

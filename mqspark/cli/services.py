@@ -90,9 +90,10 @@ def add_instance(commands: Commands, output: argparse.ArgumentParser) -> None:
 
 def _list_instances(args: argparse.Namespace) -> list[dict[str, Any]]:
     timeout = timedelta(seconds=args.lease_timeout)
-    return [info.as_dict() for info in instances(open_engine(args.root), args.queue, args.consumer, timeout)]
+    queues = open_engine(args.root, args.clock)
+    return [info.as_dict() for info in instances(queues, args.queue, args.consumer, timeout)]
 
 
 def _switchover(args: argparse.Namespace) -> dict[str, Any]:
-    switchover(open_engine(args.root), args.queue, args.consumer)
+    switchover(open_engine(args.root, args.clock), args.queue, args.consumer)
     return {"queue": args.queue, "consumer": args.consumer, "switchover": "requested"}
