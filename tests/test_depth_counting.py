@@ -236,8 +236,8 @@ def test_a_groups_backlog_counted_from_ranges_is_what_listing_finds(qm, monkeypa
 def test_a_queues_backlog_asked_again_is_counted_again_only_after_a_commit_or_an_expiry(tmp_path, monkeypatch):
     """Pollers ask a queue's depth and oldest put time again and again: the answer is kept while the
     table version, the groups' records and every expiry stay as they were, and counted again once
-    an expiry is reached (no commit), after a get, a group declared and a put. The queue manager's
-    depth reads see a clock the test moves; the put and the get see the real one."""
+    an expiry is reached (no commit), after a get, a group declared and a put. The queue manager
+    reads a clock the test moves."""
     from mqspark.engine import queues
 
     clock = ManualClock()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from chispa import assert_df_equality
@@ -117,20 +117,23 @@ def test_judging_warns_when_the_group_falls_behind(qm, caplog):
     assert monitor.point().verdict is Verdict.CONTINUE
 
 
-def test_the_claimable_age_leaves_out_delayed_and_retry_parked_messages(qm):
+def test_the_claimable_age_leaves_out_delayed_and_retry_parked_messages(qm, clock):
     qm.define_queue("Q", retry_count=3, retry_delay=600)
-    later = datetime.now(UTC) + timedelta(hours=1)
+    later = clock.now() + timedelta(hours=1)
     qm.put("Q", [{"payload": b"delayed", "available_at": later}])
-    time.sleep(0.05)
+    # Puts a second apart on the queue manager's clock: each message has a put time of its own.
+    clock.advance(1)
     qm.put("Q", [{"payload": b"parked"}])
-    time.sleep(0.05)
+    clock.advance(1)
     qm.put("Q", [{"payload": b"ready"}])
     with pytest.raises(RuntimeError), qm.syncpoint_get("Q", "G") as got:
         assert got["payload"].to_pylist() == [b"parked"]
         raise RuntimeError("service failed")
     ready_put = waiting_messages(engine(qm), "Q", "G", ["put_time", "payload"])
     put_times = dict(zip(ready_put["payload"].to_pylist(), ready_put["put_time"].to_pylist(), strict=True))
-    now = datetime.now(UTC)
+    assert put_times[b"ready"] - put_times[b"parked"] == timedelta(seconds=1)
+    clock.advance(1)
+    now = clock.now()
     point = _monitor(qm, history=False).point(now)
     assert (point.backlog, point.claimable) == (3, 1)
     assert point.oldest_claimable_age_s == pytest.approx((now - put_times[b"ready"]).total_seconds())
@@ -193,15 +196,15 @@ def test_group_health_measures_now_and_takes_warning_and_stall_from_the_monitors
     )
 
 
-def test_depth_shows_each_groups_status_claimable_age_and_rate(qm):
+def test_depth_shows_each_groups_status_claimable_age_and_rate(qm, clock):
     qm.define_queue("Q")
     qm.declare_consumer("Q", "G")
-    qm.put("Q", [{"payload": b"delayed", "available_at": datetime.now(UTC) + timedelta(hours=1)}])
-    time.sleep(1.5)
+    qm.put("Q", [{"payload": b"delayed", "available_at": clock.now() + timedelta(hours=1)}])
+    clock.advance(1.5)
     qm.put("Q", [{"payload": b"ready"}])
     _active(qm)
     _monitor(qm).point()
-    queue_row, group_row = json.loads(mqspark(qm.root, "--json", "depth", "Q").stdout)
+    queue_row, group_row = json.loads(mqspark(qm.root, "--json", "depth", "Q", clock=clock).stdout)
     assert {key: queue_row[key] for key in ("consumer", "depth", "status", "claimable_age_s", "rate_per_s")} == {
         "consumer": None,
         "depth": 2,
@@ -215,9 +218,9 @@ def test_depth_shows_each_groups_status_claimable_age_and_rate(qm):
         "status": "OK",
         "rate_per_s": None,
     }
-    # The delayed message is the oldest waiting, not the oldest claimable.
-    assert 0 <= group_row["claimable_age_s"] <= group_row["oldest_age_s"] - 1.0
-    header, queue_line, group_line = mqspark(qm.root, "depth", "Q").stdout.splitlines()
+    # The delayed message is the oldest waiting, not the oldest claimable: put 1.5 s before the ready one.
+    assert (group_row["claimable_age_s"], group_row["oldest_age_s"]) == (0.0, 1.5)
+    header, queue_line, group_line = mqspark(qm.root, "depth", "Q", clock=clock).stdout.splitlines()
     assert header.split() == [
         "queue",
         "consumer",

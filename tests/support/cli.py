@@ -23,11 +23,14 @@ import sys
 from pathlib import Path
 
 from mqspark.cli.main import main
+from mqspark.clock import SYSTEM_CLOCK, Clock
 
 
-def mqspark(root: str | Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``mqspark --root ROOT ARGS...`` in this process; stdin is ``input`` or empty, the
-    working directory ``root``'s parent, as in :func:`mqspark_process`."""
+def mqspark(
+    root: str | Path, *args: str, input: str | None = None, clock: Clock = SYSTEM_CLOCK
+) -> subprocess.CompletedProcess[str]:
+    """Run ``mqspark --root ROOT ARGS...`` in this process, its queue managers on ``clock``; stdin is
+    ``input`` or empty, the working directory ``root``'s parent, as in :func:`mqspark_process`."""
     argv = ["--root", str(root), *args]
     # Text over bytes, like a child's sys.stdin: put reads the text, sys.stdin.buffer gives the
     # bytes, and it is not a terminal (isatty() is False), as a pipe or DEVNULL is not.
@@ -39,7 +42,7 @@ def mqspark(root: str | Path, *args: str, input: str | None = None) -> subproces
     try:
         with contextlib.chdir(Path(root).parent):
             sys.stdin, sys.stdout, sys.stderr = stdin, stdout, stderr
-            code = main(argv)
+            code = main(argv, clock)
     except SystemExit as exited:
         # argparse exits with 2 on a usage error, with 0 after --help and --version.
         assert exited.code is None or isinstance(exited.code, int), exited.code
