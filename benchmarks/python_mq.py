@@ -28,6 +28,8 @@ from mqspark.model.put import prepare_put
 CONSUMER_PREFETCH = 500
 # The threads of one process putting at once.
 THREADS = 8
+# The most producer processes putting at once (issue targets: 8 producers against one process's append).
+MANY_PRODUCERS = 8
 # The latency run: one message every 1/LATENCY_RATE s, taken by a get that waits.
 LATENCY_RATE = 10
 LATENCY_MESSAGES = 100
@@ -56,6 +58,8 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
     delivered = sorted(get_many["delivered"])
     consumer = _in_processes(_consume, str(root / "qm"), consumed, 1)
     put_threads = _in_processes(_put_threads, str(root / "qm"), messages, 1, THREADS)
+    append_most = _in_processes(_append, str(root / "native"), messages, MANY_PRODUCERS, rows)
+    put_most = _in_processes(_put, str(root / "qm"), messages, MANY_PRODUCERS)
     latency = {
         **_latency(str(root / "qm"), "L", _take, "latency_get"),
         **_latency(str(root / "qm"), "LC", _consume_waiting, "latency_consumer"),
@@ -75,6 +79,13 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
         "put_ratio_to_append": round(put_one["rate"] / append_one["rate"], 3),
         f"put_{processes}_processes_per_s": put_many["rate"],
         f"put_{processes}_processes_ratio_to_append": round(put_many["rate"] / append_many["rate"], 3),
+        f"put_{processes}_processes_ratio_to_one": round(put_many["rate"] / put_one["rate"], 3),
+        f"anchor_append_{MANY_PRODUCERS}_processes_per_s": append_most["rate"],
+        f"put_{MANY_PRODUCERS}_processes_per_s": put_most["rate"],
+        f"put_{MANY_PRODUCERS}_processes_ratio_to_append": round(put_most["rate"] / append_most["rate"], 3),
+        # The issue's anchor for 8 producers: one process's append.
+        f"put_{MANY_PRODUCERS}_processes_ratio_to_one_append": round(put_most["rate"] / append_one["rate"], 3),
+        f"put_{MANY_PRODUCERS}_processes_ratio_to_one": round(put_most["rate"] / put_one["rate"], 3),
         "get_per_s": get_one["rate"],
         "get_p50_ms": get_one["p50_ms"],
         "get_cpu_ms_per_call": get_one["cpu_ms"],
