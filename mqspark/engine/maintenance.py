@@ -295,9 +295,13 @@ def _queue_table(location: str, storage_options: store.StorageOptions) -> DeltaT
     return table
 
 
-# How often a message table's commits checkpoint (see docs/architecture.md, "checkpointInterval"):
-# set when the table is created, and by maintenance on tables of an earlier mqspark.
-CHECKPOINT_INTERVAL = "20"
+# What every message table has, set when it is created and by maintenance on a table of an earlier
+# mqspark. Log entries say which version added a file a put wrote: only maintenance may clean them
+# up. A checkpoint every 20 versions keeps each put's log replay short (docs/architecture.md).
+MESSAGE_TABLE_PROPERTIES = {
+    "delta.enableExpiredLogCleanup": "false",
+    "delta.checkpointInterval": "20",
+}
 
 
 def _prepared_table(location: str, storage_options: store.StorageOptions, retention: timedelta) -> DeltaTable:
@@ -305,8 +309,7 @@ def _prepared_table(location: str, storage_options: store.StorageOptions, retent
     table = _queue_table(location, storage_options)
     seconds = int(retention.total_seconds())
     wanted = {
-        "delta.enableExpiredLogCleanup": "false",
-        "delta.checkpointInterval": CHECKPOINT_INTERVAL,
+        **MESSAGE_TABLE_PROPERTIES,
         "delta.logRetentionDuration": f"interval {seconds} seconds",
         "delta.deletedFileRetentionDuration": f"interval {seconds} seconds",
     }

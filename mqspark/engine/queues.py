@@ -41,7 +41,7 @@ from mqspark.engine.depth import (
     live_messages,
     oldest_waiting,
 )
-from mqspark.engine.maintenance import CHECKPOINT_INTERVAL, DEFAULT_RETENTION, maintain
+from mqspark.engine.maintenance import DEFAULT_RETENTION, MESSAGE_TABLE_PROPERTIES, maintain
 from mqspark.engine.put_checks import before_targets, check_against_committed, check_before_targets
 from mqspark.engine.state_reads import GroupsSnapshot
 from mqspark.errors import MQError, MQValidationError, Reason
@@ -50,12 +50,7 @@ from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA, replace_column
 from mqspark.model.put import prepare_put, rows_to_table
 
-MESSAGE_TABLE_CONFIGURATION = {
-    "delta.enableChangeDataFeed": "true",
-    # Log entries say which version added a file a put wrote: only maintenance may clean them up.
-    "delta.enableExpiredLogCleanup": "false",
-    "delta.checkpointInterval": CHECKPOINT_INTERVAL,
-}
+MESSAGE_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true", **MESSAGE_TABLE_PROPERTIES}
 
 PUT_ATTEMPTS = 100
 
