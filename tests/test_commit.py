@@ -35,16 +35,23 @@ def _rival_put(qm, queue: str) -> None:
 
 @pytest.fixture
 def before_commit(monkeypatch) -> list:
-    """Actions run just before each real commit attempt, so the attempt meets a real concurrent change."""
+    """Actions run just before each real commit attempt, through delta-rs or an appender of mqspark's
+    own (a plain put to a local queue), so the attempt meets a real concurrent change."""
     actions: list = []
-    real = store.commit_files
+    real, real_append = store.commit_files, store.Appender.append
 
     def commit_files(*args, **kwargs):
         for action in list(actions):
             action()
         return real(*args, **kwargs)
 
+    def append(*args, **kwargs):
+        for action in list(actions):
+            action()
+        return real_append(*args, **kwargs)
+
     monkeypatch.setattr(store, "commit_files", commit_files)
+    monkeypatch.setattr(store.Appender, "append", append)
     return actions
 
 

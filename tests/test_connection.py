@@ -146,23 +146,28 @@ def _break_at_commit(
 ) -> list[str]:
     """The root goes away at the first commit to a ``table`` (``queues`` or ``state``) table that
     ``wanted`` picks, for OUTAGE seconds of ``clock``: just before it (so it does not land), or just
-    after it (it landed, but the client's next read fails)."""
-    real = store.commit_files
+    after it (it landed, but the client's next read fails). Commits through delta-rs and through
+    mqspark's own appender (a put to a local queue) alike."""
     broke: list[str] = []
 
-    def commit(delta_table, files, *args, **kwargs):
-        if broke or f"/{table}/" not in delta_table.table_uri or not wanted(delta_table, files):
-            return real(delta_table, files, *args, **kwargs)
-        broke.append(delta_table.table_uri)
-        if not landed:
+    def breaking(real, location_of):
+        def commit(target, files, *args, **kwargs):
+            location = location_of(target)
+            if broke or f"/{table}/" not in location or not wanted(location, files):
+                return real(target, files, *args, **kwargs)
+            broke.append(location)
+            if not landed:
+                break_root_on(clock, root, OUTAGE)
+                return real(target, files, *args, **kwargs)
+            real(target, files, *args, **kwargs)
             break_root_on(clock, root, OUTAGE)
-            return real(delta_table, files, *args, **kwargs)
-        real(delta_table, files, *args, **kwargs)
-        break_root_on(clock, root, OUTAGE)
-        # What the client does next after a commit fails: the answer never reaches it.
-        return DeltaTable(delta_table.table_uri).version()
+            # What the client does next after a commit fails: the answer never reaches it.
+            return DeltaTable(location).version()
 
-    monkeypatch.setattr(store, "commit_files", commit)
+        return commit
+
+    monkeypatch.setattr(store, "commit_files", breaking(store.commit_files, lambda table: table.table_uri))
+    monkeypatch.setattr(store.Appender, "append", breaking(store.Appender.append, lambda appender: appender.location))
     return broke
 
 
@@ -178,8 +183,8 @@ def test_a_put_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, clock, 
     assert engine(q).committed_transaction("Q", connection.producer) == 1
 
 
-def _consumption(table, files) -> bool:
-    rows = pq.read_table(f"{table.table_uri}/{files[0].path}", columns=["event"])
+def _consumption(location, files) -> bool:
+    rows = pq.read_table(f"{location}/{files[0].path}", columns=["event"])
     return "consumed" in rows["event"].to_pylist()
 
 

@@ -50,6 +50,8 @@ from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA, replace_column
 from mqspark.model.put import prepare_put, rows_to_table
 
+_QUEUE_COLUMNS = frozenset(QUEUE_TABLE_SCHEMA.names)
+
 MESSAGE_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true", **MESSAGE_TABLE_PROPERTIES}
 
 PUT_ATTEMPTS = 100
@@ -85,6 +87,9 @@ class Queues:
         # replays its log, which costs more the more log entries the retention keeps.
         # Each queue's message table handle, with when its version's log entry was written.
         self._tables: dict[str, tuple[DeltaTable, int | None]] = {}
+        # Each local queue's appender: what a plain put checks, kept without delta-rs (see
+        # mqspark.store.appends); None for a queue whose table mqspark does not append to itself.
+        self._appenders: dict[str, store.Appender | None] = {}
         # Each queue's state table, kept open likewise (its rows too are read incrementally).
         self._states: dict[str, ConsumerState] = {}
         # What depth and age reads read of data files, which never change: asked again (a monitor,
@@ -293,6 +298,15 @@ class Queues:
                     f"queue {queue} now resolves to {resolved.name}, not {local}; the put is backed out",
                     Reason.MQRC_BACKED_OUT,
                 )
+            appender = self._appender(local) if not groups.num_rows and not targets else None
+            # A depth the statistics say may not fit is counted from the messages, on the delta-rs path.
+            if (
+                appender is not None
+                and appender.columns >= _QUEUE_COLUMNS
+                and appender.live_rows + rows <= resolved.max_depth
+            ):
+                live_files[0] = appender.live_files
+                return self._append_checked(appender, resolved, files, transaction, metadata)
             table = self._message_table(local)
             if store.is_closed(table):
                 raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
@@ -315,9 +329,7 @@ class Queues:
                 )
             check_against_committed(local, table, groups)
             check_before_targets(local, table, targets)
-            info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
-            if transaction is not None:
-                info.update({"mqspark.producer": transaction[0], "mqspark.batch_id": transaction[1]})
+            info = _put_info(rows, transaction, metadata)
             return lambda: store.commit_files(table, files, QUEUE_TABLE_SCHEMA, transaction=transaction, metadata=info)
 
         live_files = [0]
@@ -331,6 +343,36 @@ class Queues:
         if version is not None and live_files[0] + len(files) >= MAINTAIN_AT_FILES:
             self._maintain_quietly(definition)
         return version
+
+    def _appender(self, queue: str) -> store.Appender | None:
+        """The appender of local queue ``queue`` at its table's latest version (see
+        :mod:`mqspark.store.appends`), None when its table is not appended to by mqspark itself."""
+        location = self._location(queue)
+        if store.is_uri(location):
+            return None
+        appender = self._appenders.get(queue)
+        if appender is None or not appender.advance():
+            appender = self._appenders[queue] = store.appender_of(location, self._message_table(queue))
+        return appender
+
+    def _append_checked(
+        self,
+        appender: store.Appender,
+        definition: QueueDefinition,
+        files: list[store.DataFile],
+        transaction: tuple[str, int] | None,
+        metadata: dict[str, Any] | None,
+    ) -> Callable[[], int] | None:
+        """A plain put's checks against ``appender``'s version (its depth fits, by the statistics), and
+        its commit: None when the producer's transaction already landed."""
+        if appender.closed:
+            raise MQError(f"queue {definition.name} is being deleted", Reason.MQRC_Q_DELETED)
+        if transaction is not None:
+            committed = appender.transaction_version(transaction[0])
+            if committed is not None and committed >= transaction[1]:
+                return None
+        info = _put_info(sum(file.rows for file in files), transaction, metadata)
+        return lambda: appender.append(files, transaction=transaction, metadata=info)
 
     def pinned_catalog(self) -> AbstractContextManager[None]:
         """Resolve queues inside from one look at the catalog (see :meth:`Catalog.pinned`)."""
@@ -370,6 +412,7 @@ class Queues:
             store.close_table(self._message_table(queue), closed=False)
             raise
         self._tables.pop(queue, None)
+        self._appenders.pop(queue, None)
 
     def _close(self, queue: str, purge: bool) -> None:
         """Check the depth and close the message table in one step, so no put can land in between."""
@@ -508,6 +551,14 @@ class Queues:
             if for_get and item.get_inhibited:
                 raise MQError(f"queue {item.name} is get-inhibited", Reason.MQRC_GET_INHIBITED)
         return definition
+
+
+def _put_info(rows: int, transaction: tuple[str, int] | None, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``commitInfo`` of a put's commit."""
+    info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
+    if transaction is not None:
+        info.update({"mqspark.producer": transaction[0], "mqspark.batch_id": transaction[1]})
+    return info
 
 
 def _catalog_exists(catalog: Catalog) -> bool:

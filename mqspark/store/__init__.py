@@ -2,10 +2,11 @@
 
 The layers above call it as ``store.<name>``; each name lives in one module of this package:
 ``layout`` (folders), ``tables`` (Delta tables), ``log`` (the Delta log), ``files`` (data files),
-``commit`` (commits and their retries), ``faults`` (what a storage failure means) and
-``filesystems`` (pyarrow filesystems for local and object-store roots).
+``commit`` (commits and their retries), ``appends`` (appends whose log entries mqspark writes),
+``faults`` (what a storage failure means) and ``filesystems`` (pyarrow filesystems for local and object-store roots).
 """
 
+from mqspark.store.appends import Appender, appender_of
 from mqspark.store.commit import (
     commit_files,
     commit_until_landed,
@@ -87,6 +88,8 @@ from mqspark.store.tables import (
 )
 
 __all__ = [
+    "Appender",
+    "appender_of",
     "ROW_GROUP_ROWS",
     "filesystem_of",
     "is_local_file",
