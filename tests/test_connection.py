@@ -150,24 +150,34 @@ def _break_at_commit(
     mqspark's own appender (a put to a local queue) alike."""
     broke: list[str] = []
 
-    def breaking(real, location_of):
-        def commit(target, files, *args, **kwargs):
-            location = location_of(target)
+    def breaking(real, location_of, files_of):
+        def commit(*args, **kwargs):
+            location, files = location_of(*args), files_of(*args)
             if broke or f"/{table}/" not in location or not wanted(location, files):
-                return real(target, files, *args, **kwargs)
+                return real(*args, **kwargs)
             broke.append(location)
             if not landed:
                 break_root_on(clock, root, OUTAGE)
-                return real(target, files, *args, **kwargs)
-            real(target, files, *args, **kwargs)
+                return real(*args, **kwargs)
+            real(*args, **kwargs)
             break_root_on(clock, root, OUTAGE)
             # What the client does next after a commit fails: the answer never reaches it.
             return DeltaTable(location).version()
 
         return commit
 
-    monkeypatch.setattr(store, "commit_files", breaking(store.commit_files, lambda table: table.table_uri))
-    monkeypatch.setattr(store.Appender, "append", breaking(store.Appender.append, lambda appender: appender.location))
+    def first(target, *_):
+        return target
+
+    def second(_, files, *__):
+        return files
+
+    def third(_, __, files, *___):
+        return files
+
+    monkeypatch.setattr(store, "commit_files", breaking(store.commit_files, lambda table, *_: table.table_uri, second))
+    monkeypatch.setattr(store.Appender, "append", breaking(store.Appender.append, lambda a, *_: a.location, second))
+    monkeypatch.setattr(store, "append_files", breaking(store.append_files, first, third))
     return broke
 
 

@@ -34,7 +34,7 @@ from deltalake.exceptions import CommitFailedError
 from mqspark.store.files import DataFile
 from mqspark.store.filesystems import is_uri
 from mqspark.store.log import COMMIT_ID
-from mqspark.store.tables import CLOSED_PROPERTY, table_options
+from mqspark.store.tables import CLOSED_PROPERTY
 
 _log = logging.getLogger(__name__)
 
@@ -49,19 +49,9 @@ def appender_of(location: str, table: DeltaTable) -> Appender | None:
     does not write its log itself: an object store (no put-if-absent through pyarrow), a protocol
     with writer features, constraints, generated columns, invariants, or a live file without a row
     count."""
-    if is_uri(location):
+    if not appends_itself(location, table):
         return None
-    protocol = table.protocol()
     metadata = table.metadata()
-    schema = table.schema().to_json()
-    if (
-        protocol.min_writer_version > _WRITER_VERSION
-        or protocol.writer_features
-        or any(key.startswith("delta.constraints.") for key in metadata.configuration)
-        or "delta.generationExpression" in schema
-        or "delta.invariants" in schema
-    ):
-        return None
     actions = pa.table(table.get_add_actions())
     paths = actions.column("path").to_pylist()
     counts = actions.column("num_records").to_pylist()
@@ -81,6 +71,64 @@ def appender_of(location: str, table: DeltaTable) -> Appender | None:
         checkpoint_interval=int(metadata.configuration.get("delta.checkpointInterval", "100")),
         base=table,
     )
+
+
+def appends_itself(location: str, table: DeltaTable) -> bool:
+    """Whether mqspark writes the log entries of appends to the table at ``location`` itself (see
+    :func:`appender_of`), judged by ``table``'s version."""
+    if is_uri(location):
+        return False
+    protocol = table.protocol()
+    schema = table.schema().to_json()
+    return not (
+        protocol.min_writer_version > _WRITER_VERSION
+        or protocol.writer_features
+        or any(key.startswith("delta.constraints.") for key in table.metadata().configuration)
+        or "delta.generationExpression" in schema
+        or "delta.invariants" in schema
+    )
+
+
+def append_files(
+    location: str,
+    version: int,
+    files: list[DataFile],
+    *,
+    transaction: tuple[str, int] | None = None,
+    metadata: dict[str, Any] | None = None,
+    checkpoint_interval: int = 100,
+) -> int:
+    """Commit ``files`` to the table at ``location`` as ``version``, with ``metadata`` in its
+    ``commitInfo`` and ``transaction`` (an app id and its version) as a ``txn``, and checkpoint at
+    every ``checkpoint_interval``-th version; return ``version``. Raises ``CommitFailedError`` when
+    another commit took the version (only for a table :func:`appends_itself` takes)."""
+    now = int(time.time() * 1000)
+    info = {
+        "timestamp": now,
+        "operation": "WRITE",
+        "operationParameters": {"mode": "Append", "partitionBy": "[]"},
+        "engineInfo": _ENGINE,
+        "clientVersion": _ENGINE,
+        **(metadata or {}),
+        COMMIT_ID: uuid.uuid4().hex,
+    }
+    actions: list[dict[str, Any]] = [{"commitInfo": info}]
+    if transaction is not None:
+        actions.append({"txn": {"appId": transaction[0], "version": transaction[1], "lastUpdated": now}})
+    actions += [{"add": _add_action(file)} for file in files]
+    _write_new(_entry(location, version), "\n".join(json.dumps(a) for a in actions).encode() + b"\n")
+    if version % checkpoint_interval == 0:
+        _checkpoint(location, version)
+    return version
+
+
+def _checkpoint(location: str, version: int) -> None:
+    """A checkpoint at ``version`` from a handle loaded at it. The commit has landed, so a checkpoint
+    that fails is only left to the next interval, or to maintenance."""
+    try:
+        DeltaTable(location, version=version).create_checkpoint()
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        _log.info("checkpoint of %s at version %d not written: %s", location, version, error)
 
 
 class Appender:
@@ -174,42 +222,22 @@ class Appender:
         and ``transaction`` (an app id and its version) as a ``txn``; return that version. Raises
         ``CommitFailedError`` when another commit took the version: the caller advances, checks again
         and retries."""
-        version = self.version + 1
-        now = int(time.time() * 1000)
-        info = {
-            "timestamp": now,
-            "operation": "WRITE",
-            "operationParameters": {"mode": "Append", "partitionBy": "[]"},
-            "engineInfo": _ENGINE,
-            "clientVersion": _ENGINE,
-            **(metadata or {}),
-            COMMIT_ID: uuid.uuid4().hex,
-        }
-        actions: list[dict[str, Any]] = [{"commitInfo": info}]
-        if transaction is not None:
-            actions.append({"txn": {"appId": transaction[0], "version": transaction[1], "lastUpdated": now}})
-        actions += [{"add": _add_action(file)} for file in files]
-        _write_new(_entry(self.location, version), "\n".join(json.dumps(a) for a in actions).encode() + b"\n")
+        version = append_files(
+            self.location,
+            self.version + 1,
+            files,
+            transaction=transaction,
+            metadata=metadata,
+            checkpoint_interval=self._interval,
+        )
         self.version = version
-        stamp = _stamp(self.location, version)
-        if stamp is None:  # deleted at once: the next advance builds anew
-            stamp = -1
-        self._stamp = stamp
+        # -1: deleted at once; the next advance builds anew.
+        self._stamp = _stamp(self.location, version) or -1
         for file in files:
             self._add(file.path, file.rows)
         if transaction is not None:
             self._transactions[transaction[0]] = transaction[1]
-        if version % self._interval == 0:
-            self._checkpoint(version)
         return version
-
-    def _checkpoint(self, version: int) -> None:
-        """A checkpoint at ``version`` from a handle loaded at it. The commit has landed, so a checkpoint
-        that fails is only left to the next interval, or to maintenance."""
-        try:
-            DeltaTable(self.location, version=version, storage_options=table_options(self._base)).create_checkpoint()
-        except Exception as error:  # noqa: BLE001 - see the docstring
-            _log.info("checkpoint of %s at version %d not written: %s", self.location, version, error)
 
 
 def _add_action(file: DataFile) -> dict[str, Any]:
