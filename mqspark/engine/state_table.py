@@ -213,7 +213,9 @@ class StateTable:
                 check(attempt)
             if store.appends_itself(self.location, table):
                 interval = int(table.metadata().configuration.get("delta.checkpointInterval", "100"))
-                return lambda: store.append_files(self.location, table.version() + 1, [file], checkpoint_interval=interval)
+                return lambda: store.append_files(
+                    self.location, table.version() + 1, [file], checkpoint_interval=interval
+                )
             return lambda: store.commit_files(table, [file], STATE_SCHEMA)
 
         version = store.commit_until_landed(
