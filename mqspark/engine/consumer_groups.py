@@ -94,6 +94,9 @@ class ConsumerState:
     def table(self) -> DeltaTable | None:
         return self._table.table()
 
+    def version(self) -> int | None:
+        return self._table.version()
+
     def pinned(self) -> AbstractContextManager[None]:
         return self._table.pinned()
 

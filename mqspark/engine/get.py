@@ -348,8 +348,7 @@ def plan_get(
 def _state_version(qm: Queues, queue: str, consumer: str) -> int | None:
     """The version of the queue's state table as this thread's gets of the group see it."""
     state = _kept(qm, queue, consumer).state
-    table = state.table() if state is not None else None
-    return table.version() if table is not None else None
+    return state.version() if state is not None else None
 
 
 def _checked(request: GetRequest) -> DeliveryOptions | None:

@@ -47,7 +47,7 @@ class Heartbeat:
         interval = self.timeout.total_seconds() / 3
         while not self._stopped.wait(interval):
             try:
-                if self.state.table() is None:
+                if self.state.version() is None:
                     if store.reachable(self.state.root, self.state.storage_options):
                         return  # the queue was deleted
                     continue

@@ -71,7 +71,11 @@ class StateTable:
         self.queue = queue
         self.location = location or store.state_location(root, queue)
         self.storage_options = storage_options
+        # A delta-rs handle, and for a local table a view that follows its log without delta-rs
+        # (version and live files); ``_seen`` is the version of the last look, where the view is.
         self._table: DeltaTable | None = None
+        self._view: store.Appender | None = None
+        self._seen: int | None = None
         # The rows of each live data file read so far, and of the whole table at ``_rows_version``.
         self._files: dict[str, pa.Table] = {}
         self._rows = STATE_SCHEMA.empty_table()
@@ -84,32 +88,57 @@ class StateTable:
         self._derived: dict[tuple, Any] = {}
         self._derived_from: tuple[int, int] = (-1, -1)
 
-    def table(self) -> DeltaTable | None:
-        """The table at its latest version, None when there is none (yet, or any more). Inside
+    def version(self) -> int | None:
+        """The table's latest version, None when there is none (yet, or any more). Inside
         :meth:`pinned`, the version of the first look, until this instance commits."""
+        return self._seen if self._look() else None
+
+    def table(self) -> DeltaTable | None:
+        """A delta-rs handle on the table at :meth:`version`, None without a table (for a rewrite)."""
+        if not self._look():
+            return None
+        assert self._table is not None and self._seen is not None
+        if self._table.version() != self._seen:
+            self._table.load_as_version(self._seen)
+        return self._table
+
+    def _look(self) -> bool:
+        """Look at the table unless the pinned look holds; False when there is no table. A local
+        table's look reads only the log entries written since the last one (see
+        :class:`mqspark.store.Appender`); the delta-rs handle is then moved on only when asked for."""
+        if not (self._pinned and self._current and self._seen is not None):
+            if self._view is not None and self._view.advance():
+                self._seen = self._view.version
+            else:
+                self._seen = self._handle_look()
+            self._current = self._pinned
+        return self._seen is not None
+
+    def _handle_look(self) -> int | None:
+        """The latest version through the delta-rs handle, opened afresh when the table was deleted or
+        made anew; and a new view of a local table. None without a table."""
+        self._view = None
         if self._table is not None:
-            if self._pinned and self._current:
-                return self._table
             seen = self._table.version()
-            # Two file lookups, where updating the handle lists the whole log.
-            if not store.version_exists(self.location, seen + 1) and store.version_exists(self.location, seen):
-                self._current = self._pinned
-                return self._table
             try:
-                self._table.update_incremental()
+                # Two file lookups, where updating the handle lists the whole log.
+                if store.version_exists(self.location, seen + 1) or not store.version_exists(self.location, seen):
+                    self._table.update_incremental()
                 # A table deleted with its queue may have no newer entry, and no error says so.
                 if self._table.version() > seen or store.version_exists(self.location, seen):
-                    self._current = self._pinned
-                    return self._table
+                    return self._viewed(self._table)
             except Exception:  # noqa: BLE001 - deleted with its queue, or recreated: open it afresh
                 pass
             self._table = None
             self.rewrites += 1
         self._table = store.open_table(self.location, self.storage_options)
-        self._current = self._pinned and self._table is not None
         # A table opened anew may be a new table at a version the rows were kept for.
         self._rows_version = -1
-        return self._table
+        return None if self._table is None else self._viewed(self._table)
+
+    def _viewed(self, table: DeltaTable) -> int:
+        self._view = store.appender_of(self.location, table)
+        return table.version()
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
@@ -128,40 +157,37 @@ class StateTable:
         """Make the next question look at the table again, inside :meth:`pinned` too (a commit moved it on)."""
         self._current = False
 
-    def created(self) -> DeltaTable:
-        """The table, created when there is none yet. A look inside :meth:`pinned` holds only once
+    def created(self) -> None:
+        """Create the table when there is none yet. A look inside :meth:`pinned` holds only once
         there is a table: without one, every question would look again and might see commits the
         earlier answers did not."""
-        table = self.table()
-        if table is not None:
-            return table
+        if self._look():
+            return
         try:
             store.create_table(
                 self.location, STATE_SCHEMA, self.storage_options, configuration=STATE_TABLE_CONFIGURATION
             )
         except Exception:
             # Another consumer created it first.
-            if self.table() is None:
+            if not self._look():
                 raise
-        table = self.table()
-        if table is None:
+        if not self._look():
             # Deleted with its queue right after it was created.
             raise MQError(f"queue {self.queue}: its state table was deleted", Reason.MQRC_Q_DELETED)
-        return table
 
     def rows(self) -> pa.Table:
         """Every row of the table at its latest version, in no particular order (none without a table).
 
         Between compactions the table only grows by appends, so only the files added since the last
         call are read; a planner asks several questions of the same version per micro-batch."""
-        table = self.table()
-        if table is None:
+        version = self.version()
+        if version is None:
             self._files, self._rows, self._rows_version = {}, STATE_SCHEMA.empty_table(), -1
             return self._rows
-        version = table.version()
         if version != self._rows_version:
             files = {}
-            for path in store.live_paths(table):
+            paths = self._view.live_paths if self._view is not None else store.live_paths(self._handle())
+            for path in paths:
                 known = self._files.get(path)
                 files[path] = (
                     known if known is not None else store.read_data_file(self.location, path).cast(STATE_SCHEMA)
@@ -209,13 +235,13 @@ class StateTable:
                 self._current = False
             # The checks and the commit see one version: a look in between would move the table on.
             with self.pinned():
-                table = self.created()
+                self.created()
                 check(attempt)
-            if store.appends_itself(self.location, table):
-                interval = int(table.metadata().configuration.get("delta.checkpointInterval", "100"))
-                return lambda: store.append_files(
-                    self.location, table.version() + 1, [file], checkpoint_interval=interval
-                )
+                view, version = self._view, self._seen
+            if view is not None and version is not None:
+                interval = view.checkpoint_interval
+                return lambda: store.append_files(self.location, version + 1, [file], checkpoint_interval=interval)
+            table = self._handle()
             return lambda: store.commit_files(table, [file], STATE_SCHEMA)
 
         version = store.commit_until_landed(
@@ -227,6 +253,11 @@ class StateTable:
         )
         self._current = False
         return version
+
+    def _handle(self) -> DeltaTable:
+        """The delta-rs handle at the look's version, when there is no view (it is moved on by it)."""
+        assert self._table is not None
+        return self._table
 
     def overwrite(self, table: DeltaTable, rows: pa.Table, operation: str) -> bool:
         """Replace the table's rows in one commit (recorded as ``operation``) at exactly the version

@@ -168,6 +168,14 @@ class Appender:
     def live_rows(self) -> int:
         return self._total
 
+    @property
+    def live_paths(self) -> list[str]:
+        return list(self._rows)
+
+    @property
+    def checkpoint_interval(self) -> int:
+        return self._interval
+
     def transaction_version(self, app_id: str) -> int | None:
         """The last version of application ``app_id``'s transactions (Delta ``txn``), None: none."""
         known = [v for v in (self._transactions.get(app_id), self._base.transaction_version(app_id)) if v is not None]
