@@ -102,3 +102,19 @@ def test_tables_it_does_not_append_to_itself(tmp_path):
     DeltaTable(constrained).alter.add_constraint({"positive": "n > 0"}, commit_properties=CommitProperties())
     assert appender_of(constrained, DeltaTable(constrained)) is None
     assert appender_of("az://container/t", DeltaTable(_table(tmp_path / "other"))) is None
+
+
+def test_entries_cleaned_up_behind_a_newer_checkpoint_ask_for_a_new_appender(tmp_path):
+    """A log clean-up after a checkpoint past the appender's version removed the entries it would
+    read next: an entry linked at its next version would lie below the checkpoint, unseen."""
+    location = _table(tmp_path)
+    appender = _appender(location)
+    for n in range(6):
+        write_deltalake(location, pa.table({"n": [n]}, schema=SCHEMA), mode="append")
+    DeltaTable(location).create_checkpoint()
+    for version in range(1, 6):
+        os.unlink(f"{location}/_delta_log/{version:020d}.json")
+    assert not appender.advance()
+    fresh = _appender(location)
+    assert fresh.append([_file(location, 6)]) == 7
+    assert sorted(DeltaTable(location).to_pyarrow_table()["n"].to_pylist()) == list(range(7))

@@ -100,7 +100,9 @@ def test_producers_and_getters_killed_at_random_moments_lose_and_double_nothing(
     qm.declare_consumer("SHARED", "workers")
     rng = random.Random(20261202)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    roles = [("put", "P1"), ("put", "P2"), ("put", "P3"), ("get", "G1"), ("get", "G2")]
+    # Killed in this order: the getters first, while the producers still put, so neither waits for
+    # messages that can no longer come.
+    roles = [("get", "G1"), ("get", "G2"), ("put", "P1"), ("put", "P2"), ("put", "P3")]
     children = [
         subprocess.Popen(
             [sys.executable, "-c", _KILLED_SCRIPT, str(qm.root), role, name],

@@ -192,3 +192,27 @@ def test_a_state_commit_that_landed_is_not_reported_failed_when_the_compaction_a
     assert ConsumerState(qm.root, "Q").groups() == sorted(["g", *(f"g{n}" for n in range(40))])
     # The compactions themselves went through: the table holds a few files, not one per record.
     assert len(DeltaTable(state.location).file_uris()) < state_table.COMPACT_EVERY
+
+
+def test_a_queue_defined_again_past_the_old_state_tables_versions_is_read_afresh(qm: QueueManager) -> None:
+    """Another connection's state table view was far past the version its handle was last moved to;
+    the queue deleted and defined again, with more state versions than that, is a new table to it."""
+    other = QueueManager.open(qm.root)
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "g")
+    for n in range(3):
+        qm.put("Q", [{"payload": f"old{n}"}])
+    assert [p for _ in range(3) for p in other.get("Q", consumer="g", max_messages=1)["payload"].to_pylist()] == [
+        b"old0",
+        b"old1",
+        b"old2",
+    ]
+    qm.delete_queue("Q", purge=True)
+    qm.define_queue("Q")
+    qm.declare_consumer("Q", "g")
+    for n in range(8):
+        qm.put("Q", [{"payload": f"new{n}"}])
+    assert qm.get("Q", consumer="g", max_messages=2)["payload"].to_pylist() == [b"new0", b"new1"]
+    assert other.get("Q", consumer="g", max_messages=100)["payload"].to_pylist() == [
+        f"new{n}".encode() for n in range(2, 8)
+    ]

@@ -75,6 +75,9 @@ class StateTable:
         # (version and live files); ``_seen`` is the version of the last look, where the view is.
         self._table: DeltaTable | None = None
         self._view: store.Appender | None = None
+        # When the log entry of the handle's version was written: tells the table deleted and made
+        # anew from the one the handle was moved on in, however far the view moved on since.
+        self._handle_stamp: int | None = None
         self._seen: int | None = None
         # The rows of each live data file read so far, and of the whole table at ``_rows_version``.
         self._files: dict[str, pa.Table] = {}
@@ -100,6 +103,7 @@ class StateTable:
         assert self._table is not None and self._seen is not None
         if self._table.version() != self._seen:
             self._table.load_as_version(self._seen)
+            self._handle_stamp = store.log_stamp(self.location, self._seen)
         return self._table
 
     def _look(self) -> bool:
@@ -118,6 +122,12 @@ class StateTable:
         """The latest version through the delta-rs handle, opened afresh when the table was deleted or
         made anew; and a new view of a local table. None without a table."""
         self._view = None
+        stamp = None if self._table is None else store.log_stamp(self.location, self._table.version())
+        if stamp is not None and stamp != self._handle_stamp:
+            # The entry of the handle's version was written again: the table was deleted and made anew,
+            # however far past that version the new one is. (An entry gone is judged below.)
+            self._table = None
+            self.rewrites += 1
         if self._table is not None:
             seen = self._table.version()
             try:
@@ -137,6 +147,7 @@ class StateTable:
         return None if self._table is None else self._viewed(self._table)
 
     def _viewed(self, table: DeltaTable) -> int:
+        self._handle_stamp = store.log_stamp(self.location, table.version())
         self._view = store.appender_of(self.location, table)
         return table.version()
 

@@ -63,6 +63,7 @@ from mqspark.store.log import (
     last_checkpoint,
     log_entry,
     log_entry_count,
+    log_stamp,
     version_exists,
 )
 from mqspark.store.tables import (
@@ -134,6 +135,7 @@ __all__ = [
     "live_paths",
     "log_entry",
     "log_entry_count",
+    "log_stamp",
     "log_file_gone",
     "maintenance_location",
     "monitor_location",

@@ -18,6 +18,7 @@ hook does, so readers replay few entries.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from deltalake.exceptions import CommitFailedError
 
 from mqspark.store.files import DataFile
 from mqspark.store.filesystems import is_uri
-from mqspark.store.log import COMMIT_ID
+from mqspark.store.log import COMMIT_ID, last_checkpoint
 from mqspark.store.tables import CLOSED_PROPERTY
 
 _log = logging.getLogger(__name__)
@@ -117,7 +118,8 @@ def append_files(
         actions.append({"txn": {"appId": transaction[0], "version": transaction[1], "lastUpdated": now}})
     actions += [{"add": _add_action(file)} for file in files]
     _write_new(_entry(location, version), "\n".join(json.dumps(a) for a in actions).encode() + b"\n")
-    if version % checkpoint_interval == 0:
+    # Never behind a newer checkpoint, which readers (and the check above) must keep finding.
+    if version % checkpoint_interval == 0 and last_checkpoint(location) < version:
         _checkpoint(location, version)
     return version
 
@@ -191,7 +193,9 @@ class Appender:
                 with open(_entry(self.location, self.version + 1), "rb") as entry:
                     lines = entry.read().splitlines()
             except FileNotFoundError:
-                return True
+                # No newer entry, unless a log clean-up removed it after a checkpoint past this version:
+                # an entry linked there would lie below the checkpoint, where readers never look.
+                return last_checkpoint(self.location) <= self.version
             if not self._apply(json.loads(line) for line in lines if line.strip()):
                 return False
             self.version += 1
@@ -283,4 +287,6 @@ def _write_new(path: str, data: bytes) -> None:
     except FileExistsError:
         raise CommitFailedError(f"version {os.path.basename(path)} of {os.path.dirname(folder)} was taken") from None
     finally:
-        os.unlink(temporary)
+        # The commit landed or not already: the leftover is only untidy.
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
