@@ -24,7 +24,6 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -34,7 +33,7 @@ from deltalake.exceptions import CommitFailedError
 
 from mqspark.store.files import DataFile
 from mqspark.store.filesystems import is_uri
-from mqspark.store.log import COMMIT_ID, last_checkpoint
+from mqspark.store.log import COMMIT_ID, LogEntryGone, last_checkpoint, log_actions, log_stamp
 from mqspark.store.tables import CLOSED_PROPERTY
 
 _log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ def appender_of(location: str, table: DeltaTable) -> Appender | None:
     if any(count is None for count in counts):
         return None
     version = table.version()
-    stamp = _stamp(location, version)
+    stamp = log_stamp(location, version)
     if stamp is None:
         return None
     return Appender(
@@ -186,25 +185,24 @@ class Appender:
     def advance(self) -> bool:
         """Read the entries after :attr:`version` into this state; False when one asks for a new
         :class:`Appender` (see the module's docstring), or the table was deleted or made anew."""
-        if _stamp(self.location, self.version) != self._stamp:
+        if log_stamp(self.location, self.version) != self._stamp:
             return False
         while True:
             try:
-                with open(_entry(self.location, self.version + 1), "rb") as entry:
-                    lines = entry.read().splitlines()
-            except FileNotFoundError:
+                actions = log_actions(self.location, self.version + 1)
+            except LogEntryGone:
                 # No newer entry, unless a log clean-up removed it after a checkpoint past this version:
                 # an entry linked there would lie below the checkpoint, where readers never look.
                 return last_checkpoint(self.location) <= self.version
-            if not self._apply(json.loads(line) for line in lines if line.strip()):
+            if not self._apply(actions):
                 return False
             self.version += 1
-            stamp = _stamp(self.location, self.version)
+            stamp = log_stamp(self.location, self.version)
             if stamp is None:
                 return False
             self._stamp = stamp
 
-    def _apply(self, actions: Iterable[dict[str, Any]]) -> bool:
+    def _apply(self, actions: list[dict[str, Any]]) -> bool:
         for action in actions:
             if "metaData" in action or "protocol" in action:
                 return False
@@ -244,7 +242,7 @@ class Appender:
         )
         self.version = version
         # -1: deleted at once; the next advance builds anew.
-        self._stamp = _stamp(self.location, version) or -1
+        self._stamp = log_stamp(self.location, version) or -1
         for file in files:
             self._add(file.path, file.rows)
         if transaction is not None:
@@ -265,14 +263,6 @@ def _add_action(file: DataFile) -> dict[str, Any]:
 
 def _entry(location: str, version: int) -> str:
     return os.path.join(location, "_delta_log", f"{version:020d}.json")
-
-
-def _stamp(location: str, version: int) -> int | None:
-    """When the entry of ``version`` was written (ns); None when there is none."""
-    try:
-        return os.stat(_entry(location, version)).st_mtime_ns
-    except FileNotFoundError:
-        return None
 
 
 def _write_new(path: str, data: bytes) -> None:

@@ -180,7 +180,8 @@ class LogEntry:
 REWRITE_OPERATIONS = ("maintain", "purge")
 
 
-def _actions(location: str, version: int) -> list[dict]:
+def log_actions(location: str, version: int) -> list[dict]:
+    """The actions of commit ``version``'s log entry; raises :class:`LogEntryGone` when it is not there."""
     filesystem, path = _log_path(location, version)
     try:
         with filesystem.open_input_stream(path) as stream:
@@ -203,13 +204,13 @@ COMMIT_ID = "mqspark.commit"
 
 def commit_info(location: str, version: int) -> dict:
     """The ``commitInfo`` of commit ``version``; raises :class:`LogEntryGone` when its entry is not there."""
-    return next((a["commitInfo"] for a in _actions(location, version) if "commitInfo" in a), {})
+    return next((a["commitInfo"] for a in log_actions(location, version) if "commitInfo" in a), {})
 
 
 def commit_operations(location: str, first: int, last: int) -> list[str | None]:
     """The ``mqspark.operation`` of each commit from version ``first`` to ``last``; raises
     :class:`LogEntryGone` when one of their log entries was cleaned up."""
-    return [_operation(_actions(location, version)) for version in range(first, last + 1)]
+    return [_operation(log_actions(location, version)) for version in range(first, last + 1)]
 
 
 def log_entry(location: str, version: int) -> LogEntry:
@@ -220,7 +221,7 @@ def log_entry(location: str, version: int) -> LogEntry:
     data other than by mqspark's maintenance or purge, or used deletion vectors, means the queue table
     was edited behind mqspark's back, so it fails loudly.
     """
-    actions = _actions(location, version)
+    actions = log_actions(location, version)
     operation = _operation(actions)
     added, sizes, removed = [], [], []
     for action in actions:
