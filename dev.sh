@@ -36,7 +36,9 @@ setup() {
     wanted=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         echo "dev.sh: installing pinned packages into $VENV" >&2
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+        # uv first (pinned too), then uv installs the rest: a third of pip's time.
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock uv
+        "$VENV/bin/python" -m uv pip install --quiet --python "$VENV/bin/python" -c requirements.lock -e '.[dev]'
         echo "$wanted" > "$stamp"
     fi
     # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.
