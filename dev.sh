@@ -39,6 +39,9 @@ setup() {
         # uv first (pinned too), then uv installs the rest: a third of pip's time.
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock uv
         "$VENV/bin/python" -m uv pip install --quiet --python "$VENV/bin/python" -c requirements.lock -e '.[dev]'
+        # uv builds pyspark (a source distribution) again on each install and keeps every build in its
+        # cache (1.4 GB each): prune drops all but the newest, waiting for uv processes that use them.
+        "$VENV/bin/python" -m uv cache prune --quiet
         echo "$wanted" > "$stamp"
     fi
     # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.

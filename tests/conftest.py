@@ -23,13 +23,24 @@ from mqspark.spark.stream import QueueStreamReader
 from .support.azurite import ACCOUNT, Azurite
 from .support.s3 import MotoS3
 
+# What the run's processes put in temporary folders goes under one folder per test process, removed
+# when the run ends (pytest_unconfigure): a Spark driver the tests kill cannot remove its own (each
+# holds a ~90 MB copy of Delta's jars), and leaving them filled the disk.
+SCRATCH = Path(tempfile.mkdtemp(prefix="mqspark-tests-"))
+os.environ["SPARK_LOCAL_DIRS"] = str(SCRATCH)
+os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} -Djava.io.tmpdir={SCRATCH}".strip()
+
 # The emulators' ports are chosen before Spark starts, so Spark's JVM and Python workers inherit the
 # AZURE_* and AWS_* variables that reach them: Spark jobs take object-store credentials from the
 # environment.
-AZURITE = Azurite(Path(tempfile.mkdtemp(prefix="mqspark-azurite-")))
+AZURITE = Azurite(SCRATCH / "azurite")
 os.environ.update(AZURITE.environment)
-S3 = MotoS3(Path(tempfile.mkdtemp(prefix="mqspark-s3-")))
+S3 = MotoS3(SCRATCH / "s3")
 os.environ.update(S3.environment)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
