@@ -3,13 +3,18 @@ its reader lives (see :mod:`mqspark.engine.leases`)."""
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 
 from mqspark import store
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.errors import MQError
+
+# The heartbeats whose thread may still run: the interpreter's exit waits for them (see _join_all).
+_running: weakref.WeakSet[Heartbeat] = weakref.WeakSet()
 
 
 class Heartbeat:
@@ -37,11 +42,17 @@ class Heartbeat:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mqspark-lease-{consumer}", daemon=True)
         self._thread.start()
+        _running.add(self)
 
     def stop(self) -> None:
         """End the renewals. One still in flight is refused once the lease is released (a renewal
         needs its owner to hold the lease), so this does not wait for it: the store may be out of reach."""
         self._stopped.set()
+
+    def join(self, timeout: float) -> None:
+        """Stop and wait up to ``timeout`` seconds for a renewal in flight to end."""
+        self.stop()
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         interval = self.timeout.total_seconds() / 3
@@ -60,3 +71,12 @@ class Heartbeat:
                     raise
                 # Out of reach: renewals go on once it is back (see :mod:`mqspark.reconnect`).
                 continue
+
+
+@atexit.register
+def _join_all() -> None:
+    """At the interpreter's exit, stop the heartbeats and let a renewal in flight end: a daemon thread
+    still inside delta-rs while the interpreter finalizes crashes the process (SIGSEGV), seen when a
+    get paused past its lock was refused and its process then ended."""
+    for heartbeat in list(_running):
+        heartbeat.join(timeout=heartbeat.timeout.total_seconds())
