@@ -66,6 +66,9 @@ EXPIRY_GRACE = timedelta(minutes=5)
 # Rewritten messages go into files of up to this many bytes; files under a quarter of it are merged.
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 LEASE_TIMEOUT = timedelta(seconds=30)
+# A temporary log entry older than the retention and this is a killed commit's leftover: a live one
+# lasts under a second, and one whose process was paused longer is written again (store.appends).
+LEFTOVER_AGE = timedelta(minutes=1)
 _ATTEMPTS = 100
 _log = logging.getLogger("mqspark.engine.maintenance")
 
@@ -87,6 +90,8 @@ class MaintenanceSummary:
     files_after: int
     log_entries_removed: int
     files_vacuumed: int
+    leftovers_removed: int
+    """Temporary log entries left by processes killed inside a commit (see store.appends)."""
     seconds: float
 
     def as_dict(self) -> dict:
@@ -138,6 +143,8 @@ def maintain(
         unstamped = pc.any(pc.is_valid(files["version"])).as_py()
         clean_before = read_version if version is not None or not unstamped else None
         cleaned, vacuumed = _tidy(location, qm.storage_options, version, clean_before, now, retention)
+        older_than = (now - max(retention, LEFTOVER_AGE)).timestamp()
+        leftovers = sum(store.remove_leftovers(where, older_than) for where in (location, state.location))
         if version is None:
             removed[:] = False
             moved[:] = False
@@ -156,6 +163,7 @@ def maintain(
             files_after=len(store.live_paths(_queue_table(location, qm.storage_options))),
             log_entries_removed=cleaned,
             files_vacuumed=vacuumed,
+            leftovers_removed=leftovers,
             seconds=round(time.monotonic() - started, 3),
         )
 

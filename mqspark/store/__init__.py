@@ -6,7 +6,7 @@ The layers above call it as ``store.<name>``; each name lives in one module of t
 ``faults`` (what a storage failure means) and ``filesystems`` (pyarrow filesystems for local and object-store roots).
 """
 
-from mqspark.store.appends import Appender, append_files, appender_of, appends_itself
+from mqspark.store.appends import Appender, append_files, appender_of, appends_itself, remove_leftovers
 from mqspark.store.commit import (
     commit_files,
     commit_until_landed,
@@ -93,6 +93,7 @@ __all__ = [
     "appender_of",
     "append_files",
     "appends_itself",
+    "remove_leftovers",
     "ROW_GROUP_ROWS",
     "filesystem_of",
     "is_local_file",

@@ -265,18 +265,41 @@ def _entry(location: str, version: int) -> str:
     return os.path.join(location, "_delta_log", f"{version:020d}.json")
 
 
+_TEMPORARY_PREFIX, _TEMPORARY_SUFFIX = "_commit_", ".json.tmp"
+
+
+def remove_leftovers(location: str, older_than: float) -> int:
+    """Delete the temporary log entries that processes killed inside a commit left in the log of the
+    local table at ``location``, last changed before ``older_than`` (a POSIX time: a live commit's
+    lasts well under a second); how many went."""
+    log = os.path.join(location, "_delta_log")
+    if is_uri(location) or not os.path.isdir(log):
+        return 0
+    removed = 0
+    for entry in os.scandir(log):
+        if entry.name.startswith(_TEMPORARY_PREFIX) and entry.name.endswith(_TEMPORARY_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                if entry.stat().st_mtime < older_than:
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
+
+
 def _write_new(path: str, data: bytes) -> None:
     """Write ``path`` whole, or raise ``CommitFailedError`` when it exists: a temporary file beside it,
     hard-linked to its name (a link never replaces a file)."""
     folder = os.path.dirname(path)
-    temporary = os.path.join(folder, f"_commit_{uuid.uuid4().hex}.json.tmp")
+    temporary = os.path.join(folder, f"{_TEMPORARY_PREFIX}{uuid.uuid4().hex}{_TEMPORARY_SUFFIX}")
     with open(temporary, "xb") as out:
         out.write(data)
     try:
         os.link(temporary, path)
     except FileExistsError:
         raise CommitFailedError(f"version {os.path.basename(path)} of {os.path.dirname(folder)} was taken") from None
+    except FileNotFoundError:
+        # This process was paused so long that maintenance took its temporary entry for a leftover.
+        raise CommitFailedError(f"the temporary entry for {path} was removed: write it again") from None
     finally:
-        # The commit landed or not already: the leftover is only untidy.
+        # The commit landed or not already: a leftover is only untidy (maintenance removes it).
         with contextlib.suppress(OSError):
             os.unlink(temporary)
