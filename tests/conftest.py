@@ -28,7 +28,9 @@ from .support.s3 import MotoS3
 # holds a ~90 MB copy of Delta's jars), and leaving them filled the disk.
 SCRATCH = Path(tempfile.mkdtemp(prefix="mqspark-tests-"))
 os.environ["SPARK_LOCAL_DIRS"] = str(SCRATCH)
-os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} -Djava.io.tmpdir={SCRATCH}".strip()
+# An xdist worker inherits the controller's folder in the environment: this process's replaces it.
+_submit_options = [o for o in os.environ.get("SPARK_SUBMIT_OPTS", "").split() if not o.startswith("-Djava.io.tmpdir=")]
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join([*_submit_options, f"-Djava.io.tmpdir={SCRATCH}"])
 
 # The emulators' ports are chosen before Spark starts, so Spark's JVM and Python workers inherit the
 # AZURE_* and AWS_* variables that reach them: Spark jobs take object-store credentials from the
