@@ -36,14 +36,20 @@ setup() {
     wanted=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         echo "dev.sh: installing pinned packages into $VENV" >&2
-        # uv first (pinned too), then uv installs the rest: a third of pip's time.
+        # uv first (pinned too), then uv installs the rest: a third of pip's time. With their bytecode:
+        # where PYTHONDONTWRITEBYTECODE is set (container images often set it), Python never writes it,
+        # and each of the thousand processes a test run starts (Spark's Python workers among them)
+        # compiled pyspark, pyarrow and the rest again, 1.2 s of CPU each.
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock uv
-        "$VENV/bin/python" -m uv pip install --quiet --python "$VENV/bin/python" -c requirements.lock -e '.[dev]'
+        "$VENV/bin/python" -m uv pip install --quiet --compile-bytecode --python "$VENV/bin/python" \
+            -c requirements.lock -e '.[dev]'
         # uv builds pyspark (a source distribution) again on each install and keeps every build in its
         # cache (1.4 GB each): prune drops all but the newest, waiting for uv processes that use them.
         "$VENV/bin/python" -m uv cache prune --quiet
         echo "$wanted" > "$stamp"
     fi
+    # The project's own bytecode, for the same reason (only what changed since the last run).
+    "$VENV/bin/python" -m compileall -q mqspark tests benchmarks chaos > /dev/null
     # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.
     "$VENV/bin/python" -m mqspark.spark.session > /dev/null
 }
