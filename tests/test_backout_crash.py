@@ -8,7 +8,6 @@ move is recorded as consumed, and lets the next planner run finish the move.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import mqspark
 from mqspark import store
 from mqspark.engine.backout import plan_messages
 from mqspark.engine.consumer_groups import ConsumerState
+
+from .support.processes import log_version
 
 pytestmark = pytest.mark.slow
 
@@ -52,10 +53,6 @@ def _plan(root: str, start: dict | None, rows: int = 1) -> dict:
     return json.loads(out)
 
 
-def _log_versions(location: str) -> int:
-    return len([name for name in os.listdir(os.path.join(location, "_delta_log")) if name.endswith(".json")])
-
-
 def test_sigkill_between_the_backout_put_and_its_consumption_moves_each_message_once(qm):
     qm.define_queue("BOQ")
     qm.define_queue("Q", backout_threshold=1, backout_queue="BOQ")
@@ -70,10 +67,10 @@ def test_sigkill_between_the_backout_put_and_its_consumption_moves_each_message_
         assert offset["plan"]
         assert mqspark.backout([{"queue": "Q", "delivery_seq": offset["delivered"] - 1}], "bad", root=qm.root) == 1
         # The next planner moves it; it is killed as soon as the copy is on the backout queue.
-        before = _log_versions(boq)
+        before = log_version(boq)
         process = _planner(qm.root, offset)
         deadline = time.monotonic() + 120
-        while _log_versions(boq) == before and process.poll() is None and time.monotonic() < deadline:
+        while log_version(boq) == before and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.001)
         process.send_signal(signal.SIGKILL)
         process.wait()

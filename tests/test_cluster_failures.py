@@ -26,7 +26,7 @@ from mqspark import QueueManager, store
 from mqspark.cluster.repository import Cluster
 from mqspark.qmgr import engine
 
-from .support.processes import PATIENCE, finish_driver, kill_run, last_spark_commit, start_driver
+from .support.processes import PATIENCE, finish_driver, kill_run, last_spark_commit, log_version, start_driver
 
 # Every test runs producers that are Spark drivers of their own (mqspark.session()).
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers-b")]
@@ -109,13 +109,6 @@ def _write_input(folder: Path, files: int, rows: int, rng: random.Random) -> tup
     return payloads, sizes
 
 
-def _log_version(location: str, known: int) -> int:
-    """The latest Delta version of the table at ``location``, looking only past ``known`` (cheap to poll)."""
-    while (Path(location) / "_delta_log" / f"{known + 1:020d}.json").exists():
-        known += 1
-    return known
-
-
 def _journal(location: str, producer: str | None) -> dict | None:
     rows = DeltaTable(location).to_pyarrow_table().to_pylist()
     found = [row for row in rows if row["kind"] == "producer" and row["producer"] == producer]
@@ -170,7 +163,7 @@ def test_routed_producer_killed_with_sigkill_puts_each_message_once(bind, tmp_pa
         journal_before = _journal(cluster.location, _query_id(checkpoint))
         # The producer's first batch opens its journal in a commit of its own before it is recorded.
         records = 1 if mode == "journal" else rng.randint(1, 2)
-        journal_target = _log_version(cluster.location, 0) + records + (journal_before is None)
+        journal_target = log_version(cluster.location, 0) + records + (journal_before is None)
         replica_target = sum(versions.values()) + (1 if number == 0 else rng.randint(1, 4))
         delay = rng.uniform(0.05, 0.8) if mode == "random" else 0.0
         process, log = run(number)
@@ -179,11 +172,11 @@ def test_routed_producer_killed_with_sigkill_puts_each_message_once(bind, tmp_pa
         journal_version = 0
         while True:
             if mode == "replica":
-                versions = {name: _log_version(location, versions[name]) for name, location in locations.items()}
+                versions = {name: log_version(location, versions[name]) for name, location in locations.items()}
                 if sum(versions.values()) >= replica_target:
                     break
             else:
-                journal_version = _log_version(cluster.location, journal_version)
+                journal_version = log_version(cluster.location, journal_version)
                 if journal_version >= journal_target:
                     break
             assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
@@ -194,7 +187,7 @@ def test_routed_producer_killed_with_sigkill_puts_each_message_once(bind, tmp_pa
         time.sleep(delay)
         assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
         kill_run(process, token)
-        versions = {name: _log_version(location, versions[name]) for name, location in locations.items()}
+        versions = {name: log_version(location, versions[name]) for name, location in locations.items()}
         query_id = _query_id(checkpoint)
         journal = _journal(cluster.location, query_id)
         replica_batches = {

@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 
 from mqspark import QueueManager, store
 from mqspark.engine.consumer_groups import ConsumerState
@@ -24,6 +23,7 @@ from .support.processes import (
     kill_marked,
     kill_run,
     last_spark_commit,
+    log_version,
     start_process,
     wait_printed,
 )
@@ -114,13 +114,6 @@ def test_the_forward_job_refuses_a_service_it_cannot_import(qm, tmp_path):
     assert qm.depth("REQUESTS", consumer="forward") == 1
 
 
-def _version(location: str) -> int:
-    try:
-        return DeltaTable(location).version()
-    except Exception:  # noqa: BLE001 - not created yet
-        return -1
-
-
 def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm, tmp_path):
     kills = 3  # one of each moment below
     rng = random.Random(20261124)
@@ -142,9 +135,9 @@ def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm
         try:
             # Kill after the run's first or later reply put (the JVM start takes seconds), at once,
             # after a random delay, or at the state table's next commit (a reply record or a plan).
-            target = _version(replies) + rng.randint(1, 3)
+            target = log_version(replies) + rng.randint(1, 3)
             deadline = time.monotonic() + PATIENCE
-            while _version(replies) < target:
+            while log_version(replies) < target:
                 assert process.poll() is None, f"run {number} ended: {log.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, f"run {number} made no progress: {log.read_text()[-3000:]}"
                 time.sleep(0.002)
@@ -152,8 +145,8 @@ def test_a_forwarder_killed_with_sigkill_leaves_exactly_one_reply_per_request(qm
             if moment == "delay":
                 time.sleep(rng.uniform(0.05, 0.8))
             elif moment == "state-commit":
-                state_target = _version(state) + 1
-                while _version(state) < state_target and process.poll() is None:
+                state_target = log_version(state) + 1
+                while log_version(state) < state_target and process.poll() is None:
                     time.sleep(0.001)
             moments.append(moment)
         finally:
@@ -219,10 +212,22 @@ def _killed_twice_before_the_batch_was_recorded_done(qm, folder: Path) -> bool:
         finally:
             kill_run(process, token)
 
-    run_until(0, lambda: _version(replies) >= 1)
+    run_until(0, lambda: log_version(replies) >= 1)
     if last_spark_commit(checkpoint) != -1:
         return False
-    run_until(1, lambda: rows.events("forward", ("rollback",)).num_rows > 0)
+    state = store.state_location(qm.root, "REQUESTS")
+    read_at = -2
+
+    def replay_counted() -> bool:
+        # Read the state table only when its log has moved on: reading it every millisecond took a core.
+        nonlocal read_at
+        version = log_version(state, read_at)
+        if version == read_at:
+            return False
+        read_at = version
+        return rows.events("forward", ("rollback",)).num_rows > 0
+
+    run_until(1, replay_counted)
     return last_spark_commit(checkpoint) == -1
 
 
@@ -255,9 +260,9 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
         standby = start()
         reached(standby, "standby")
         for _ in range(3):
-            target = _version(replies) + 2
+            target = log_version(replies) + 2
             deadline = time.monotonic() + PATIENCE
-            while _version(replies) < target:
+            while log_version(replies) < target:
                 _top_up(qm, expected, 20)
                 assert time.monotonic() < deadline, f"no replies: {running[active][1].read_text()[-3000:]}"
                 time.sleep(0.05)

@@ -26,7 +26,15 @@ from mqspark import store
 from mqspark.model.messages import MESSAGE_SCHEMA
 
 from .support import reference_model
-from .support.processes import PATIENCE, kill_marked, kill_run, last_spark_commit, log_tail, start_driver
+from .support.processes import (
+    PATIENCE,
+    kill_marked,
+    kill_run,
+    last_spark_commit,
+    log_tail,
+    log_version,
+    start_driver,
+)
 
 # Every test runs consumers that are Spark drivers of their own (mqspark.session()).
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("drivers-a")]
@@ -134,14 +142,6 @@ def _fill(qm, rng: random.Random, groups: int, plain: int) -> int:
     return puts
 
 
-def _delta_version(location: Path) -> int:
-    """The last version in a Delta table's log (-1: no table yet), read from the file names only."""
-    log = location / "_delta_log"
-    names = os.listdir(log) if log.exists() else []
-    versions = [int(name[:20]) for name in names if name.endswith(".json") and name[:20].isdigit()]
-    return max(versions, default=-1)
-
-
 def _pending_batches(checkpoint: Path) -> list[int]:
     """Micro-batches whose offsets Spark logged but whose commit it did not: a restart replays them."""
     offsets = checkpoint / "offsets"
@@ -150,7 +150,7 @@ def _pending_batches(checkpoint: Path) -> list[int]:
 
 
 def _output_rows(output: Path) -> list[dict]:
-    if _delta_version(output) < 0:
+    if log_version(output) < 0:
         return []
     return DeltaTable(str(output)).to_pyarrow_table(columns=["group_id", "msg_seq_number", "offset"]).to_pylist()
 
@@ -222,12 +222,12 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
             new_commits = 1 if number == 0 else rng.randint(1, 3)
             delay = rng.uniform(0.05, 0.8) if moment == "delay" else 0.0
             state_commits = rng.randint(1, 2) if moment == "state-commit" else 0
-            target = _delta_version(output) + new_commits
+            target = log_version(output) + new_commits
             process, log = run(number)
-            wait_for(lambda target=target: _delta_version(output) >= target, process, number, log)
+            wait_for(lambda target=target: log_version(output) >= target, process, number, log)
             if state_commits:
-                state_target = _delta_version(state_location) + state_commits
-                wait_for(lambda target=state_target: _delta_version(state_location) >= target, process, number, log)
+                state_target = log_version(state_location) + state_commits
+                wait_for(lambda target=state_target: log_version(state_location) >= target, process, number, log)
             time.sleep(delay)
             assert process.poll() is None, (
                 f"run {number} ended (rc {process.returncode}) before its kill: {log_tail(log)}"
@@ -241,7 +241,7 @@ def test_consumer_killed_with_sigkill_delivers_each_message_once_in_order(spark,
                     "run": number,
                     "moment": moment + (f"+{state_commits}" if state_commits else ""),
                     "delay_s": round(delay, 3),
-                    "output_version": _delta_version(output),
+                    "output_version": log_version(output),
                     "rows_out": len(delivered),
                     "consumed": len(rows) - qm.depth("Q", consumer="crash"),
                     "last_state_event": _last_state_event(state_location),
