@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
 
+from mqspark import store
 from mqspark.spark.session import jars_dir
 
 # How long a process test waits for a Spark driver to start or make progress before it fails. Far
@@ -49,14 +50,14 @@ def log_version(location: str | Path, known: int = -1) -> int:
     """The latest version in a Delta table's log (-1: no table yet), from its entries' names only.
 
     Cheap enough to poll every millisecond while a driver starts: pass the last answer as ``known``
-    and it costs one ``stat`` when nothing changed. Opening the table instead took about half a core,
-    which the driver being waited for then lacked on a loaded machine.
+    and it costs one file lookup when nothing changed. Opening the table instead took about half a
+    core, which the driver being waited for then lacked on a loaded machine.
     """
-    log = Path(location) / "_delta_log"
     if known < 0:
+        log = Path(location) / "_delta_log"
         names = os.listdir(log) if log.is_dir() else []
         known = max((int(name[:20]) for name in names if name.endswith(".json") and name[:20].isdigit()), default=-1)
-    while (log / f"{known + 1:020d}.json").exists():
+    while store.version_exists(str(location), known + 1):
         known += 1
     return known
 
