@@ -81,10 +81,6 @@ def _payloads(table) -> list[str]:
     return [payload.decode() for payload in table["payload"].to_pylist()]
 
 
-def _delta_log(location: str, version: int) -> Path:
-    return Path(location) / "_delta_log" / f"{version:020d}.json"
-
-
 @pytest.mark.slow
 def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, record_property):
     files, rows, kills = 30, 25, 4  # two at a commit, two between
@@ -116,7 +112,7 @@ def test_producer_killed_with_sigkill_commits_each_batch_once(qm, tmp_path, reco
         process, log = run(number)
         logs.append(log)
         deadline = time.monotonic() + PATIENCE
-        while not _delta_log(location, target).exists():
+        while not store.version_exists(location, target):
             assert process.poll() is None, f"run {number} ended (rc {process.returncode}) before its kill"
             assert time.monotonic() < deadline, (
                 f"run {number} made no progress in {PATIENCE} s: {log.read_text()[-3000:]}"
