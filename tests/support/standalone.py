@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyspark
 
-from .processes import free_port
+from .processes import SHORT_LIVED_JVM, driver_jvm_options, free_port
 
 SPARK_CLASS = str(Path(sys.executable).parent / "spark-class")
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
@@ -56,7 +56,14 @@ class Standalone:
         return f"spark://127.0.0.1:{self.port}"
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
-        env = {**os.environ, **SPARK_ENV, "SPARK_LOG_DIR": str(self.folder), "SPARK_LOCAL_IP": "127.0.0.1"}
+        # The worker's environment is its executors' too: all of them short-lived JVMs.
+        env = {
+            **os.environ,
+            **SPARK_ENV,
+            "SPARK_LOG_DIR": str(self.folder),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "JDK_JAVA_OPTIONS": SHORT_LIVED_JVM,
+        }
         with (self.folder / f"{name}.log").open("a") as out:
             return subprocess.Popen(
                 [SPARK_CLASS, *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -148,6 +155,12 @@ class Standalone:
             str(script),
             *args,
         ]
-        full = {**os.environ, **SPARK_ENV, "PYTHONPATH": str(REPOSITORY), **(env or {})}
+        full = {
+            **os.environ,
+            **SPARK_ENV,
+            "PYTHONPATH": str(REPOSITORY),
+            "JDK_JAVA_OPTIONS": driver_jvm_options(),
+            **(env or {}),
+        }
         with log.open("w") as out:
             return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=full, start_new_session=True)
