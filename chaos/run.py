@@ -340,6 +340,9 @@ def _environment() -> dict[str, str]:
         "PYTHONPATH": repository + (os.pathsep + path if path else ""),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
+        # The actors' drivers are killed within minutes: the JIT's first tier and the serial collector
+        # start them with less CPU, which the run's other processes need (two cores for all of them).
+        "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
 
 
