@@ -31,7 +31,16 @@ from mqspark.services.instances import Instance
 
 from .support import reference_model
 from .support.cli import mqspark_process
-from .support.processes import PATIENCE, kill_marked, kill_run, log_tail, marked_processes, start_driver, wait_printed
+from .support.processes import (
+    PATIENCE,
+    kill_marked,
+    kill_run,
+    log_tail,
+    log_version,
+    marked_processes,
+    start_driver,
+    wait_printed,
+)
 from .test_get_failures import OUTPUT, _fill
 
 # Every test runs instances that are Spark drivers of their own (mqspark.session()).
@@ -71,10 +80,9 @@ print(f"standby {{instance.id}}", flush=True)
 
 
 def deliver(batch, batch_id):
-    rows = batch.count()
     batch.write.format("delta").mode("append").option("txnAppId", "ha").option("txnVersion", batch_id).save(output)
     with open(deliveries, "a") as log:
-        log.write(f"{{instance.id}} {{batch_id}} {{rows}} {{time.time()}}\\n")
+        log.write(f"{{instance.id}} {{batch_id}} {{time.time()}}\\n")
 
 
 def start(instance_id):
@@ -112,6 +120,7 @@ class Instances:
         self.deliveries.touch()
         self.running: dict[str, tuple[subprocess.Popen, Path]] = {}
         self.started = 0
+        self.output_version, self.rows = -1, 0
 
     def start(self) -> str:
         token = uuid.uuid4().hex
@@ -122,20 +131,29 @@ class Instances:
         return token
 
     def start_active_and_standby(self) -> tuple[str, str, str, str]:
-        """Start one instance, wait until it is active, then a second one: their tokens and ids."""
-        active_token = self.start()
-        active = self.instance_id(active_token, "active")
-        standby_token = self.start()
-        return active_token, active, standby_token, self.instance_id(standby_token)
+        """Start two instances at once and wait until one of them is active: the active one's token
+        and id, then the standby's. Started one after the other, a test waited for two driver starts."""
+        tokens = [self.start(), self.start()]
+        ids = [self.instance_id(token) for token in tokens]
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            for number, token in enumerate(tokens):
+                if f"active {ids[number]}" in self.running[token][1].read_text().split("\n")[:-1]:
+                    return token, ids[number], tokens[1 - number], ids[1 - number]
+            for token in tokens:
+                process, log = self.running[token]
+                assert process.poll() is None, f"an instance ended (rc {process.returncode}): {log_tail(log)}"
+            assert time.monotonic() < deadline, f"neither instance became active within {PATIENCE} s"
+            time.sleep(0.1)
 
     def instance_id(self, token: str, role: str = "standby", timeout: float = PATIENCE) -> str:
         """The instance id the process printed on reaching ``role``."""
         return wait_printed(*self.running[token], role, timeout)
 
-    def delivered(self) -> list[tuple[str, int, int, float]]:
-        """(instance, micro-batch id, rows, time) of every micro-batch delivered, in order."""
+    def delivered(self) -> list[tuple[str, int, float]]:
+        """(instance, micro-batch id, time) of every micro-batch delivered, in order."""
         lines = self.deliveries.read_text().splitlines()
-        return [(i, int(b), int(r), float(t)) for i, b, r, t in (line.split() for line in lines if line.strip())]
+        return [(i, int(b), float(t)) for i, b, t in (line.split() for line in lines if line.strip())]
 
     def wait_for_deliveries(self, instance: str, count: int, timeout: float = PATIENCE) -> float:
         """Wait until ``instance`` delivered ``count`` micro-batches in all; the time of the last."""
@@ -143,7 +161,7 @@ class Instances:
         while True:
             mine = [d for d in self.delivered() if d[0] == instance]
             if len(mine) >= count:
-                return mine[count - 1][3]
+                return mine[count - 1][2]
             assert time.monotonic() < deadline, f"{instance} delivered {len(mine)} of {count} batches in {timeout} s"
             time.sleep(0.05)
 
@@ -169,8 +187,12 @@ class Instances:
         self.running.clear()
 
     def output_rows(self) -> int:
-        log = self.output / "_delta_log"
-        return DeltaTable(str(self.output)).to_pyarrow_table(columns=["msg_id"]).num_rows if log.exists() else 0
+        """The rows in the output table, read again only when its log has moved on."""
+        version = log_version(self.output, self.output_version)
+        if version != self.output_version:
+            self.output_version = version
+            self.rows = DeltaTable(str(self.output)).to_pyarrow_table(columns=["msg_id"]).num_rows
+        return self.rows
 
 
 def _filled(qm, seed: int, groups: int, plain: int) -> list[dict]:
@@ -231,12 +253,12 @@ def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm,
             instances.kill(tokens.pop(active))
             replacement = instances.start()
             deadline = time.monotonic() + LEASE_S + PATIENCE
-            while not (after := [d for d in instances.delivered() if d[3] > killed_at and d[0] != active]):
+            while not (after := [d for d in instances.delivered() if d[2] > killed_at and d[0] != active]):
                 assert time.monotonic() < deadline, (
                     f"no standby took over within {LEASE_S + PATIENCE} s of kill {number}"
                 )
                 time.sleep(0.05)
-            successor, batch, _, first_delivery = after[0]
+            successor, batch, first_delivery = after[0]
             takeovers.append(
                 {
                     "kill": number,
@@ -293,10 +315,10 @@ def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(s
     finally:
         instances.stop_all()
 
-    late = [d for d in instances.delivered() if d[0] == paused and d[3] >= stopped_at]
+    late = [d for d in instances.delivered() if d[0] == paused and d[2] >= stopped_at]
     assert late == [], f"the paused instance delivered after its pause: {late}"
     assert took_over - stopped_at >= LEASE_S - 1
-    assert {d[0] for d in instances.delivered() if d[3] >= took_over} == {standby}
+    assert {d[0] for d in instances.delivered() if d[2] >= took_over} == {standby}
     _check_output(spark, instances.output, expected)
     assert Counter(d[0] for d in instances.delivered())[paused] >= 2
 
@@ -324,8 +346,8 @@ def test_switchover_hands_over_at_a_batch_boundary_with_nothing_redelivered(spar
 
     batches = [d[1] for d in instances.delivered()]
     assert batches == list(range(len(batches))), "a micro-batch was delivered twice, or one was skipped"
-    assert {d[0] for d in instances.delivered() if d[3] >= taken_over} == {standby}
-    assert {d[0] for d in instances.delivered() if d[3] < asked_at} == {active}
+    assert {d[0] for d in instances.delivered() if d[2] >= taken_over} == {standby}
+    assert {d[0] for d in instances.delivered() if d[2] < asked_at} == {active}
     _check_output(spark, instances.output, expected)
 
 
