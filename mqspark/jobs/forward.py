@@ -40,9 +40,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lease-timeout", type=int, help="seconds the consumer group's lease lives unrenewed")
     args = parser.parse_args(argv)
 
+    from mqspark.errors import MQError
+    from mqspark.services.forward import load_service
+
+    # A service that cannot be imported is refused before a Spark session is started for it.
+    try:
+        load_service(args.service)
+    except MQError as error:
+        print(f"forward: error: {error}", file=sys.stderr)
+        return 1
+
     from pyspark.sql import SparkSession
 
-    from mqspark.errors import MQError
     from mqspark.spark.forward import forward
     from mqspark.spark.session import azure_settings, register
 
