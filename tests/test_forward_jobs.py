@@ -5,6 +5,7 @@ Real ``spark-submit`` (the one pyspark ships), real processes and real Delta tab
 
 from __future__ import annotations
 
+import functools
 import random
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from .support.processes import (
     PATIENCE,
     finish_driver,
+    first_printed,
     kill_marked,
     kill_run,
     last_spark_commit,
@@ -40,6 +42,7 @@ SERVICES = "tests.support.service_functions"
 LEASE_S = 10
 
 
+@functools.cache
 def _job() -> str:
     found = subprocess.run(
         [sys.executable, "-m", "mqspark.cli", "job", "forward"], capture_output=True, text=True, check=True
@@ -255,10 +258,12 @@ def test_forwarder_instances_take_over_from_a_killed_active_one_with_exactly_one
 
     try:
         _top_up(qm, expected, 20)
-        active = start()
-        ids = [reached(active, "active")]
-        standby = start()
-        reached(standby, "standby")
+        # Both started at once: whichever takes the consumer group first is the active one.
+        pair = [start(), start()]
+        first = [reached(token, "standby") for token in pair]
+        number = first_printed([running[token] for token in pair], [f"active {i}" for i in first], PATIENCE)
+        active, standby = pair[number], pair[1 - number]
+        ids = [first[number]]
         for _ in range(3):
             target = log_version(replies) + 2
             deadline = time.monotonic() + PATIENCE

@@ -33,6 +33,7 @@ from .support import reference_model
 from .support.cli import mqspark_process
 from .support.processes import (
     PATIENCE,
+    first_printed,
     kill_marked,
     kill_run,
     log_tail,
@@ -135,16 +136,9 @@ class Instances:
         and id, then the standby's. Started one after the other, a test waited for two driver starts."""
         tokens = [self.start(), self.start()]
         ids = [self.instance_id(token) for token in tokens]
-        deadline = time.monotonic() + PATIENCE
-        while True:
-            for number, token in enumerate(tokens):
-                if f"active {ids[number]}" in self.running[token][1].read_text().split("\n")[:-1]:
-                    return token, ids[number], tokens[1 - number], ids[1 - number]
-            for token in tokens:
-                process, log = self.running[token]
-                assert process.poll() is None, f"an instance ended (rc {process.returncode}): {log_tail(log)}"
-            assert time.monotonic() < deadline, f"neither instance became active within {PATIENCE} s"
-            time.sleep(0.1)
+        runs = [self.running[token] for token in tokens]
+        number = first_printed(runs, [f"active {instance}" for instance in ids], PATIENCE)
+        return tokens[number], ids[number], tokens[1 - number], ids[1 - number]
 
     def instance_id(self, token: str, role: str = "standby", timeout: float = PATIENCE) -> str:
         """The instance id the process printed on reaching ``role``."""

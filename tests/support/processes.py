@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
@@ -127,6 +128,20 @@ def wait_printed(process: subprocess.Popen, log: Path, word: str, timeout: float
                 return line.split(maxsplit=1)[1]
         assert process.poll() is None, f"process ended (rc {process.returncode}) before {word!r}: {log_tail(log)}"
         assert time.monotonic() < deadline, f"process printed no {word!r} within {timeout} s: {log_tail(log)}"
+        time.sleep(0.1)
+
+
+def first_printed(runs: Sequence[tuple[subprocess.Popen, Path]], lines: Sequence[str], timeout: float) -> int:
+    """The index of the first of ``runs`` (process, log) whose log holds the whole line ``lines[i]``;
+    fails if one of them ends first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for number, ((_, log), line) in enumerate(zip(runs, lines, strict=True)):
+            if line in log.read_text().split("\n")[:-1]:
+                return number
+        for process, log in runs:
+            assert process.poll() is None, f"process ended (rc {process.returncode}): {log_tail(log)}"
+        assert time.monotonic() < deadline, f"none of {list(lines)} printed within {timeout} s"
         time.sleep(0.1)
 
 
