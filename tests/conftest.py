@@ -21,6 +21,7 @@ from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
 from .support.azurite import ACCOUNT, Azurite
+from .support.processes import SHORT_LIVED_JVM
 from .support.s3 import MotoS3
 
 # What the run's processes put in temporary folders goes under one folder per test process, removed
@@ -29,8 +30,13 @@ from .support.s3 import MotoS3
 SCRATCH = Path(tempfile.mkdtemp(prefix="mqspark-tests-"))
 os.environ["SPARK_LOCAL_DIRS"] = str(SCRATCH)
 # An xdist worker inherits the controller's folder in the environment: this process's replaces it.
-_submit_options = [o for o in os.environ.get("SPARK_SUBMIT_OPTS", "").split() if not o.startswith("-Djava.io.tmpdir=")]
-os.environ["SPARK_SUBMIT_OPTS"] = " ".join([*_submit_options, f"-Djava.io.tmpdir={SCRATCH}"])
+# Every driver JVM of the run (this process's session, notebooks, scripts, servers) is short-lived.
+_submit_options = [
+    o
+    for o in os.environ.get("SPARK_SUBMIT_OPTS", "").split()
+    if not o.startswith("-Djava.io.tmpdir=") and o not in SHORT_LIVED_JVM.split()
+]
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join([*_submit_options, SHORT_LIVED_JVM, f"-Djava.io.tmpdir={SCRATCH}"])
 
 # The emulators' ports are chosen before Spark starts, so Spark's JVM and Python workers inherit the
 # AZURE_* and AWS_* variables that reach them: Spark jobs take object-store credentials from the
