@@ -37,8 +37,17 @@ TOUR = "The five-minute tour"
 # What the tour prints: the messages it put, in the order the streaming get delivered them.
 TOUR_PAYLOADS = ["rush", "order 1", "order 2"]
 # Variables that would hand the tour the dev environment's Python, Spark or settings, and the object
-# store emulators' credentials the test session exports.
-NOT_A_USERS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")
+# store emulators' credentials the test session exports; and a machine's PYTHONDONTWRITEBYTECODE,
+# under which each of the tour's Python processes (driver, PySpark workers) compiled pyspark again.
+NOT_A_USERS = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONDONTWRITEBYTECODE",
+    "VIRTUAL_ENV",
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+    "SPARK_HOME",
+)
 NOT_A_USERS_PREFIXES = ("MQSPARK_", "SPARK_REMOTE", "AZURE_", "AWS_")
 PIP = ["-m", "pip", "--disable-pip-version-check"]
 
