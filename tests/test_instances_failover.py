@@ -290,7 +290,7 @@ def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(s
         paused_token, paused, _, standby = instances.start_active_and_standby()
         # Paused just after a delivery, between micro-batches: a pause inside the foreachBatch function
         # itself resumes that function, which nothing outside it can stop (see mqspark.services.instances).
-        # It has often delivered several batches while the standby started: wait for its next one.
+        # It may have delivered several batches by now: wait for its next one.
         seen = sum(1 for d in instances.delivered() if d[0] == paused)
         instances.wait_for_deliveries(paused, max(2, seen + 1))
         instances.signal(paused_token, signal.SIGSTOP)
