@@ -117,13 +117,18 @@ def log_tail(log: Path) -> str:
     return "\n".join(lines)[-4000:]
 
 
+def whole_lines(log: Path) -> list[str]:
+    """The lines of ``log`` its process has finished writing (the last may be partial)."""
+    return log.read_text().split("\n")[:-1]
+
+
 def wait_printed(process: subprocess.Popen, log: Path, word: str, timeout: float) -> str:
     """What follows ``word`` on the first whole line of ``log`` that starts with it (the process may
     be writing the last line), once ``process`` printed it; fails if the process ends first or
     ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while True:
-        for line in log.read_text().split("\n")[:-1]:
+        for line in whole_lines(log):
             if line.startswith(f"{word} "):
                 return line.split(maxsplit=1)[1]
         assert process.poll() is None, f"process ended (rc {process.returncode}) before {word!r}: {log_tail(log)}"
@@ -137,7 +142,7 @@ def first_printed(runs: Sequence[tuple[subprocess.Popen, Path]], lines: Sequence
     deadline = time.monotonic() + timeout
     while True:
         for number, ((_, log), line) in enumerate(zip(runs, lines, strict=True)):
-            if line in log.read_text().split("\n")[:-1]:
+            if line in whole_lines(log):
                 return number
         for process, log in runs:
             assert process.poll() is None, f"process ended (rc {process.returncode}): {log_tail(log)}"
