@@ -146,7 +146,9 @@ def first_printed(runs: Sequence[tuple[subprocess.Popen, Path]], lines: Sequence
                 return number
         for process, log in runs:
             assert process.poll() is None, f"process ended (rc {process.returncode}): {log_tail(log)}"
-        assert time.monotonic() < deadline, f"none of {list(lines)} printed within {timeout} s"
+        if time.monotonic() >= deadline:
+            tails = "\n".join(f"--- {log.name}:\n{log_tail(log)}" for _, log in runs)
+            raise AssertionError(f"none of {list(lines)} printed within {timeout} s:\n{tails}")
         time.sleep(0.1)
 
 
