@@ -144,6 +144,14 @@ class Instances:
         """The instance id the process printed on reaching ``role``."""
         return wait_printed(*self.running[token], role, timeout)
 
+    def log_of(self, instance: str) -> str:
+        """The log of the process that ran ``instance``."""
+        for log in sorted(self.tmp_path.glob("instance-*.log")):
+            text = log.read_text()
+            if f"standby {instance}\n" in text:
+                return text
+        raise AssertionError(f"no log of instance {instance}")
+
     def delivered(self) -> list[tuple[str, int, float]]:
         """(instance, micro-batch id, time) of every micro-batch delivered, in order."""
         lines = self.deliveries.read_text().splitlines()
@@ -274,10 +282,17 @@ def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm,
     # Each takeover came (the wait above gives up after LEASE_S + PATIENCE). How fast is the
     # benchmark's question (instances_takeover): under CI's load one took 96 s.
     assert len(takeovers) == kills
-    # Only the active instance delivered: deliveries change hands only at a kill, never back.
+    # Only the active instance delivered: deliveries change hands at each kill, and never back. An
+    # active instance starved past its lease under load loses the group to a standby, by design (a
+    # CI run saw one): a hand-over between kills is allowed when the one that lost the group says so.
     order = [d[0] for d in instances.delivered()]
     hands = [order[0], *(b for a, b in zip(order, order[1:], strict=False) if a != b)]
-    assert hands == [takeovers[0]["from"], *(t["to"] for t in takeovers)]
+    assert len(hands) == len(set(hands)) and hands[0] == takeovers[0]["from"], hands
+    killed = {(t["from"], t["to"]) for t in takeovers}
+    changes = set(zip(hands, hands[1:], strict=False))
+    assert killed <= changes, hands
+    for lost, taker in changes - killed:
+        assert f"was taken over by {taker}" in instances.log_of(lost), hands
     _check_output(spark, instances.output, expected)
     assert qm.depth("Q", consumer="ha") == 0
 
