@@ -77,7 +77,9 @@ logging.basicConfig(level=logging.WARNING)
 # A warm standby: the JVM has written a Delta table once, so the first batch after a takeover is quick.
 spark.range(1).write.format("delta").mode("overwrite").save(output + "-warm-up-" + str(os.getpid()))
 instance = Instance(QueueManager.open(root), "Q", "ha", lease_timeout=timedelta(seconds={LEASE_S}), spark=spark)
-print(f"standby {{instance.id}}", flush=True)
+# Whole lines, in one write each: the JVM's log lines share the output.
+sys.stdout.write(f"standby {{instance.id}}\\n")
+sys.stdout.flush()
 
 
 def deliver(batch, batch_id):
@@ -104,7 +106,8 @@ def start(instance_id):
 
 
 query = instance.run(start)
-print(f"active {{instance.id}}", flush=True)
+sys.stdout.write(f"active {{instance.id}}\\n")
+sys.stdout.flush()
 query.awaitTermination()
 """
 

@@ -109,10 +109,18 @@ def _run_instance(
     instance = Instance(
         Queues.open(args.root), args.queue, args.consumer, service="forward", lease_timeout=lease, spark=spark
     )
-    print(f"standby {instance.id}", flush=True)
+    _say(f"standby {instance.id}")
     query = instance.run(start)
-    print(f"active {instance.id}", flush=True)
+    _say(f"active {instance.id}")
     return query
+
+
+def _say(line: str) -> None:
+    """Print ``line`` whole. spark-submit runs the driver unbuffered (``PYTHONUNBUFFERED``), so
+    ``print`` writes the text and its newline apart, and the JVM's log lines, which share the
+    output, can land between them."""
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
