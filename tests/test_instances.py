@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from datetime import timedelta
 
 import pytest
@@ -89,6 +90,44 @@ def test_a_fenced_batch_function_runs_only_while_its_instance_holds_the_lease(qm
         f"(held by {second.id}); micro-batch 1 is not delivered"
     )
     assert delivered == [0]
+
+
+def test_an_instance_that_lost_its_group_while_its_query_started_raises_2042_and_may_stand_by_again(qm, clock):
+    qm.define_queue("Q")
+    instance = Instance(qm, "Q", "G", lease_timeout=LEASE)
+    state = ConsumerState(qm.root, "Q", engine(qm).storage_options, clock=clock)
+
+    def start(instance_id: str):
+        state.release("G", instance_id)
+        state.acquire("G", "other", LEASE)
+        raise RuntimeError("Multiple streaming queries are concurrently using metadata")
+
+    with pytest.raises(MQError) as lost:
+        instance.run(start, timeout=5)
+    assert str(lost.value) == (
+        f"MQRC_OBJECT_IN_USE (2042): queue Q: instance {instance.id} lost consumer group 'G' while its query started"
+    )
+    assert str(lost.value.__cause__) == "Multiple streaming queries are concurrently using metadata"
+    assert state.lease("G", LEASE).owner == "other"
+    _lapse(clock)
+    instance.wait_until_active(timeout=5)
+    assert state.lease("G", LEASE).owner == instance.id
+
+
+def test_an_instance_whose_query_fails_to_start_gives_the_group_back_and_stops_renewing(qm, clock):
+    qm.define_queue("Q")
+    instance = Instance(qm, "Q", "STARTS", lease_timeout=LEASE)
+
+    def start(instance_id: str):
+        raise RuntimeError("no checkpoint")
+
+    with pytest.raises(RuntimeError, match="^no checkpoint$"):
+        instance.run(start, timeout=5)
+    assert ConsumerState(qm.root, "Q", engine(qm).storage_options, clock=clock).lease("STARTS", LEASE) is None
+    keeping = [thread for thread in threading.enumerate() if thread.name == "mqspark-instance-STARTS"]
+    for thread in keeping:
+        thread.join(timeout=30)
+    assert [thread for thread in keeping if thread.is_alive()] == []
 
 
 def test_cli_lists_the_instances(qm):

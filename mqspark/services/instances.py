@@ -157,6 +157,7 @@ class Instance:
         self.active_since: datetime | None = None
         self.state = ConsumerState(qm.root, self.queue, qm.storage_options, clock=self._clock)
         self._stopped = threading.Event()
+        self._kept_until = threading.Event()  # the current run's keeping; :meth:`stop` ends it too
         self._registry = registry_location(qm.root, self.queue, self.consumer)
         self._spark = spark
         self._warmed = -math.inf
@@ -214,15 +215,35 @@ class Instance:
         start the group's query on the shared checkpoint with ``.option("instance", instance_id)``.
         Returns the running query. A thread renews the lease from the moment this instance is
         active (starting a query takes seconds, longer than a short lease) and keeps the registry
-        entry current while the query runs; if a renewal is refused, it stops the query."""
+        entry current while the query runs; if a renewal is refused, it stops the query.
+
+        If ``start`` raises, the renewals end and the lease is given back. When this instance had
+        lost the group meanwhile, that is ``MQRC_OBJECT_IN_USE`` (2042), raised from the start's
+        error; either way the instance may stand by again."""
         self.wait_until_active(timeout)
         started: list[StreamingQuery] = []
+        self._kept_until = ended = threading.Event()
         threading.Thread(
-            target=self._keep, args=(started,), name=f"mqspark-instance-{self.consumer}", daemon=True
+            target=self._keep, args=(started, ended), name=f"mqspark-instance-{self.consumer}", daemon=True
         ).start()
-        query = start(self.id)
+        try:
+            query = start(self.id)
+        except Exception as error:
+            ended.set()
+            if not self._still_held():
+                raise MQError(
+                    f"queue {self.queue}: instance {self.id} lost consumer group {self.consumer!r} "
+                    "while its query started",
+                    Reason.MQRC_OBJECT_IN_USE,
+                ) from error
+            self.state.release(self.consumer, self.id)
+            raise
         started.append(query)
         return query
+
+    def _still_held(self) -> bool:
+        holder = self.state.lease(self.consumer, self.lease_timeout)
+        return holder is not None and holder.owner == self.id
 
     def fence(self, function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
         """``function`` as a ``foreachBatch`` function that runs only while this instance holds the
@@ -249,15 +270,17 @@ class Instance:
     def stop(self) -> None:
         """Stop standing by, and stop keeping the registry entry current."""
         self._stopped.set()
+        self._kept_until.set()
 
-    def _keep(self, started: list[StreamingQuery]) -> None:
+    def _keep(self, started: list[StreamingQuery], ended: threading.Event) -> None:
         """Renew the lease and the registry entry until the query (``started[0]``, once started) ends,
         or, on a switchover, until its planner released the lease at a batch boundary. A store that
         does not answer is tried again at the next renewal; the lease may pass meanwhile."""
         state = ConsumerState(self.qm.root, self.queue, self.qm.storage_options, clock=self._clock)
-        while not self._clock.wait(self._stopped, self.interval):
+        while not self._clock.wait(ended, self.interval):
             try:
                 if self._kept(state, started):
+                    ended.set()
                     return
             except Exception as error:
                 if not store.unanswered(error):
@@ -272,7 +295,6 @@ class Instance:
             holder = state.lease(self.consumer, self.lease_timeout)
             if started and (holder is None or holder.owner != self.id):
                 _log.info("instance %s handed consumer group %r over", self.id, self.consumer)
-                self._stopped.set()
                 started[0].stop()
                 return True
             return False
@@ -281,7 +303,6 @@ class Instance:
             state.renew(self.consumer, self.id, self.lease_timeout)
         except MQError as lost:
             _log.warning("instance %s stops its query: %s", self.id, lost)
-            self._stopped.set()
             if started:
                 started[0].stop()
             return True
