@@ -254,7 +254,10 @@ class QueueManager:
         consumed and what expired, compact files, checkpoint the log, clean it up and vacuum, keeping
         time travel for ``retention``. See :mod:`mqspark.engine.maintenance`."""
         check_retention(retention)
-        return maintain(self._queues, self._queues.resolve(queue), retention)
+        definition = self._queues.resolve(queue)
+        # Puts staged by processes that died are committed first, so that maintenance counts them.
+        self._queues.commit_staged(definition.name)
+        return maintain(self._queues, definition, retention)
 
     @store.connected
     def purge(self, queue: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> int:

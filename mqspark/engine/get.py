@@ -57,6 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
+from mqspark.engine import staged_puts
 from mqspark.engine.backout import RELEASED, check_error_text, plan_messages
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
@@ -296,6 +297,8 @@ def plan_get(
     is recorded consumed in its own commit: they are the caller's once it returns."""
     match = _checked(request)
     queue, consumer = request.queue, request.consumer
+    # A put staged by a process that died meanwhile waits for the next commit: this get makes it.
+    qm.commit_staged(queue, staged_puts.HOLDER_PATIENCE)
     clock = qm.clock
     deadline = clock.monotonic() + request.wait
     seen = None

@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from mqspark import store
-from mqspark.engine import depth
+from mqspark.engine import depth, staged_puts
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
 from mqspark.engine.leases import MAINTENANCE
@@ -141,10 +141,13 @@ def maintain(
         # Log entries may go only when no live file still needs its add version from them: every file a
         # put wrote was rewritten, or there was none.
         unstamped = pc.any(pc.is_valid(files["version"])).as_py()
-        clean_before = read_version if version is not None or not unstamped else None
+        # A staged put claimed by a holder is settled by the log: the entries stay while one is unsettled.
+        settled = store.is_uri(location) or staged_puts.settle_claims(location)
+        clean_before = read_version if (version is not None or not unstamped) and settled else None
         cleaned, vacuumed = _tidy(location, qm.storage_options, version, clean_before, now, retention)
         older_than = (now - max(retention, LEFTOVER_AGE)).timestamp()
         leftovers = sum(store.remove_leftovers(where, older_than) for where in (location, state.location))
+        leftovers += store.remove_staged_leftovers(location, older_than)
         if version is None:
             removed[:] = False
             moved[:] = False

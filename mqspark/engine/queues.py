@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
+from functools import partial
 from typing import Any, Self, TypeVar
 
 import cachetools
@@ -28,7 +29,7 @@ from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
 from mqspark.clock import SYSTEM_CLOCK, Clock
-from mqspark.engine import group_commit
+from mqspark.engine import group_commit, staged_puts
 from mqspark.engine.catalog import Catalog
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.depth import (
@@ -242,13 +243,43 @@ class Queues:
         return msg_ids
 
     def _commit_together(self, queue: str, puts: list[pa.Table], groups: pa.Table, definition: QueueDefinition) -> None:
-        """Commit the rows of plain puts to ``queue`` (``groups``: none) in one data file and one commit,
-        numbered one after another: a message's identity is its commit version and ``put_seq``."""
+        """Commit the rows of plain puts to ``queue`` (``groups``: none) in one commit; on a local
+        queue put to by its own name, with the puts other processes staged meanwhile (see
+        :mod:`mqspark.engine.staged_puts`). A put through an alias commits alone: an alias
+        retargeted meanwhile backs out its puts, and only its own."""
+        location = self._location(definition.name)
         messages = pa.concat_tables(puts)
+        commit_rows = partial(self.commit_rows, queue, groups, definition)
+        if store.is_uri(location) or queue != definition.name:
+            commit_rows(messages, {})
+        else:
+            staged_puts.commit(location, messages, commit_rows)
+
+    def commit_rows(
+        self, queue: str, groups: pa.Table, definition: QueueDefinition, messages: pa.Table, metadata: dict[str, Any]
+    ) -> None:
+        """Commit ``messages`` in one data file and one commit, numbered one after another: a
+        message's identity is its commit version and ``put_seq``."""
         messages = replace_column(messages, "put_seq", pa.array(np.arange(messages.num_rows, dtype=np.int64)))
         file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
         if file is not None:
-            self.commit_put(queue, [file], groups, definition=definition)
+            self.commit_put(queue, [file], groups, metadata=metadata or None, definition=definition)
+
+    @store.connected
+    def commit_staged(self, queue: str, age: float = 0.0) -> int:
+        """Commit the puts other processes staged for local queue ``queue`` at least ``age`` seconds
+        ago and left there (see :mod:`mqspark.engine.staged_puts`); how many were settled. They were
+        accepted before they were staged: a queue put-inhibited since still takes them."""
+        definition = self.resolve(queue)
+        location = self._location(definition.name)
+        if store.is_uri(location):
+            return 0
+
+        def commit_rows(messages: pa.Table, metadata: dict[str, Any]) -> None:
+            no_groups = group_items(QUEUE_TABLE_SCHEMA.empty_table())
+            self.commit_rows(definition.name, no_groups, definition, messages, metadata)
+
+        return staged_puts.commit_staged(location, age, commit_rows)
 
     @store.connected
     def committed_transaction(self, queue: str, producer: str) -> int | None:

@@ -64,8 +64,10 @@ from mqspark.store.log import (
     log_entry,
     log_entry_count,
     log_stamp,
+    newest_version,
     version_exists,
 )
+from mqspark.store.staging import STAGED_KEY, Staging, landed_names, remove_staged_leftovers
 from mqspark.store.tables import (
     CLOSED_PROPERTY,
     VACUUM_FLOOR,
@@ -166,4 +168,9 @@ __all__ = [
     "unanswered",
     "version_exists",
     "write_data_file",
+    "STAGED_KEY",
+    "Staging",
+    "landed_names",
+    "newest_version",
+    "remove_staged_leftovers",
 ]

@@ -5,6 +5,7 @@ added the live files, checkpoints, and cleaning up expired entries and the files
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -129,6 +130,20 @@ def version_exists(location: str, version: int) -> bool:
     """Whether commit ``version`` of the table exists: one file lookup, cheap enough for idle polling."""
     filesystem, path = _log_path(location, version)
     return filesystem.get_file_info(path).type == pafs.FileType.File
+
+
+def newest_version(location: str, known: int = -1) -> int:
+    """The newest version in the log of the local table at ``location`` (-1: none), from its entries'
+    names only. Given ``known``, a version that exists, it costs one file lookup when nothing changed."""
+    if known < 0:
+        try:
+            names = os.listdir(os.path.join(location, "_delta_log"))
+        except FileNotFoundError:
+            names = []
+        known = max((int(name[:20]) for name in names if name.endswith(".json") and name[:20].isdigit()), default=-1)
+    while version_exists(location, known + 1):
+        known += 1
+    return known
 
 
 def log_stamp(location: str, version: int) -> int | None:

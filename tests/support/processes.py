@@ -54,13 +54,7 @@ def log_version(location: str | Path, known: int = -1) -> int:
     and it costs one file lookup when nothing changed. Opening the table instead took about half a
     core, which the driver being waited for then lacked on a loaded machine.
     """
-    if known < 0:
-        log = Path(location) / "_delta_log"
-        names = os.listdir(log) if log.is_dir() else []
-        known = max((int(name[:20]) for name in names if name.endswith(".json") and name[:20].isdigit()), default=-1)
-    while store.version_exists(str(location), known + 1):
-        known += 1
-    return known
+    return store.newest_version(str(location), known)
 
 
 def spawned_children(parent: int) -> list[int]:

@@ -1,0 +1,215 @@
+"""Group commit across processes: plain puts of several processes to one local queue share a commit.
+
+A Delta commit costs the same for one message as for many, and commits of several processes to one
+table conflict and retry. So a put (already gathered with its process's other puts, see
+:mod:`mqspark.engine.group_commit`) takes the queue's commit lock when it is free and commits its
+rows together with every put other processes staged meanwhile; when the lock is held, it stages its
+rows (:mod:`mqspark.store.staging`) and waits for the holder to mark them landed or refused, taking
+the lock itself as soon as it is free. The rules:
+
+- commit order is arrival order (staged files sort by arrival time);
+- ``max_depth`` and the queue's flags are checked at the commit: when the puts together do not fit,
+  they are committed one by one in order, and those that do not fit are refused with
+  ``MQRC_Q_FULL``; another refusal of the commit refuses each put in it;
+- a put returns once a landed commit holds it, and a put that raised left nothing;
+- a holder killed mid-commit loses and doubles nothing: the next holder finds its claims and
+  settles them by the log (landed, or staged again);
+- a put whose file no holder claims within :data:`HOLDER_PATIENCE` (a holder paused while holding
+  the lock) takes it back and commits alone. A staged put whose process died is committed by the
+  next put, or by the next get or maintenance of the queue once it waited :data:`HOLDER_PATIENCE`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from mqspark import store
+from mqspark.errors import MQError, MQValidationError, Reason
+
+# Commits the given rows in one Delta commit, with the given entries in its commitInfo.
+CommitRows = Callable[[pa.Table, dict[str, Any]], object]
+
+# Seconds a staged put waits for a holder to claim it before it commits alone.
+HOLDER_PATIENCE = 1.0
+# Commits a holder makes for others' puts staged during its own, before it returns.
+DRAIN_ROUNDS = 4
+# How long a putter whose file a paused holder claimed waits for the lock at a time.
+_CLAIMED_POLL = 0.05
+
+
+def commit(location: str, rows: pa.Table, commit_rows: CommitRows) -> None:
+    """Commit ``rows``, plain puts' rows for the local queue table at ``location``, with the puts
+    other processes staged meanwhile; raises what refused them."""
+    arrival = time.time_ns()
+    staging = store.Staging(location)
+    with staging.locked() as held:
+        if held:
+            error = _hold(staging, commit_rows, (arrival, rows))
+            _drain(staging, commit_rows)
+            if error is not None:
+                raise error
+            return
+    name = staging.stage(rows)
+    _await(staging, name, rows, commit_rows)
+
+
+def commit_staged(location: str, age: float, commit_rows: CommitRows) -> int:
+    """Commit the puts staged for the local queue table at ``location`` at least ``age`` seconds
+    ago, and settle the claims of holders that died, unless a holder is at work; how many puts
+    were settled."""
+    staging = store.Staging(location)
+    claimed, staged = staging.claimed(), staging.staged()
+    if not claimed and not any(staging.age(name) >= age for name in staged):
+        return 0
+    with staging.locked() as held:
+        if not held:
+            return 0
+        settled = len(staging.claimed()) + len(staging.staged())
+        _hold(staging, commit_rows, None)
+        return settled
+
+
+def settle_claims(location: str) -> bool:
+    """Settle the claims of holders that died on the local queue table at ``location`` (landed, or
+    staged again), so that the log entries that tell which landed may go. False when a holder is at
+    work: its claims are its own, and its commit may be in the log already."""
+    staging = store.Staging(location)
+    if not staging.claimed():
+        return True
+    with staging.locked() as held:
+        if held:
+            _settle_claims(staging)
+        return held
+
+
+def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: CommitRows) -> None:
+    """Wait for the outcome of the staged put ``name``, taking the lock as soon as it is free: its
+    holder then commits this put with the others staged, unless another holder decided it."""
+    deadline = time.monotonic() + HOLDER_PATIENCE
+    while True:
+        if _landed(staging.outcome(name)):
+            return
+        if staging.gone(name):
+            raise MQError(f"table {staging.location} was deleted with the put staged for it", Reason.MQRC_Q_DELETED)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 and staging.withdraw(name):
+            # No holder claimed it in time (one paused holding the lock): committed alone.
+            commit_rows(rows, {})
+            return
+        if _take_lock(staging, remaining):
+            try:
+                if staging.undecided(name):
+                    _hold(staging, commit_rows, None)
+            except BaseException:
+                # Staged again by the failed commit: taken back, so that a put that raised leaves nothing.
+                if staging.withdraw(name):
+                    raise
+            finally:
+                staging.unlock()
+
+
+def _landed(outcome: store.staging.Outcome | None) -> bool:
+    """True when a staged put landed, False while undecided; raises what refused it."""
+    if outcome is None or outcome.landed:
+        return outcome is not None
+    if not outcome.reason:
+        raise MQValidationError(outcome.message)
+    raise MQError(outcome.message, Reason(outcome.reason))
+
+
+def _take_lock(staging: store.Staging, patience: float) -> bool:
+    """Wait for the lock while patience is left; after that (a holder that does not let go claimed
+    the put) only look now and then, starting no more waiting threads."""
+    if patience > 0:
+        return staging.wait_lock(patience)
+    if staging.try_lock():
+        return True
+    time.sleep(_CLAIMED_POLL)
+    return False
+
+
+def _drain(staging: store.Staging, commit_rows: CommitRows) -> None:
+    """Commit what was staged while the holder committed, up to :data:`DRAIN_ROUNDS` more commits:
+    the putters its commit returned put again meanwhile, and had each of them taken the lock
+    alone, commits would carry one put each."""
+    for _ in range(DRAIN_ROUNDS):
+        if not staging.staged():
+            return
+        _hold(staging, commit_rows, None)
+
+
+def _hold(staging: store.Staging, commit_rows: CommitRows, own: tuple[int, pa.Table] | None) -> MQError | None:
+    """As the lock's holder: settle dead holders' claims, claim every staged put and commit them
+    with ``own`` (the holder's own put: its arrival time and rows) in arrival order. Returns the
+    error that refused the holder's own put."""
+    _settle_claims(staging)
+    names = [name for name in staging.staged() if staging.claim(name)]
+    puts: list[tuple[int, str | None, pa.Table]] = [(int(n.split("-", 1)[0]), n, staging.rows(n)) for n in names]
+    if own is not None:
+        puts.append((own[0], None, own[1]))
+    puts.sort(key=lambda put: put[0])
+    if not puts:
+        return None
+    try:
+        commit_rows(pa.concat_tables([put[2] for put in puts]), {store.STAGED_KEY: names})
+    except MQError as refused:
+        if refused.reason == Reason.MQRC_Q_FULL and len(puts) > 1:
+            return _one_by_one(staging, commit_rows, puts)
+        for name in names:
+            _refuse(staging, name, refused)
+        return refused
+    except BaseException:
+        for name in names:
+            staging.unclaim(name)
+        raise
+    for name in names:
+        staging.land(name)
+    return None
+
+
+def _one_by_one(
+    staging: store.Staging, commit_rows: CommitRows, puts: list[tuple[int, str | None, pa.Table]]
+) -> MQError | None:
+    """Commit ``puts`` one at a time, in order, refusing those the queue refuses (it is full)."""
+    own_error: MQError | None = None
+    for _, name, rows in puts:
+        try:
+            commit_rows(rows, {store.STAGED_KEY: [name]} if name else {})
+        except MQError as refused:
+            if name is None:
+                own_error = refused
+            else:
+                _refuse(staging, name, refused)
+            continue
+        except BaseException:
+            for _, rest, _ in puts:
+                if rest is not None:
+                    staging.unclaim(rest)
+            raise
+        if name is not None:
+            staging.land(name)
+    return own_error
+
+
+def _settle_claims(staging: store.Staging) -> None:
+    """Claims seen by the lock's holder are a dead holder's: landed if a commit names them, else
+    staged again."""
+    claimed = staging.claimed()
+    if not claimed:
+        return
+    since = min(staging.claim_time(name) for name in claimed)
+    landed = store.landed_names(staging.location, since)
+    for name in claimed:
+        if name in landed:
+            staging.land(name)
+        else:
+            staging.unclaim(name)
+
+
+def _refuse(staging: store.Staging, name: str, refused: MQError) -> None:
+    """Mark ``name`` refused with what its putter raises: the reason code (0: bad input) and text."""
+    staging.refuse(name, 0 if refused.reason is None else refused.reason.value, refused.detail)
