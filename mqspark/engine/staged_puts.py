@@ -148,7 +148,7 @@ def _hold(staging: store.Staging, commit_rows: CommitRows, own: tuple[int, pa.Ta
     error that refused the holder's own put."""
     _settle_claims(staging)
     names = [name for name in staging.staged() if staging.claim(name)]
-    puts: list[tuple[int, str | None, pa.Table]] = [(int(n.split("-", 1)[0]), n, staging.rows(n)) for n in names]
+    puts: list[tuple[int, str | None, pa.Table]] = [(staging.arrival(n), n, staging.rows(n)) for n in names]
     if own is not None:
         puts.append((own[0], None, own[1]))
     puts.sort(key=lambda put: put[0])

@@ -78,8 +78,7 @@ class Staging:
 
     def try_lock(self) -> bool:
         """Take the queue's commit lock if it is free; True when this process holds it now."""
-        os.makedirs(self.folder, exist_ok=True)
-        descriptor = os.open(os.path.join(self.folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = self._open_lock()
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -92,8 +91,7 @@ class Staging:
         """Wait up to ``timeout`` seconds for the lock; True when this process holds it now. The
         kernel wakes a waiter when the lock is released: nothing is polled. A thread waits for it,
         since ``flock`` has no timeout; one that gets it after the timeout releases it at once."""
-        os.makedirs(self.folder, exist_ok=True)
-        descriptor = os.open(os.path.join(self.folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = self._open_lock()
         taken, given_up, decided = threading.Event(), threading.Event(), threading.Lock()
 
         def take() -> None:
@@ -112,6 +110,10 @@ class Staging:
                 return True
             given_up.set()
             return False
+
+    def _open_lock(self) -> int:
+        os.makedirs(self.folder, exist_ok=True)
+        return os.open(os.path.join(self.folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
 
     def unlock(self) -> None:
         if self._lock is not None:
@@ -204,6 +206,11 @@ class Staging:
     def gone(self, name: str) -> bool:
         """Whether the putter's file is in no state at all (its queue's folder was deleted)."""
         return not any(os.path.exists(self._path(name, s)) for s in ("arrow", "claimed", "done", "refused"))
+
+    @staticmethod
+    def arrival(name: str) -> int:
+        """When the put of a staged file arrived (ns): its names sort in arrival order."""
+        return int(name.split("-", 1)[0])
 
     def claim_time(self, name: str) -> float:
         """When a claimed file was claimed (its rename changed its status time)."""
