@@ -5,12 +5,13 @@ outage."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from .processes import free_port, start_server, stop_server
+from .processes import answers_http, held_port, hold_port, start_server, stop_server
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools" / "azurite" / "node_modules"
 ACCOUNT = "devstoreaccount1"
@@ -23,7 +24,10 @@ class Azurite:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.port = free_port()
+        # Held while the emulator is not running (a bound socket refuses connections as a stopped
+        # emulator does), so that no other process of the run takes the port meanwhile.
+        self.holder: socket.socket | None = held_port()
+        self.port = self.holder.getsockname()[1]
         self.process: subprocess.Popen | None = None
         self.log = folder / "azurite.log"
 
@@ -56,13 +60,17 @@ class Azurite:
             *("--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.folder / "data")),
             *("--disableTelemetry", "--skipApiVersionCheck", "--silent"),
         ]
-        self.process = start_server(command, self.log, self.port, "Azurite")
+        if self.holder is not None:
+            self.holder.close()
+            self.holder = None
+        self.process = start_server(command, self.log, self.port, "Azurite", ready=answers_http)
 
     def stop(self) -> None:
         """Stop the emulator: SIGTERM, so it saves its metadata (kept in memory, saved now and then)
         and a restart finds the data; SIGKILL if it has not ended within 30 s."""
         stop_server(self.process)
         self.process = None
+        self.holder = hold_port(self.port)
 
     def filesystem(self) -> pafs.AzureFileSystem:
         authority = f"127.0.0.1:{self.port}"

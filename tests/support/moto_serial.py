@@ -1,4 +1,5 @@
-"""moto's S3 server handling one request at a time: ``python moto_serial.py HOST PORT``.
+"""moto's S3 server handling one request at a time: ``python moto_serial.py HOST PORT FD``, serving on
+the listening socket ``FD`` (bound to HOST:PORT) that the starting process holds and hands down.
 
 moto checks a conditional put (``If-None-Match: *``) and then writes the key as two steps, and its
 own server runs each request on a thread of its own: under load, two puts of one log entry could
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-from werkzeug.serving import run_simple
+from werkzeug.serving import make_server
 
 
 def serialized(app: Callable[..., Iterable[bytes]]) -> Callable[..., list[bytes]]:
@@ -30,7 +31,7 @@ def serialized(app: Callable[..., Iterable[bytes]]) -> Callable[..., list[bytes]
 
 
 if __name__ == "__main__":
-    host, port = sys.argv[1], int(sys.argv[2])
+    host, port, fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     os.environ.setdefault("MOTO_PORT", str(port))
     application = serialized(DomainDispatcherApplication(create_backend_app))
-    run_simple(host, port, application, threaded=True, request_handler=MotoRequestHandler)
+    make_server(host, port, application, threaded=True, request_handler=MotoRequestHandler, fd=fd).serve_forever()

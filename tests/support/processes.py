@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pyspark.find_spark_home import _find_spark_home
@@ -314,20 +315,73 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(command: list[str], log: Path, port: int, name: str) -> subprocess.Popen:
-    """Start a server (an emulator) in a session of its own, its output appended to ``log``, and
-    wait until it listens on ``port`` of 127.0.0.1 (60 s at most)."""
+def held_port(listening: bool = False) -> socket.socket:
+    """A socket bound to a free port of 127.0.0.1, which holds the port for a server started later:
+    a port only chosen early was taken meanwhile by one of the run's JVMs (their ports are chosen by
+    the system from the same range), and a CI run's S3 server was never reached. A listening one can
+    be handed to the server (``pass_fds``); a bound one refuses connections and is closed just before
+    the server starts."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    if listening:
+        holder.listen(128)
+    return holder
+
+
+def hold_port(port: int) -> socket.socket:
+    """``held_port`` for a given port again, after its server stopped."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", port))
+    return holder
+
+
+def listens(port: int) -> bool:
+    """Whether something accepts connections on ``port`` of 127.0.0.1."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def answers_http(port: int) -> bool:
+    """Whether a server on ``port`` of 127.0.0.1 answers ``GET /`` (with any status) within 30 s: for
+    a server handed a socket that listened before it started, where a connection proves nothing."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", "/")
+        connection.getresponse().read()
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
+def start_server(
+    command: list[str],
+    log: Path,
+    port: int,
+    name: str,
+    ready: Callable[[int], bool] = listens,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen:
+    """Start a server (an emulator, a console) in a session of its own, its output appended to
+    ``log``, and wait until it is ``ready`` on ``port`` of 127.0.0.1 (``PATIENCE`` at most) and still
+    running, so that what answered was this server."""
     with log.open("a") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return process
-        except OSError:
-            assert process.poll() is None, f"{name} ended: {log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"{name} did not listen within 60 s: {log.read_text()[-2000:]}"
-            time.sleep(0.1)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds
+        )
+    deadline = time.monotonic() + PATIENCE
+    while not ready(port):
+        assert process.poll() is None, f"{name} ended: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"{name} was not ready within {PATIENCE} s: {log.read_text()[-2000:]}"
+        time.sleep(0.1)
+    assert process.poll() is None, f"{name} ended: {log.read_text()[-2000:]}"
+    return process
 
 
 def stop_server(process: subprocess.Popen | None) -> None:

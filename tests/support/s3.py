@@ -1,7 +1,7 @@
 """moto's S3 server as the S3 store of the object-store tests: a PyPI package in the dev extras,
-started on 127.0.0.1 on a free port (its data in memory), one request at a time (see
-``moto_serial.py``), answering conditional puts (``If-None-Match: *``) as S3 does, with 412 for a key
-that exists."""
+started on 127.0.0.1 on a port this process holds from its start (its data in memory), one request at
+a time (see ``moto_serial.py``), answering conditional puts (``If-None-Match: *``) as S3 does, with
+412 for a key that exists."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from .processes import free_port, start_server, stop_server
+from .processes import answers_http, held_port, start_server, stop_server
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 # moto accepts any credentials: these are not secrets.
@@ -24,7 +24,10 @@ class MotoS3:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.port = free_port()
+        # Held (listening) for the whole run and handed to each server started: the port is chosen
+        # at the run's start, for the environment Spark inherits, long before the server starts.
+        self.listener = held_port(listening=True)
+        self.port = self.listener.getsockname()[1]
         self.process: subprocess.Popen | None = None
         self.log = folder / "moto.log"
 
@@ -51,8 +54,15 @@ class MotoS3:
     def start(self) -> None:
         assert MOTO_SERVER.exists(), "moto is not installed: run ./dev.sh setup"
         self.folder.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, str(Path(__file__).with_name("moto_serial.py")), "127.0.0.1", str(self.port)]
-        self.process = start_server(command, self.log, self.port, "moto")
+        fd = self.listener.fileno()
+        command = [
+            sys.executable,
+            str(Path(__file__).with_name("moto_serial.py")),
+            "127.0.0.1",
+            str(self.port),
+            str(fd),
+        ]
+        self.process = start_server(command, self.log, self.port, "moto", ready=answers_http, pass_fds=(fd,))
 
     def stop(self) -> None:
         stop_server(self.process)
