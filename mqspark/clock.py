@@ -14,6 +14,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+# How often (s of real time) a ManualClock.wait in another thread looks at its event.
+EVENT_LOOK = 0.01
+
 
 class Clock(Protocol):
     """A source of time: ``now`` (timezone-aware UTC), ``monotonic`` seconds, and ``sleep``."""
@@ -121,8 +124,15 @@ class ManualClock:
             self._moved.wait_for(lambda: self._elapsed >= end)
 
     def wait(self, event: threading.Event, seconds: float) -> bool:
-        """As :meth:`sleep`, and then whether ``event`` is set: it is looked at once the clock has
-        moved past the end, or at once when it is already set."""
-        if not event.is_set():
-            self.sleep(seconds)
+        """As :meth:`sleep`, ending early when ``event`` is set, as the system clock's wait does; then
+        whether ``event`` is set. Setting an event cannot wake a condition, so a sleeper in another
+        thread looks at it every 10 ms of real time."""
+        if event.is_set() or self._autoadvance or threading.get_ident() == self._owner:
+            if not event.is_set():
+                self.sleep(seconds)
+            return event.is_set()
+        end = self._elapsed + seconds
+        with self._moved:
+            while self._elapsed < end and not event.is_set():
+                self._moved.wait(EVENT_LOOK)
         return event.is_set()

@@ -51,6 +51,19 @@ def test_wait_returns_at_once_on_a_set_event_and_else_after_the_clock_moved():
     assert clock.monotonic() == 5
 
 
+def test_a_wait_in_another_thread_ends_when_its_event_is_set_without_the_clock_moving():
+    clock = ManualClock(START)
+    event, waited = threading.Event(), []
+    waiter = threading.Thread(target=lambda: waited.append(clock.wait(event, 10)))
+    waiter.start()
+    # Asleep on the clock (its end not reached), until the event is set.
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    event.set()
+    waiter.join(10)
+    assert (waiter.is_alive(), waited, clock.monotonic()) == (False, [True], 0.0)
+
+
 def test_it_refuses_to_go_back_or_a_naive_start():
     with pytest.raises(ValueError, match="a clock moves forward only; got -1.0 s"):
         ManualClock(START).advance(-1)
