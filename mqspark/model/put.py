@@ -7,7 +7,7 @@ validation and segmentation are written once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -175,7 +175,7 @@ def prepare_put(
     columns["backout_count"] = _column(name, data, "backout_count", pa.int32(), 0)
     table = pa.table(columns)
 
-    _check_values(name, table)
+    _check_values(name, table, set(data.column_names))
     grouped = pc.is_valid(table.column("group_id"))
     table = table.set_column(
         table.schema.get_field_index("msg_seq_number"),
@@ -198,74 +198,105 @@ def prepare_put(
     return PreparedPut(table.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA), msg_ids)
 
 
-def _check_values(queue: str, table: pa.Table) -> None:
-    checks = [
-        ("group_id", pc.equal(pc.utf8_length(table["group_id"]), 0), "must not be empty", Reason.MQRC_GROUP_ID_ERROR),
-        (
-            "priority",
-            pc.or_(pc.less(table["priority"], 0), pc.greater(table["priority"], 9)),
-            "must be 0-9",
-            Reason.MQRC_PRIORITY_ERROR,
-        ),
-        (
-            "msg_seq_number",
-            pc.and_(pc.is_valid(table["group_id"]), pc.is_null(table["msg_seq_number"])),
-            "is missing for a message in group {group_id}",
-            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
-        ),
-        ("msg_seq_number", pc.less(table["msg_seq_number"], 1), "must be 1 or more", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
-        (
-            "msg_seq_number",
-            pc.and_(pc.is_null(table["group_id"]), pc.not_equal(table["msg_seq_number"], 1)),
-            "is given without group_id",
-            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
-        ),
-        (
-            "last_in_group",
-            pc.and_(pc.is_null(table["group_id"]), table["last_in_group"]),
-            "is set without group_id",
-            Reason.MQRC_GROUP_ID_ERROR,
-        ),
-        (
-            "segmented",
-            pc.and_(pc.is_null(table["group_id"]), table["segmented"]),
-            "is set without group_id (segments of one message share a group_id)",
-            Reason.MQRC_GROUP_ID_ERROR,
-        ),
-        ("offset", pc.less(table["offset"], 0), "must be 0 or more", Reason.MQRC_OFFSET_ERROR),
-        (
-            "offset",
-            pc.and_(pc.invert(table["segmented"]), pc.not_equal(table["offset"], 0)),
-            "must be 0 for a message that is not a segment",
-            Reason.MQRC_OFFSET_ERROR,
-        ),
-        (
-            "last_segment",
-            pc.and_(pc.invert(table["segmented"]), table["last_segment"]),
-            "is set on a message that is not a segment",
-            Reason.MQRC_OFFSET_ERROR,
-        ),
-        ("backout_count", pc.less(table["backout_count"], 0), "must be 0 or more", None),
-        (
-            "top_of_queue",
-            pc.and_(table["top_of_queue"], pc.is_valid(table["before_msg_id"])),
-            "cannot go with before_msg_id",
-            None,
-        ),
-        (
-            "top_of_queue",
-            pc.and_(table["top_of_queue"], pc.is_valid(table["group_id"])),
-            "is only for messages outside groups",
-            Reason.MQRC_GROUP_ID_ERROR,
-        ),
-        (
-            "before_msg_id",
-            pc.and_(pc.is_valid(table["before_msg_id"]), pc.is_valid(table["group_id"])),
-            "is only for messages outside groups",
-            Reason.MQRC_GROUP_ID_ERROR,
-        ),
-    ]
-    for field_name, mask, text, reason in checks:
+# Each check of a put's fields: the field it names, the fields it reads, the rows it refuses, the text
+# and the reason code. A check whose fields the producer gave none of passes on the defaults, and is
+# skipped: a put of payloads alone builds no mask at all.
+_CHECKS: tuple[tuple[str, tuple[str, ...], Callable[[pa.Table], Any], str, Reason | None], ...] = (
+    (
+        "group_id",
+        ("group_id",),
+        lambda t: pc.equal(pc.utf8_length(t["group_id"]), 0),
+        "must not be empty",
+        Reason.MQRC_GROUP_ID_ERROR,
+    ),
+    (
+        "priority",
+        ("priority",),
+        lambda t: pc.or_(pc.less(t["priority"], 0), pc.greater(t["priority"], 9)),
+        "must be 0-9",
+        Reason.MQRC_PRIORITY_ERROR,
+    ),
+    (
+        "msg_seq_number",
+        ("group_id",),
+        lambda t: pc.and_(pc.is_valid(t["group_id"]), pc.is_null(t["msg_seq_number"])),
+        "is missing for a message in group {group_id}",
+        Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+    ),
+    (
+        "msg_seq_number",
+        ("msg_seq_number",),
+        lambda t: pc.less(t["msg_seq_number"], 1),
+        "must be 1 or more",
+        Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+    ),
+    (
+        "msg_seq_number",
+        ("msg_seq_number",),
+        lambda t: pc.and_(pc.is_null(t["group_id"]), pc.not_equal(t["msg_seq_number"], 1)),
+        "is given without group_id",
+        Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+    ),
+    (
+        "last_in_group",
+        ("last_in_group",),
+        lambda t: pc.and_(pc.is_null(t["group_id"]), t["last_in_group"]),
+        "is set without group_id",
+        Reason.MQRC_GROUP_ID_ERROR,
+    ),
+    (
+        "segmented",
+        ("segmented",),
+        lambda t: pc.and_(pc.is_null(t["group_id"]), t["segmented"]),
+        "is set without group_id (segments of one message share a group_id)",
+        Reason.MQRC_GROUP_ID_ERROR,
+    ),
+    ("offset", ("offset",), lambda t: pc.less(t["offset"], 0), "must be 0 or more", Reason.MQRC_OFFSET_ERROR),
+    (
+        "offset",
+        ("offset",),
+        lambda t: pc.and_(pc.invert(t["segmented"]), pc.not_equal(t["offset"], 0)),
+        "must be 0 for a message that is not a segment",
+        Reason.MQRC_OFFSET_ERROR,
+    ),
+    (
+        "last_segment",
+        ("last_segment",),
+        lambda t: pc.and_(pc.invert(t["segmented"]), t["last_segment"]),
+        "is set on a message that is not a segment",
+        Reason.MQRC_OFFSET_ERROR,
+    ),
+    ("backout_count", ("backout_count",), lambda t: pc.less(t["backout_count"], 0), "must be 0 or more", None),
+    (
+        "top_of_queue",
+        ("top_of_queue", "before_msg_id"),
+        lambda t: pc.and_(t["top_of_queue"], pc.is_valid(t["before_msg_id"])),
+        "cannot go with before_msg_id",
+        None,
+    ),
+    (
+        "top_of_queue",
+        ("top_of_queue", "group_id"),
+        lambda t: pc.and_(t["top_of_queue"], pc.is_valid(t["group_id"])),
+        "is only for messages outside groups",
+        Reason.MQRC_GROUP_ID_ERROR,
+    ),
+    (
+        "before_msg_id",
+        ("before_msg_id", "group_id"),
+        lambda t: pc.and_(pc.is_valid(t["before_msg_id"]), pc.is_valid(t["group_id"])),
+        "is only for messages outside groups",
+        Reason.MQRC_GROUP_ID_ERROR,
+    ),
+)
+
+
+def _check_values(queue: str, table: pa.Table, given: set[str]) -> None:
+    """Every check of :data:`_CHECKS` that reads a field in ``given`` (the fields the producer gave)."""
+    for field_name, reads, refused, text, reason in _CHECKS:
+        if given.isdisjoint(reads):
+            continue
+        mask = refused(table)
         if pc.any(pc.fill_null(mask, False)).as_py():
             index, value = first_bad(table, mask, field_name)
             text = text.format(group_id=table["group_id"][index].as_py())
