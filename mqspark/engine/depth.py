@@ -126,10 +126,10 @@ def _read_identities(
     :func:`live_messages` gives them."""
     paths = files["path"].to_pylist()
     versions = files["version"].to_pylist()
-    columns = ["put_seq", "expiry", "redriven_for", *extra]
+    columns = _IDENTITY_COLUMNS + extra
     pieces = []
     for number in numbers:
-        key = (table.table_uri, paths[number], versions[number], *columns)
+        key = read_key(table.table_uri, paths[number], versions[number], extra)
         data = reads.get(key) if reads is not None else None
         if data is None:
             data = store.read_messages(table.table_uri, paths[number], versions[number], columns)
@@ -146,6 +146,16 @@ def _read_identities(
             piece = piece.append_column(name, data[name])
         pieces.append(piece)
     return pieces
+
+
+# What a file's messages are read for in live_messages, besides the ``extra`` columns.
+_IDENTITY_COLUMNS = ["put_seq", "expiry", "redriven_for"]
+
+
+def read_key(location: str, path: str, version: int | None, extra: list[str]) -> tuple:
+    """Where ``live_messages(..., extra, reads)`` keeps or finds the read of one data file in ``reads``:
+    a table with at least those columns and ``commit_version``."""
+    return (location, path, version, *_IDENTITY_COLUMNS, *extra)
 
 
 def _identities(
