@@ -127,9 +127,10 @@ class ManualClock:
         """As :meth:`sleep`, ending early when ``event`` is set, as the system clock's wait does; then
         whether ``event`` is set. Setting an event cannot wake a condition, so a sleeper in another
         thread looks at it every 10 ms of real time."""
-        if event.is_set() or self._autoadvance or threading.get_ident() == self._owner:
-            if not event.is_set():
-                self.sleep(seconds)
+        if event.is_set():
+            return True
+        if self._autoadvance or threading.get_ident() == self._owner:
+            self.sleep(seconds)
             return event.is_set()
         end = self._elapsed + seconds
         with self._moved:

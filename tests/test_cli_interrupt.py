@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pty
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from mqspark import QueueManager
+
+from .support.processes import free_port, listens
 
 INTERRUPTED = "mqspark: interrupted"
 # A process the test has seen waiting ends this soon after its signal, or the test fails.
@@ -120,25 +121,11 @@ def test_ctrl_c_ends_the_monitor_between_points_with_130_and_one_line(queue):
     assert _interrupted(process) == (130, "", f"{INTERRUPTED}\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _listens(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.mark.slow  # the console's start takes seconds
 def test_ctrl_c_ends_the_console_with_130_after_its_serving_line(queue):
-    port = _free_port()
+    port = free_port()
     process = _start(queue.root, "console", "--port", str(port))
-    _wait_until(process, "listening", lambda: _listens(port))
+    _wait_until(process, "listening", lambda: listens(port))
     code, stdout, stderr = _interrupted(process)
     assert (code, stdout, stderr) == (
         130,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from .processes import answers_http, held_port, hold_port, start_server, stop_server
+from .processes import answers_http, held_port, start_server, stop_server
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools" / "azurite" / "node_modules"
 ACCOUNT = "devstoreaccount1"
@@ -70,7 +70,7 @@ class Azurite:
         and a restart finds the data; SIGKILL if it has not ended within 30 s."""
         stop_server(self.process)
         self.process = None
-        self.holder = hold_port(self.port)
+        self.holder = held_port(self.port)
 
     def filesystem(self) -> pafs.AzureFileSystem:
         authority = f"127.0.0.1:{self.port}"

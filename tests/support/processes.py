@@ -315,25 +315,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def held_port(listening: bool = False) -> socket.socket:
-    """A socket bound to a free port of 127.0.0.1, which holds the port for a server started later:
-    a port only chosen early was taken meanwhile by one of the run's JVMs (their ports are chosen by
-    the system from the same range), and a CI run's S3 server was never reached. A listening one can
-    be handed to the server (``pass_fds``); a bound one refuses connections and is closed just before
-    the server starts."""
-    holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    holder.bind(("127.0.0.1", 0))
-    if listening:
-        holder.listen(128)
-    return holder
-
-
-def hold_port(port: int) -> socket.socket:
-    """``held_port`` for a given port again, after its server stopped."""
+def held_port(port: int = 0, listening: bool = False) -> socket.socket:
+    """A socket bound to ``port`` of 127.0.0.1 (0: a free one), which holds the port for a server
+    started later: a port only chosen early was taken meanwhile by one of the run's JVMs (their ports
+    are chosen by the system from the same range), and a CI run's S3 server was never reached. A
+    listening one can be handed to the server (``pass_fds``); a bound one refuses connections and is
+    closed just before the server starts."""
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("127.0.0.1", port))
+    if listening:
+        holder.listen(128)
     return holder
 
 
