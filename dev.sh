@@ -13,15 +13,40 @@ VENV="${MQSPARK_VENV:-.venv}"
 
 die() { echo "dev.sh: $*" >&2; exit 1; }
 
-# Python 3.11 to 3.13 (pyproject.toml's requires-python): $PYTHON, else the first found of these.
+# Python 3.11 to 3.13 (pyproject.toml's requires-python): $PYTHON if set (and nothing else), else the
+# first found of these.
 find_python() {
-    for candidate in ${PYTHON:-} python3.11 python3.12 python3.13 python3; do
-        if command -v "$candidate" >/dev/null 2>&1 &&
-           "$candidate" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
-            echo "$candidate"; return
-        fi
+    if [ -n "${PYTHON:-}" ]; then
+        usable_python "$PYTHON" || die "PYTHON=$PYTHON is not a Python 3.11, 3.12 or 3.13 that runs here"
+        return
+    fi
+    for candidate in python3.11 python3.12 python3.13 python3; do
+        usable_python "$candidate" && return
     done
     die "needs Python 3.11, 3.12 or 3.13 (set PYTHON=/path/to/python3)"
+}
+
+# Prints the interpreter a command name stands for, if it runs and is 3.11 to 3.13. pyenv's shim for
+# pythonX.Y answers only while X.Y is the selected version, so an installed X.Y is looked up too.
+usable_python() {
+    local name=$1 path
+    for path in "$name" $(pyenv_python "$name"); do
+        if command -v "$path" >/dev/null 2>&1 &&
+           "$path" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
+            echo "$path"; return 0
+        fi
+    done
+    return 1
+}
+
+# The newest pyenv-installed interpreter for a name like python3.12, if pyenv has one.
+pyenv_python() {
+    local version=${1#python} root found
+    [[ "$version" =~ ^3\.[0-9]+$ ]] && command -v pyenv >/dev/null 2>&1 || return 0
+    root=$(pyenv root)
+    found=$(ls -d "$root/versions/$version".* 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$found" ] && echo "$found/bin/$1"
+    return 0
 }
 
 setup() {
@@ -29,8 +54,9 @@ setup() {
     java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1)
     [ "${java_major:-0}" -ge 17 ] || die "needs Java 17 or newer, found ${java_major:-unknown}"
     if [ ! -x "$VENV/bin/python" ]; then
-        echo "dev.sh: creating virtualenv $VENV" >&2
-        "$(find_python)" -m venv "$VENV"
+        python=$(find_python)
+        echo "dev.sh: creating virtualenv $VENV with $("$python" -V) ($python)" >&2
+        "$python" -m venv "$VENV"
     fi
     stamp="$VENV/.mqspark-setup"
     wanted=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)

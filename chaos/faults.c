@@ -31,13 +31,12 @@ static ssize_t (*real_pwrite)(int, const void *, size_t, off_t);
 static ssize_t (*real_pwrite64)(int, const void *, size_t, off_t);
 static ssize_t (*real_writev)(int, const struct iovec *, int);
 
+/* The real functions are looked up at their first call: another library's constructor may call
+ * them before this one's runs (Python 3.13's mimalloc reads the clock as it loads). */
+#define RESOLVE(name) \
+    if (real_##name == NULL) real_##name = dlsym(RTLD_NEXT, #name)
+
 __attribute__((constructor)) static void start(void) {
-    real_clock_gettime = dlsym(RTLD_NEXT, "clock_gettime");
-    real_gettimeofday = dlsym(RTLD_NEXT, "gettimeofday");
-    real_write = dlsym(RTLD_NEXT, "write");
-    real_pwrite = dlsym(RTLD_NEXT, "pwrite");
-    real_pwrite64 = dlsym(RTLD_NEXT, "pwrite64");
-    real_writev = dlsym(RTLD_NEXT, "writev");
     const char *path = getenv("MQSPARK_CHAOS_CONTROL");
     if (path == NULL) return;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -56,12 +55,14 @@ static void shift(struct timespec *ts) {
 }
 
 int clock_gettime(clockid_t id, struct timespec *ts) {
+    RESOLVE(clock_gettime);
     int rc = real_clock_gettime(id, ts);
     if (rc == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE) && skew() != 0) shift(ts);
     return rc;
 }
 
 int gettimeofday(struct timeval *tv, void *tz) {
+    RESOLVE(gettimeofday);
     int rc = real_gettimeofday(tv, tz);
     if (rc == 0 && skew() != 0) {
         int64_t us = (int64_t)tv->tv_sec * 1000000 + tv->tv_usec + skew() / 1000;
@@ -86,20 +87,24 @@ static void slow(int fd) {
 
 ssize_t write(int fd, const void *buf, size_t count) {
     slow(fd);
+    RESOLVE(write);
     return real_write(fd, buf, count);
 }
 
 ssize_t pwrite(int fd, const void *buf, size_t count, off_t offset) {
     slow(fd);
+    RESOLVE(pwrite);
     return real_pwrite(fd, buf, count, offset);
 }
 
 ssize_t pwrite64(int fd, const void *buf, size_t count, off_t offset) {
     slow(fd);
+    RESOLVE(pwrite64);
     return real_pwrite64(fd, buf, count, offset);
 }
 
 ssize_t writev(int fd, const struct iovec *iov, int count) {
     slow(fd);
+    RESOLVE(writev);
     return real_writev(fd, iov, count);
 }

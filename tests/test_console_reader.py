@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mqspark import MQError, QueueManager
+from mqspark.clock import ManualClock
 from mqspark.console.reader import NICE, Reader
 
 from .support.processes import (
@@ -95,10 +96,17 @@ def test_a_closed_reader_refuses_reads_and_leaves_no_process(reader: Reader) -> 
 
 def test_a_reader_process_asked_nothing_for_its_idle_time_ends_and_the_next_read_starts_one(qm: QueueManager) -> None:
     qm.define_queue("Q")
-    reader = Reader([qm.root], idle=0.5)
+    clock = ManualClock()
+    reader = Reader([qm.root], idle=60, clock=clock)
     try:
         assert _depth(reader) == 0
         [first] = _readers()
+        clock.advance(59)
+        assert _depth(reader) == 0  # a read starts the idle time again
+        clock.advance(59)
+        assert _depth(reader) == 0
+        assert _readers() == [first]
+        clock.advance(61)
         _wait_for(lambda: _readers() == [])
         qm.put("Q", [{"payload": b"a"}])
         assert _depth(reader) == 1

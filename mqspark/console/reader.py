@@ -14,12 +14,12 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from mqspark.clock import SYSTEM_CLOCK, Clock
 from mqspark.console.answers import ANSWERS
 from mqspark.console.managers import Managers
 from mqspark.errors import MQError
@@ -80,12 +80,13 @@ def _read(answer: str, args: tuple) -> Any:
 
 class Reader:
     """Computes answers for the queue managers at ``roots`` in a reader process, started at the first
-    read and ended once no read was asked of it for ``idle`` seconds."""
+    read and ended once no read was asked of it for ``idle`` seconds of ``clock``."""
 
-    def __init__(self, roots: Sequence[str], idle: float = IDLE_SECONDS) -> None:
-        self.roots, self.idle = list(roots), idle
-        self._changed = threading.Condition()
+    def __init__(self, roots: Sequence[str], idle: float = IDLE_SECONDS, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.roots, self.idle, self.clock = list(roots), idle, clock
+        self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
+        self._retired = threading.Event()  # set once the current pool is asked no more
         self._last_read = 0.0
         self._closed = False
 
@@ -102,10 +103,10 @@ class Reader:
 
     def close(self) -> None:
         """Stop the reader process, once what it was asked is answered."""
-        with self._changed:
+        with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
-            self._changed.notify_all()
+            self._retired.set()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -114,22 +115,23 @@ class Reader:
         try:
             return future.result()
         except BrokenProcessPool:
-            with self._changed:
+            with self._lock:
                 self._retire(pool)
             raise
 
     def _submit(self, answer: str, args: tuple) -> tuple[ProcessPoolExecutor, Future]:
-        with self._changed:
+        with self._lock:
             if self._closed:
                 raise MQError("console: the reader is closed")
             if self._pool is None:
                 context = multiprocessing.get_context("spawn")
                 self._pool = ProcessPoolExecutor(1, context, initializer=_start, initargs=(self.roots,))
+                self._retired = threading.Event()
                 threading.Thread(
-                    target=self._end_when_idle, args=(self._pool,), name="console-reader", daemon=True
+                    target=self._end_when_idle, args=(self._pool, self._retired), name="console-reader", daemon=True
                 ).start()
             pool = self._pool
-            self._last_read = time.monotonic()
+            self._last_read = self.clock.monotonic()
             try:
                 return pool, pool.submit(_read, answer, args)
             except BrokenProcessPool:
@@ -138,14 +140,20 @@ class Reader:
 
     def _retire(self, pool: ProcessPoolExecutor | None) -> None:
         """Ask no more of ``pool`` when it is the current one (its process answers what it was asked,
-        then ends); the caller holds ``_changed``."""
+        then ends); the caller holds ``_lock``."""
         if pool is not None and self._pool is pool:
             self._pool = None
             pool.shutdown(wait=False)
-            self._changed.notify_all()
+            self._retired.set()
 
-    def _end_when_idle(self, pool: ProcessPoolExecutor) -> None:
-        with self._changed:
-            while self._pool is pool and (idle := time.monotonic() - self._last_read) < self.idle:
-                self._changed.wait(self.idle - idle)
-            self._retire(pool)
+    def _end_when_idle(self, pool: ProcessPoolExecutor, retired: threading.Event) -> None:
+        while True:
+            with self._lock:
+                if self._pool is not pool:
+                    return
+                idle = self.clock.monotonic() - self._last_read
+                if idle >= self.idle:
+                    self._retire(pool)
+                    return
+            if self.clock.wait(retired, self.idle - idle):
+                return
