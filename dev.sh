@@ -76,6 +76,8 @@ setup() {
     fi
     # The project's own bytecode, for the same reason (only what changed since the last run).
     "$VENV/bin/python" -m compileall -q mqspark tests benchmarks chaos > /dev/null
+    # And pyspark's, in the zip Spark's Python workers import it from (once; see the script).
+    "$VENV/bin/python" tools/zip_bytecode.py
     # Resolves Delta's JVM jars from Maven Central once; later runs reuse the cached jars.
     "$VENV/bin/python" -m mqspark.spark.session > /dev/null
 }
