@@ -10,12 +10,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from mqspark import QueueManager
 from mqspark.console.app import SERVING_NICE
 from mqspark.console.reader import NICE
 from mqspark.console.security import TOKEN_VARIABLE
 
 from .support.processes import PATIENCE, free_port, nice_values, spawned_children, start_server, stop_server
+
+# Each test starts the console as a process of its own.
+pytestmark = pytest.mark.slow
 
 
 def _request(url: str, method: str = "GET", token: str | None = None, body: bytes | None = None) -> tuple[int, str]:

@@ -30,6 +30,9 @@ from .support.processes import (
     stop_server,
 )
 
+# Every test starts reader processes (a process pool's spawned workers).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def reader(qm: QueueManager) -> Iterator[Reader]:

@@ -50,6 +50,7 @@ def _payloads(table: pa.Table) -> list[str]:
     return [payload.decode() for payload in table["payload"].to_pylist()]
 
 
+@pytest.mark.slow  # needs the emulator's process
 def test_a_queue_manager_on_the_object_store_puts_browses_gets_and_maintains(azurite, az_root):
     qm = QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
     spec_example(qm)
@@ -136,6 +137,7 @@ def producers_and_a_repeated_transaction_put_exactly_once(qm: QueueManager) -> N
         assert mine == [f"{name}-{b}-{n}" for b in range(3) for n in range(2)]
 
 
+@pytest.mark.slow  # needs the emulator's process
 def test_commits_on_the_object_store_are_put_if_absent_so_one_writer_of_a_version_wins(azurite, az_root):
     one_writer_wins_each_version(f"{az_root}/plain", azurite.storage_options)
 
@@ -156,6 +158,7 @@ def test_an_azure_root_without_an_account_is_refused_with_the_setting_to_give():
     )
 
 
+@pytest.mark.slow  # needs the emulator's process
 def test_a_store_that_refuses_the_key_or_does_not_answer_fails_opening_with_the_root(azurite, az_root):
     QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
     wrong = {**azurite.storage_options, "account_key": base64.b64encode(bytes(64)).decode()}

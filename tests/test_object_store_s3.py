@@ -21,6 +21,9 @@ from .test_object_store import (
 )
 from .test_object_store_spark import put_then_drain_in_logical_order
 
+# Every test needs the S3 emulator's server process.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def _options_only(monkeypatch):
