@@ -31,9 +31,15 @@ def add_bytecode(archive: Path) -> bool:
             return False
         with tempfile.TemporaryDirectory() as folder:
             source.extractall(folder)
-            # legacy: foo.pyc beside foo.py, where zipimport looks (it never reads __pycache__).
+            # legacy: foo.pyc beside foo.py, where zipimport looks (it never reads __pycache__). ddir:
+            # the code's file names are those zipimport gives the sources (archive/pyspark/...), which
+            # pyspark's tracebacks of a worker's error look for to leave its own frames out.
             compileall.compile_dir(
-                folder, quiet=2, legacy=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
+                folder,
+                ddir=str(archive),
+                quiet=2,
+                legacy=True,
+                invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
             )
             partial = archive.with_name(archive.name + ".partial")
             with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as target:
