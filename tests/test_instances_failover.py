@@ -302,7 +302,7 @@ def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm,
 
 @pytest.mark.slow
 def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(spark, qm, tmp_path):
-    expected = _filled(qm, 7, groups=12, plain=60)
+    expected = _filled(qm, 7, groups=8, plain=30)
     instances = Instances(tmp_path, qm.root)
     try:
         paused_token, paused, _, standby = instances.start_active_and_standby()
@@ -337,7 +337,7 @@ def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(s
 
 @pytest.mark.slow
 def test_switchover_hands_over_at_a_batch_boundary_with_nothing_redelivered(spark, qm, tmp_path):
-    expected = _filled(qm, 11, groups=10, plain=40)
+    expected = _filled(qm, 11, groups=8, plain=30)
     instances = Instances(tmp_path, qm.root)
     try:
         active_token, active, _, standby = instances.start_active_and_standby()
