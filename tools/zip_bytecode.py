@@ -22,13 +22,12 @@ import zipfile
 from pathlib import Path
 
 
-def add_bytecode(archive: Path) -> bool:
-    """Rewrite ``archive`` with a ``.pyc`` beside each ``.py``, compiled by this Python; whether it
-    was rewritten."""
+def add_bytecode(archive: Path) -> None:
+    """Rewrite ``archive`` with a ``.pyc`` beside each ``.py``, compiled by this Python, unless it
+    has bytecode already."""
     with zipfile.ZipFile(archive) as source:
-        names = set(source.namelist())
-        if any(name.endswith(".pyc") for name in names):
-            return False
+        if any(name.endswith(".pyc") for name in source.namelist()):
+            return
         with tempfile.TemporaryDirectory() as folder:
             source.extractall(folder)
             # legacy: foo.pyc beside foo.py, where zipimport looks (it never reads __pycache__). ddir:
@@ -49,7 +48,6 @@ def add_bytecode(archive: Path) -> bool:
                     if info.filename.endswith(".py") and compiled.is_file():
                         target.write(compiled, info.filename + "c")
     os.replace(partial, archive)
-    return True
 
 
 def spark_archives() -> list[Path]:
