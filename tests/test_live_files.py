@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+
 from mqspark import store
 from mqspark.store import log, tables
 
@@ -46,3 +50,16 @@ def test_a_queue_made_anew_reads_its_whole_log_not_the_versions_kept_for_the_one
     # Every entry of the new table is read and checked, its first (which added no file) too.
     assert read == list(range(table.version(), -1, -1))
     assert files.to_pydict() == tables._read_live_files(table).to_pydict()
+
+
+def test_a_tables_dataset_reads_its_live_files_only_with_their_paths_decoded(tmp_path):
+    # mqspark's tables are not partitioned, but the log's paths are URIs: a partition value with a
+    # space and a percent sign is written to a folder "p=a%20b%25c", which the log encodes once more.
+    location = str(tmp_path / "t")
+    write_deltalake(location, pa.table({"n": [1, 2], "p": ["a b%c", "plain"]}), partition_by=["p"])
+    write_deltalake(location, pa.table({"n": [3], "p": ["plain"]}), partition_by=["p"], mode="append")
+    table = DeltaTable(location)
+    table.delete("n = 2")
+    table = DeltaTable(location)
+    assert sorted(store.table_dataset(table).to_table(columns=["n"])["n"].to_pylist()) == [1, 3]
+    assert store.table_dataset(table).to_table(columns=["n"], filter=pc.field("n") < 3)["n"].to_pylist() == [1]

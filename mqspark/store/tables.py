@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import threading
 from datetime import timedelta
+from urllib.parse import unquote
 
 import cachetools
 import pyarrow as pa
@@ -98,15 +99,30 @@ def remove_tree(location: str) -> None:
 
 
 def table_dataset(table: DeltaTable) -> ds.Dataset:
-    """The table's version as a pyarrow dataset whose files are read through :func:`filesystem_of`.
+    """The table's version as a pyarrow dataset of its live files, read through :func:`filesystem_of`;
+    the tables of a queue manager are not partitioned, so every column is in the files.
 
-    Not through deltalake's default filesystem, a Python object: a scan leaves buffers of its reads
-    for Arrow's I/O threads to free after it returned, and those buffers are Python objects, freed
-    under the GIL. A process that exits meanwhile ends that thread inside a C++ destructor when it
-    asks for the GIL, and aborts ("terminate called without an active exception").
+    Built from the add actions' paths (percent-encoded in the log), not with deltalake's
+    ``to_pyarrow_dataset``: that turns every file's statistics into a partition expression, about
+    2 ms of CPU per file (116 ms for a queue of 60 files). A filtered scan then reads every file's
+    footer to prune by row-group statistics instead, which cost 31 ms there in all. Not through deltalake's default filesystem, a Python object either: a
+    scan leaves buffers of its reads for Arrow's I/O threads to free after it returned, and those
+    buffers are Python objects, freed under the GIL. A process that exits meanwhile ends that thread
+    inside a C++ destructor when it asks for the GIL, and aborts ("terminate called without an
+    active exception").
     """
     filesystem, path = filesystem_of(table.table_uri)
-    return table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(path, filesystem))
+    paths = [unquote(name) for name in pa.table(table.get_add_actions()).column("path").to_pylist()]
+    return ds.FileSystemDataset.from_paths(
+        paths,
+        schema=pa.schema(table.schema().to_arrow()),
+        format=_PARQUET,
+        filesystem=pafs.SubTreeFileSystem(path, filesystem),
+    )
+
+
+# As deltalake's own datasets read: each file's needed column chunks fetched together.
+_PARQUET = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
 
 
 def live_counts(table: DeltaTable) -> tuple[int, int]:
