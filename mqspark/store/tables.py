@@ -105,11 +105,12 @@ def table_dataset(table: DeltaTable) -> ds.Dataset:
     Built from the add actions' paths (percent-encoded in the log), not with deltalake's
     ``to_pyarrow_dataset``: that turns every file's statistics into a partition expression, about
     2 ms of CPU per file (116 ms for a queue of 60 files). A filtered scan then reads every file's
-    footer to prune by row-group statistics instead, which cost 31 ms there in all. Not through deltalake's default filesystem, a Python object either: a
-    scan leaves buffers of its reads for Arrow's I/O threads to free after it returned, and those
-    buffers are Python objects, freed under the GIL. A process that exits meanwhile ends that thread
-    inside a C++ destructor when it asks for the GIL, and aborts ("terminate called without an
-    active exception").
+    footer to prune by row-group statistics instead, which cost 31 ms there in all.
+
+    Not through deltalake's default filesystem, a Python object, either: a scan leaves buffers of
+    its reads for Arrow's I/O threads to free after it returned, and those buffers are Python
+    objects, freed under the GIL. A process that exits meanwhile ends that thread inside a C++
+    destructor when it asks for the GIL, and aborts ("terminate called without an active exception").
     """
     filesystem, path = filesystem_of(table.table_uri)
     paths = [unquote(name) for name in pa.table(table.get_add_actions()).column("path").to_pylist()]
