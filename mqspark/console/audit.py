@@ -62,5 +62,5 @@ def read(qm: QueueManager, limit: int = 100) -> list[dict[str, Any]]:
     table = store.open_table(store.audit_location(qm.root), engine(qm).storage_options)
     if table is None:
         return []
-    rows = table.to_pyarrow_table().sort_by([("at", "descending")]).slice(0, limit).to_pylist()
+    rows = store.table_dataset(table).to_table().sort_by([("at", "descending")]).slice(0, limit).to_pylist()
     return [{**row, "at": row["at"].isoformat()} for row in rows]
