@@ -63,3 +63,20 @@ def test_a_tables_dataset_reads_its_live_files_only_with_their_paths_decoded(tmp
     table = DeltaTable(location)
     assert sorted(store.table_dataset(table).to_table(columns=["n"])["n"].to_pylist()) == [1, 3]
     assert store.table_dataset(table).to_table(columns=["n"], filter=pc.field("n") < 3)["n"].to_pylist() == [1]
+
+
+def test_a_handle_moved_on_by_its_own_commits_is_kept_and_a_table_made_anew_is_opened_afresh(qm, monkeypatch):
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"first"}])  # the queue manager now holds a handle on Q's table
+    opened = record_calls(monkeypatch, tables, "open_table", 0)
+    location = store.queue_location(qm.root, "Q")
+    for n in range(3):
+        qm.define_queue(f"R{n}")  # the catalog's handle commits each change itself
+        qm.put("Q", [{"payload": f"m{n}".encode()}])
+    assert [path for path in opened if path == location or path == store.catalog_location(qm.root)] == []
+
+    qm.delete_queue("Q", purge=True)
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": b"anew"}])
+    assert location in opened
+    assert [p.decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["anew"]

@@ -155,19 +155,22 @@ def log_stamp(location: str, version: int) -> int | None:
     return info.mtime_ns if info.type == pafs.FileType.File else None
 
 
-def refreshed(location: str, table: DeltaTable | None, stamp: int | None) -> tuple[DeltaTable, int | None] | None:
-    """``table`` at the latest version and its entry's :func:`log_stamp`, when it is still the table
-    whose current entry was written at ``stamp`` (not deleted, nor made anew); None when it must be
-    opened afresh. Two file lookups when nothing changed, where updating the handle lists the log."""
-    if table is None or stamp is None or log_stamp(location, table.version()) != stamp:
+def refreshed(
+    location: str, table: DeltaTable | None, stamp: tuple[int, int] | None
+) -> tuple[DeltaTable, tuple[int, int]] | None:
+    """``table`` at the latest version, with the version and :func:`log_stamp` of its current entry,
+    when it is still the table whose entry ``stamp[0]`` was written at ``stamp[1]`` (not deleted,
+    nor made anew); None when it must be opened afresh. The handle may have moved past ``stamp[0]``
+    by its own commits. Two file lookups when nothing changed, where updating the handle lists the log."""
+    if table is None or stamp is None or log_stamp(location, stamp[0]) != stamp[1]:
         return None
     if version_exists(location, table.version() + 1):
         try:
             table.update_incremental()
         except Exception:  # noqa: BLE001 - deleted, or deleted and made again meanwhile
             return None
-        stamp = log_stamp(location, table.version())
-    return table, stamp
+    current = log_stamp(location, table.version())
+    return (table, (table.version(), current)) if current is not None else None
 
 
 class LogEntryGone(MQError):

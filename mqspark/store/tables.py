@@ -68,16 +68,20 @@ def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | N
 
 
 def current_handle(
-    location: str, storage_options: StorageOptions, kept: tuple[DeltaTable | None, int | None]
-) -> tuple[DeltaTable, int | None] | None:
-    """A handle on the table at ``location`` at its latest version, with its entry's
-    :func:`log_stamp`: ``kept`` (a handle and stamp from an earlier call) brought up to date while
-    it is still the same table (see :func:`refreshed`), else opened afresh; None without a table."""
+    location: str, storage_options: StorageOptions, kept: tuple[DeltaTable | None, tuple[int, int] | None]
+) -> tuple[DeltaTable, tuple[int, int]] | None:
+    """A handle on the table at ``location`` at its latest version, with its version's
+    :func:`log_stamp`: ``kept`` (a handle and stamp from an earlier call, the handle perhaps moved on
+    by its own commits since) brought up to date while it is still the same table (see
+    :func:`refreshed`), else opened afresh; None without a table."""
     fresh = refreshed(location, *kept)
     if fresh is not None:
         return fresh
     table = open_table(location, storage_options)
-    return None if table is None else (table, log_stamp(location, table.version()))
+    if table is None:
+        return None
+    stamp = log_stamp(location, table.version())
+    return table, (table.version(), -1 if stamp is None else stamp)
 
 
 def create_table(
