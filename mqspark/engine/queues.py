@@ -87,7 +87,7 @@ class Queues:
         # Message tables stay open and are brought up to date incrementally: opening one lists and
         # replays its log, which costs more the more log entries the retention keeps.
         # Each queue's message table handle, with when its version's log entry was written.
-        self._tables: dict[str, tuple[DeltaTable, int | None]] = {}
+        self._tables: dict[str, tuple[DeltaTable, tuple[int, int]]] = {}
         # Each local queue's appender: what a plain put checks, kept without delta-rs (see
         # mqspark.store.appends); None for a queue whose table mqspark does not append to itself.
         self._appenders: dict[str, store.Appender | None] = {}
