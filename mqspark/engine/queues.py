@@ -553,8 +553,8 @@ class Queues:
     def _kept_version(self, queue: str, table: DeltaTable) -> tuple[int, int] | None:
         """``table``'s version and its log entry's stamp, by which answers are kept; None when the
         stamp is unknown (nothing is kept then)."""
-        stamp = self._tables[queue][1]
-        return None if stamp is None else (table.version(), stamp)
+        version, written = self._tables[queue][1]
+        return (version, written) if version == table.version() and written != -1 else None
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
         return count_waiting(table, self._groups(queue, consumer), self.clock.now(), consumer)
