@@ -49,6 +49,26 @@ pyenv_python() {
     return 0
 }
 
+# pyspark is published as a source distribution only (400 MB). uv revalidates it on every install,
+# the registry here answers "modified", and uv then downloads and builds it again: 30-40 s of each
+# virtualenv's set-up. The wheel is built once per machine and version, and the installs take it
+# from here. Built beside its final name and renamed, so a set-up running in parallel never sees
+# half a wheel.
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/mqspark/wheels"
+pyspark_wheel() {
+    local version work
+    version=$(sed -n 's/^pyspark==//p' requirements.lock)
+    compgen -G "$WHEELS/pyspark-$version-*.whl" >/dev/null && return
+    mkdir -p "$WHEELS"
+    work=$(mktemp -d "$WHEELS/.build-XXXXXX")
+    echo "dev.sh: building a wheel of pyspark $version (once)" >&2
+    "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+        -d "$work" "pyspark==$version"
+    "$VENV/bin/python" -m uv build --quiet --wheel --out-dir "$work/wheel" "$work"/pyspark-"$version".tar.gz
+    mv "$work"/wheel/pyspark-"$version"-*.whl "$WHEELS/"
+    rm -rf "$work"
+}
+
 setup() {
     command -v java >/dev/null 2>&1 || die "needs Java 17 or newer on PATH (Spark 4 runs on Java 17/21)"
     java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1)
@@ -67,10 +87,11 @@ setup() {
         # and each of the thousand processes a test run starts (Spark's Python workers among them)
         # compiled pyspark, pyarrow and the rest again, 1.2 s of CPU each.
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c requirements.lock uv
+        pyspark_wheel
         "$VENV/bin/python" -m uv pip install --quiet --compile-bytecode --python "$VENV/bin/python" \
-            -c requirements.lock -e '.[dev]'
-        # uv builds pyspark (a source distribution) again on each install and keeps every build in its
-        # cache (1.4 GB each): prune drops all but the newest, waiting for uv processes that use them.
+            --find-links "$WHEELS" -c requirements.lock -e '.[dev]'
+        # uv keeps what it builds and unpacks in its cache: prune drops what no install uses any more,
+        # waiting for uv processes that use them.
         "$VENV/bin/python" -m uv cache prune --quiet
         echo "$wanted" > "$stamp"
     fi
