@@ -87,7 +87,7 @@ class Queues:
         # Message tables stay open and are brought up to date incrementally: opening one lists and
         # replays its log, which costs more the more log entries the retention keeps.
         # Each queue's message table handle, with when its version's log entry was written.
-        self._tables: dict[str, tuple[DeltaTable, tuple[int, int]]] = {}
+        self._tables: dict[str, tuple[DeltaTable, tuple[int, int | None]]] = {}
         # Each local queue's appender: what a plain put checks, kept without delta-rs (see
         # mqspark.store.appends); None for a queue whose table mqspark does not append to itself.
         self._appenders: dict[str, store.Appender | None] = {}
@@ -554,7 +554,7 @@ class Queues:
         """``table``'s version and its log entry's stamp, by which answers are kept; None when the
         stamp is unknown (nothing is kept then)."""
         version, written = self._tables[queue][1]
-        return (version, written) if version == table.version() and written != -1 else None
+        return (version, written) if version == table.version() and written is not None else None
 
     def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
         return count_waiting(table, self._groups(queue, consumer), self.clock.now(), consumer)

@@ -156,13 +156,13 @@ def log_stamp(location: str, version: int) -> int | None:
 
 
 def refreshed(
-    location: str, table: DeltaTable | None, stamp: tuple[int, int] | None
-) -> tuple[DeltaTable, tuple[int, int]] | None:
+    location: str, table: DeltaTable | None, stamp: tuple[int, int | None] | None
+) -> tuple[DeltaTable, tuple[int, int | None]] | None:
     """``table`` at the latest version, with the version and :func:`log_stamp` of its current entry,
     when it is still the table whose entry ``stamp[0]`` was written at ``stamp[1]`` (not deleted,
     nor made anew); None when it must be opened afresh. The handle may have moved past ``stamp[0]``
     by its own commits. Two file lookups when nothing changed, where updating the handle lists the log."""
-    if table is None or stamp is None or log_stamp(location, stamp[0]) != stamp[1]:
+    if table is None or stamp is None or stamp[1] is None or log_stamp(location, stamp[0]) != stamp[1]:
         return None
     if version_exists(location, table.version() + 1):
         try:

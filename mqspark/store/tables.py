@@ -68,8 +68,8 @@ def open_table(location: str, storage_options: StorageOptions) -> DeltaTable | N
 
 
 def current_handle(
-    location: str, storage_options: StorageOptions, kept: tuple[DeltaTable | None, tuple[int, int] | None]
-) -> tuple[DeltaTable, tuple[int, int]] | None:
+    location: str, storage_options: StorageOptions, kept: tuple[DeltaTable | None, tuple[int, int | None] | None]
+) -> tuple[DeltaTable, tuple[int, int | None]] | None:
     """A handle on the table at ``location`` at its latest version, with its version's
     :func:`log_stamp`: ``kept`` (a handle and stamp from an earlier call, the handle perhaps moved on
     by its own commits since) brought up to date while it is still the same table (see
@@ -78,10 +78,7 @@ def current_handle(
     if fresh is not None:
         return fresh
     table = open_table(location, storage_options)
-    if table is None:
-        return None
-    stamp = log_stamp(location, table.version())
-    return table, (table.version(), -1 if stamp is None else stamp)
+    return None if table is None else (table, (table.version(), log_stamp(location, table.version())))
 
 
 def create_table(
@@ -100,6 +97,10 @@ def remove_tree(location: str) -> None:
     filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
         filesystem.delete_dir(path)
+
+
+# As deltalake's own datasets read: each file's needed column chunks fetched together.
+_PARQUET = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
 
 
 def table_dataset(table: DeltaTable) -> ds.Dataset:
@@ -124,10 +125,6 @@ def table_dataset(table: DeltaTable) -> ds.Dataset:
         format=_PARQUET,
         filesystem=pafs.SubTreeFileSystem(path, filesystem),
     )
-
-
-# As deltalake's own datasets read: each file's needed column chunks fetched together.
-_PARQUET = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
 
 
 def live_counts(table: DeltaTable) -> tuple[int, int]:
