@@ -242,7 +242,7 @@ def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm,
     # the replacement started after the first kill. A third would repeat the second's case.
     kills = 2
     rng = random.Random(20261125)
-    expected = _filled(qm, 20261125, groups=12, plain=40)
+    expected = _filled(qm, 20261125, groups=8, plain=25)
     instances = Instances(tmp_path, qm.root)
     takeovers = []
     try:
@@ -302,7 +302,7 @@ def test_a_standby_takes_over_each_time_the_active_instance_is_killed(spark, qm,
 
 @pytest.mark.slow
 def test_a_paused_active_instance_delivers_nothing_after_the_standby_took_over(spark, qm, tmp_path):
-    expected = _filled(qm, 7, groups=8, plain=30)
+    expected = _filled(qm, 7, groups=5, plain=20)
     instances = Instances(tmp_path, qm.root)
     try:
         paused_token, paused, _, standby = instances.start_active_and_standby()
