@@ -126,7 +126,7 @@ def test_a_pip_install_into_a_fresh_virtualenv_runs_the_tour_of_the_install_guid
         # --no-compile: byte-compiling pyspark takes a core for a minute, which starves the Spark tests
         # running beside this one; the tour compiles only what it imports. --find-links: pyspark from
         # the wheel ./dev.sh built of the pinned source distribution, as pip's own wheel cache gives it
-        # on a user's second install; building it again downloaded 450 MB and took 1-2 minutes of CPU.
+        # on a user's second install; building it again downloaded 400 MB and took about a minute of CPU.
         [
             str(python),
             *PIP,
