@@ -83,7 +83,7 @@ class PlannedRows:
             mine = self.file == number
             first, stop = int(self.row[mine].min()), int((self.row[mine] + self.count[mine]).max())
             data = store.read_data_rows(self.location, self.files[number], first, stop, MESSAGE_SCHEMA.names)
-            spans[number] = (first, data.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA))
+            spans[number] = (first, store.cast_to(data.select(MESSAGE_SCHEMA.names), MESSAGE_SCHEMA))
         pieces = []
         for number, row, count in zip(self.file, self.row, self.count, strict=True):
             first, data = spans[number]
@@ -104,7 +104,7 @@ class PlannedRows:
         table = table.append_column("queue", pa.repeat(self.queue, rows)).append_column(
             "qmgr", pa.repeat(self.qmgr, rows)
         )
-        return table.select(BROWSE_SCHEMA.names).cast(BROWSE_SCHEMA)
+        return store.cast_to(table.select(BROWSE_SCHEMA.names), BROWSE_SCHEMA)
 
 
 class Planner:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqspark import store
 from mqspark.engine.state_compaction import Compaction
 from mqspark.engine.state_rows import LEASE_EVENTS, STATE_SCHEMA
 from mqspark.engine.state_table import ATTEMPTS, StateTable
@@ -41,7 +42,7 @@ class StateWriter:
     def append(self, rows: pa.Table, check: Callable[[], None] | None = None) -> None:
         """Append rows; concurrent appends of other processes are fine, so conflicts just retry. With
         ``check``, only once it passes (it raises to refuse), at exactly the version it checked."""
-        self.commit(rows.cast(STATE_SCHEMA), check)
+        self.commit(store.cast_to(rows, STATE_SCHEMA), check)
 
     def commit(self, rows: pa.Table, check: Callable[[], None] | None) -> None:
         """Append ``rows`` (in the table's schema) once ``check`` passes, at exactly the version it was

@@ -65,7 +65,19 @@ class StateReads:
         since: datetime | None = None,
     ) -> pa.Table:
         """The group's recorded rows (of the given ``events``, of one plan, recorded at or after
-        ``since``), in no particular order."""
+        ``since``), in no particular order. Kept until the rows change: an idle streaming query asks
+        for the monitor's abort and a switchover on every trigger, tens of times a second."""
+        key = ("events", consumer, events, None if columns is None else tuple(columns), plan_id, since)
+        return self._table.derived(key, lambda: self._events(consumer, events, columns, plan_id, since))
+
+    def _events(
+        self,
+        consumer: str,
+        events: tuple[EventKind, ...] | None,
+        columns: list[str] | None,
+        plan_id: str | None,
+        since: datetime | None,
+    ) -> pa.Table:
         rows = self._table.rows()
         # Compute kernels on the columns: a filter expression would start an Acero plan per question.
         mask = pc.equal(rows["consumer"], consumer)
@@ -75,8 +87,7 @@ class StateReads:
             mask = pc.and_(mask, pc.fill_null(pc.equal(rows["plan_id"], plan_id), False))
         if since is not None:
             mask = pc.and_(mask, pc.greater_equal(rows["at"], pa.scalar(since, TIMESTAMP)))
-        rows = rows.filter(mask)
-        return rows.select(columns) if columns is not None else rows
+        return (rows.select(columns) if columns is not None else rows).filter(mask)
 
     def groups(self) -> list[str]:
         """The consumer groups that count for the queue's depth, by name: those with records in the

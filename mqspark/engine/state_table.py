@@ -200,9 +200,9 @@ class StateTable:
             paths = self._view.live_paths if self._view is not None else store.live_paths(self._handle())
             for path in paths:
                 known = self._files.get(path)
-                files[path] = (
-                    known if known is not None else store.read_data_file(self.location, path).cast(STATE_SCHEMA)
-                )
+                if known is None:
+                    known = store.cast_to(store.read_data_file(self.location, path), STATE_SCHEMA)
+                files[path] = known
             if not self._files.keys() <= files.keys() and not self._compacted_since(self._rows_version, version):
                 self.rewrites += 1
             self._files = files
@@ -263,6 +263,8 @@ class StateTable:
             f"queue {self.queue}: state commit gave up after {ATTEMPTS} conflicts",
         )
         self._current = False
+        # The file holds exactly these rows: the next look need not read it back.
+        self._files[file.path] = store.cast_to(rows, STATE_SCHEMA)
         return version
 
     def _handle(self) -> DeltaTable:
@@ -273,7 +275,7 @@ class StateTable:
     def overwrite(self, table: DeltaTable, rows: pa.Table, operation: str) -> bool:
         """Replace the table's rows in one commit (recorded as ``operation``) at exactly the version
         after ``table``'s; False when a concurrent commit got in first."""
-        file = store.write_data_file(self.location, rows.cast(STATE_SCHEMA).to_batches(), STATE_SCHEMA)
+        file = store.write_data_file(self.location, store.cast_to(rows, STATE_SCHEMA).to_batches(), STATE_SCHEMA)
         self._current = False
         try:
             store.commit_files(

@@ -23,6 +23,7 @@ from mqspark.store.faults import (
 from mqspark.store.files import (
     ROW_GROUP_ROWS,
     DataFile,
+    cast_to,
     read_data_file,
     read_data_part,
     read_data_rows,
@@ -150,6 +151,7 @@ __all__ = [
     "reachable",
     "read_back_failed",
     "read_committed",
+    "cast_to",
     "read_data_file",
     "read_data_part",
     "read_data_rows",

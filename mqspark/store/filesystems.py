@@ -97,10 +97,14 @@ def options_for(location: str) -> dict[str, str]:
     return _remembered[max(matches, key=len)] if matches else {}
 
 
+# One for every local path: an idle streaming query's planner looks at its logs tens of times a second.
+_LOCAL = pafs.LocalFileSystem()
+
+
 def filesystem_of(location: str) -> tuple[pafs.FileSystem, str]:
     """pyarrow's filesystem for ``location`` and the path in it."""
     if not is_uri(location):
-        return pafs.LocalFileSystem(), location
+        return _LOCAL, location
     url = urlparse(location)
     if url.scheme in _S3_SCHEMES:
         settings = _settings(_S3_KEYS, "AWS", options_for(location))
