@@ -79,91 +79,150 @@ def check_groups(queue: str, table: pa.Table) -> None:
 def check_group_items(queue: str, items: pa.Table) -> None:
     """Validate the group items of a put, alone or together with the already committed items of its groups.
 
-    ``items`` has the :data:`GROUP_COLUMNS` (and priority, for one put).
+    ``items`` has the :data:`GROUP_COLUMNS` (and priority, for one put). Where several items break a
+    rule, the error names the one that comes first in ``items``. Counted with numpy on keys numbered
+    by first appearance: a put checks its groups twice, and each Acero aggregation costs about 0.3 ms.
     """
-    _check_messages_of_groups(queue, items)
-    keys = items.group_by(["group_id", "msg_seq_number", "offset"]).aggregate([([], "count_all")])
-    duplicates = keys.filter(pc.greater(keys["count_all"], 1))
-    if duplicates.num_rows:
-        group_id, seq, offset = (duplicates[c][0].as_py() for c in ("group_id", "msg_seq_number", "offset"))
-        what = f"msg_seq_number {seq}" + (f" offset {offset}" if offset else "")
+    rows = _GroupRows(items)
+    _check_messages_of_groups(queue, rows)
+    item, first = _keys(rows.group, rows.seq, rows.offset)
+    twice = np.flatnonzero(np.bincount(item) > 1)
+    if len(twice):
+        at = first[twice[0]]
+        what = f"msg_seq_number {rows.seq[at]}" + (f" offset {rows.offset[at]}" if rows.offset[at] else "")
         raise field_error(
-            queue, f"field msg_seq_number: group {group_id} has {what} twice", Reason.MQRC_MSG_SEQ_NUMBER_ERROR
+            queue, f"field msg_seq_number: group {rows.name(at)} has {what} twice", Reason.MQRC_MSG_SEQ_NUMBER_ERROR
         )
-    aggregates = [("msg_seq_number", "max")]
+    group, first = _keys(rows.group)
     if "priority" in items.column_names:
-        aggregates += [("priority", "min"), ("priority", "max")]
-    per_group = items.group_by("group_id").aggregate(aggregates)
-    if "priority" in items.column_names:
-        mixed = per_group.filter(pc.not_equal(per_group["priority_min"], per_group["priority_max"]))
-        if mixed.num_rows:
+        priority = items["priority"].to_numpy()
+        lowest, highest = _minimum(group, priority, len(first)), _maximum(group, priority, len(first))
+        mixed = np.flatnonzero(lowest != highest)
+        if len(mixed):
             raise field_error(
                 queue,
-                f"field priority: group {mixed['group_id'][0].as_py()} mixes priorities "
-                f"{mixed['priority_min'][0].as_py()} and {mixed['priority_max'][0].as_py()}",
+                f"field priority: group {rows.name(first[mixed[0]])} mixes priorities "
+                f"{lowest[mixed[0]]} and {highest[mixed[0]]}",
                 Reason.MQRC_PRIORITY_ERROR,
             )
-    last = (
-        items.filter(items["last_in_group"])
-        .group_by("group_id")
-        .aggregate([("msg_seq_number", "min"), ("msg_seq_number", "count_distinct")])
-    )
-    if last.num_rows == 0:
+    last = rows.last_in_group
+    if not last.any():
         return
-    several = last.filter(pc.greater(last["msg_seq_number_count_distinct"], 1))
-    if several.num_rows:
+    # The distinct msg_seq_numbers of each group's last items.
+    _, last_first = _keys(group[last], rows.seq[last])
+    numbers = np.bincount(group[last][last_first], minlength=len(first))
+    several = np.flatnonzero(numbers > 1)
+    if len(several):
         raise field_error(
             queue,
-            f"field last_in_group: group {several['group_id'][0].as_py()} has more than one last message",
+            f"field last_in_group: group {rows.name(first[several[0]])} has more than one last message",
             Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
         )
-    joined = per_group.join(last, "group_id")
-    beyond = joined.filter(pc.greater(joined["msg_seq_number_max"], joined["msg_seq_number_min"]))
-    if beyond.num_rows:
-        group_id, highest, last_number = (
-            beyond[column][0].as_py() for column in ("group_id", "msg_seq_number_max", "msg_seq_number_min")
-        )
+    highest = _maximum(group, rows.seq, len(first))
+    last_number = _minimum(group[last], rows.seq[last], len(first))
+    beyond = np.flatnonzero((numbers > 0) & (highest > last_number))
+    if len(beyond):
+        at = beyond[0]
         raise field_error(
             queue,
-            f"field msg_seq_number: group {group_id} has msg_seq_number {highest} after its last message {last_number}",
+            f"field msg_seq_number: group {rows.name(first[at])} has msg_seq_number {highest[at]} after its last "
+            f"message {last_number[at]}",
             Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
         )
 
 
-def _check_messages_of_groups(queue: str, items: pa.Table) -> None:
+class _GroupRows:
+    """The group columns of group items as numpy arrays, each group as a number."""
+
+    def __init__(self, items: pa.Table) -> None:
+        encoded = pc.dictionary_encode(items["group_id"].combine_chunks())
+        self.group = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        self._names = encoded.dictionary
+        self.seq = items["msg_seq_number"].to_numpy().astype(np.int64)
+        self.offset = items["offset"].to_numpy().astype(np.int64)
+        self.last_in_group = items["last_in_group"].to_numpy()
+        self.segmented = items["segmented"].to_numpy()
+        self.last_segment = items["last_segment"].to_numpy()
+
+    def name(self, row: int) -> str:
+        return self._names[self.group[row]].as_py()
+
+
+def _keys(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's key (the values of ``columns`` together), numbered by first appearance, and each
+    key's first row."""
+    if not len(columns[0]):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort(columns[::-1]) if len(columns) > 1 else np.argsort(columns[0], kind="stable")
+    starts = np.zeros(len(order), dtype=bool)
+    starts[0] = True
+    for column in columns:
+        ordered = column[order]
+        starts[1:] |= ordered[1:] != ordered[:-1]
+    run = np.cumsum(starts) - 1
+    firsts = np.minimum.reduceat(order, np.flatnonzero(starts))
+    by_appearance = np.argsort(firsts, kind="stable")
+    number = np.empty(len(firsts), np.int64)
+    number[by_appearance] = np.arange(len(firsts))
+    keys = np.empty(len(order), np.int64)
+    keys[order] = number[run]
+    return keys, firsts[by_appearance]
+
+
+def _maximum(keys: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+    """Each of ``count`` keys' largest value (the smallest int64 for a key without values)."""
+    result = np.full(count, np.iinfo(np.int64).min)
+    np.maximum.at(result, keys, values)
+    return result
+
+
+def _minimum(keys: np.ndarray, values: np.ndarray, count: int) -> np.ndarray:
+    """Each of ``count`` keys' smallest value (the largest int64 for a key without values)."""
+    result = np.full(count, np.iinfo(np.int64).max)
+    np.minimum.at(result, keys, values)
+    return result
+
+
+def _check_messages_of_groups(queue: str, rows: _GroupRows) -> None:
     """Each logical message of a group is either one whole item or segments ending at one last segment."""
-    flags = items.append_column("last_segment_count", pc.cast(items["last_segment"], pa.int32()))
-    per_message = flags.group_by(["group_id", "msg_seq_number"]).aggregate(
-        [
-            ("segmented", "count_distinct"),
-            ("last_in_group", "count_distinct"),
-            ("last_segment_count", "sum"),
-            ("offset", "max"),
-        ]
-    )
+    message, first = _keys(rows.group, rows.seq)
+    count = len(first)
+    items = np.bincount(message, minlength=count)
+    segmented = np.bincount(message, weights=rows.segmented, minlength=count)
+    last_in_group = np.bincount(message, weights=rows.last_in_group, minlength=count)
     rules = [
-        ("segmented_count_distinct", "is both a whole message and segments", Reason.MQRC_MSG_SEQ_NUMBER_ERROR),
         (
-            "last_in_group_count_distinct",
+            (segmented > 0) & (segmented < items),
+            "is both a whole message and segments",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+        (
+            (last_in_group > 0) & (last_in_group < items),
             "has segments that disagree on last_in_group",
             Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
         ),
-        ("last_segment_count_sum", "has more than one last segment", Reason.MQRC_OFFSET_ERROR),
+        (
+            np.bincount(message, weights=rows.last_segment, minlength=count) > 1,
+            "has more than one last segment",
+            Reason.MQRC_OFFSET_ERROR,
+        ),
     ]
-    for column, text, reason in rules:
-        bad = per_message.filter(pc.greater(per_message[column], 1))
-        if bad.num_rows:
-            group_id, seq = bad["group_id"][0].as_py(), bad["msg_seq_number"][0].as_py()
-            raise field_error(queue, f"group {group_id}: message {seq} {text}", reason)
-    ends = items.filter(items["last_segment"]).group_by(["group_id", "msg_seq_number"]).aggregate([("offset", "min")])
-    beyond = per_message.join(ends, ["group_id", "msg_seq_number"])
-    beyond = beyond.filter(pc.greater(beyond["offset_max"], beyond["offset_min"]))
-    if beyond.num_rows:
-        group_id, seq = beyond["group_id"][0].as_py(), beyond["msg_seq_number"][0].as_py()
+    for bad, text, reason in rules:
+        if bad.any():
+            at = first[np.flatnonzero(bad)[0]]
+            raise field_error(queue, f"group {rows.name(at)}: message {rows.seq[at]} {text}", reason)
+    ends = rows.last_segment
+    if not ends.any():
+        return
+    highest = _maximum(message, rows.offset, count)
+    last = _minimum(message[ends], rows.offset[ends], count)
+    beyond = np.flatnonzero(highest > last)
+    if len(beyond):
+        at = beyond[0]
         raise field_error(
             queue,
-            f"group {group_id}: message {seq} has a segment at offset {beyond['offset_max'][0].as_py()} "
-            f"after its last segment at offset {beyond['offset_min'][0].as_py()}",
+            f"group {rows.name(first[at])}: message {rows.seq[first[at]]} has a segment at offset {highest[at]} "
+            f"after its last segment at offset {last[at]}",
             Reason.MQRC_OFFSET_ERROR,
         )
 
