@@ -664,6 +664,35 @@ def test_put_refused_against_committed_group(
         qm.put("Q", [{"payload": "ok"}, *rows])
 
 
+def test_a_committed_group_item_is_found_among_files_of_other_groups_and_plain_messages(qm: QueueManager) -> None:
+    """A put reads only the files whose group_id statistics may hold its groups: the file holding G's
+    first item lies among files of groups named below, between and above it, and of no group."""
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": "a", "group_id": "A", "msg_seq_number": 1}])
+    qm.put("Q", [{**GROUP, "msg_seq_number": 1}, {"payload": "plain"}])
+    for name in ("F", "H", "Z"):
+        qm.put("Q", [{"payload": name, "group_id": name, "msg_seq_number": 1}])
+        qm.put("Q", [{"payload": "plain"}])
+    qm.put(
+        "Q",
+        [
+            {"payload": "B", "group_id": "B", "msg_seq_number": 1},
+            {"payload": "Y", "group_id": "Y", "msg_seq_number": 1},
+        ],
+    )
+    with (
+        unchanged(qm),
+        refused(
+            MQValidationError,
+            "MQRC_MSG_SEQ_NUMBER_ERROR (2250): queue Q: field msg_seq_number: group G has msg_seq_number 1 twice",
+            Reason.MQRC_MSG_SEQ_NUMBER_ERROR,
+        ),
+    ):
+        qm.put("Q", [{**GROUP, "msg_seq_number": 1}])
+    qm.put("Q", [{**GROUP, "msg_seq_number": 2, "last_in_group": True}])
+    assert qm.depth("Q") == 12
+
+
 def test_group_of_other_queue_does_not_conflict(qm: QueueManager) -> None:
     qm.define_queue("Q1")
     qm.define_queue("Q2")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -47,6 +48,28 @@ def check_against_committed(queue: str, table: DeltaTable, groups: pa.Table) -> 
     if groups.num_rows == 0:
         return
     group_ids = pc.unique(groups["group_id"])
-    committed = store.table_dataset(table).to_table(columns=GROUP_COLUMNS, filter=pc.field("group_id").isin(group_ids))
+    paths = _files_with_groups(table, group_ids)
+    if not paths:
+        return
+    committed = store.table_dataset(table, paths).to_table(
+        columns=GROUP_COLUMNS, filter=pc.field("group_id").isin(group_ids)
+    )
     if committed.num_rows:
         check_group_items(queue, pa.concat_tables([committed.cast(groups.schema), groups]))
+
+
+def _files_with_groups(table: DeltaTable, group_ids: pa.Array) -> list[str]:
+    """The live files whose group_id statistics do not rule out all of ``group_ids``: a put of a
+    grouped message read every file's footer, so each put took longer than the last until
+    maintenance compacted the table. Files without statistics are kept."""
+    files = store.live_files(table)
+    ids = np.sort(np.array(group_ids.to_pylist(), dtype=object))
+    low, high = files["min_group_id"].to_pylist(), files["max_group_id"].to_pylist()
+    never = files["never_grouped"].to_pylist()
+    kept = []
+    for path, ungrouped, first, last in zip(files["path"].to_pylist(), never, low, high, strict=True):
+        if ungrouped:
+            continue
+        if first is None or last is None or np.searchsorted(ids, last, "right") > np.searchsorted(ids, first, "left"):
+            kept.append(path)
+    return kept

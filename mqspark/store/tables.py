@@ -103,9 +103,10 @@ def remove_tree(location: str) -> None:
 _PARQUET = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True))
 
 
-def table_dataset(table: DeltaTable) -> ds.Dataset:
-    """The table's version as a pyarrow dataset of its live files, read through :func:`filesystem_of`;
-    the tables of a queue manager are not partitioned, so every column is in the files.
+def table_dataset(table: DeltaTable, paths: list[str] | None = None) -> ds.Dataset:
+    """The table's version as a pyarrow dataset of its live files (or of ``paths`` among them), read
+    through :func:`filesystem_of`; the tables of a queue manager are not partitioned, so every column
+    is in the files.
 
     Built from the add actions' paths (percent-encoded in the log), not with deltalake's
     ``to_pyarrow_dataset``: that turns every file's statistics into a partition expression, about
@@ -118,7 +119,9 @@ def table_dataset(table: DeltaTable) -> ds.Dataset:
     destructor when it asks for the GIL, and aborts ("terminate called without an active exception").
     """
     filesystem, path = filesystem_of(table.table_uri)
-    paths = [unquote(name) for name in pa.table(table.get_add_actions()).column("path").to_pylist()]
+    if paths is None:
+        paths = pa.table(table.get_add_actions()).column("path").to_pylist()
+    paths = [unquote(name) for name in paths]
     return ds.FileSystemDataset.from_paths(
         paths,
         schema=pa.schema(table.schema().to_arrow()),
@@ -156,7 +159,7 @@ def live_files(table: DeltaTable) -> pa.Table:
     (null for files whose every row carries one: maintenance wrote them). From the statistics of a
     queue table's files also ``min_put_seq``, ``max_put_seq``, ``min_commit_version``,
     ``max_commit_version``, ``max_priority``, ``min_put_time`` (rounded down to a millisecond),
-    ``any_top`` (a row is ``top_of_queue``), ``never_expire``
+    ``any_top`` (a row is ``top_of_queue``), ``min_group_id`` and ``max_group_id``, ``never_expire``
     (no row has an expiry), ``never_delayed`` (no row has an ``available_at``), ``never_grouped`` and
     ``never_before`` (no row has a ``group_id``, a ``before_msg_id``), and ``never_redriven`` (no row
     has a ``redriven_for``); null where a file has no such statistics. A file with statistics but
@@ -219,6 +222,8 @@ def _read_live_files(table: DeltaTable, known: tuple[int, dict[str, int]] | None
             "never_expire": pc.equal(stat("null_count.expiry", pa.int64()), rows),
             "never_delayed": pc.equal(stat("null_count.available_at", pa.int64()), rows),
             "never_grouped": pc.equal(stat("null_count.group_id", pa.int64()), rows),
+            "min_group_id": stat("min.group_id", pa.string()),
+            "max_group_id": stat("max.group_id", pa.string()),
             "never_before": pc.equal(stat("null_count.before_msg_id", pa.int64()), rows),
             "never_redriven": pc.coalesce(
                 pc.equal(stat("null_count.redriven_for", pa.int64()), rows),
