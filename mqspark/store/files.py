@@ -35,9 +35,10 @@ ROW_GROUP_ROWS = 10_000
 
 
 def cast_to(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` in ``schema``, cast only when its schema differs: a cast to the same schema still
-    runs a kernel per column (about 0.15 ms for a message or state table), several times a get."""
-    return table if table.schema.equals(schema) else table.cast(schema)
+    """``table`` in ``schema``, metadata included, as ``table.cast(schema)`` gives it; cast only when the
+    schemas differ: a cast to the same schema still runs a kernel per column (about 0.15 ms for a
+    message or state table), several times a get."""
+    return table if table.schema.equals(schema, check_metadata=True) else table.cast(schema)
 
 
 def read_data_file(location: str, path: str, columns: list[str] | None = None) -> pa.Table:
