@@ -6,12 +6,14 @@ set to a token in its environment, which its JVM and PySpark's Python daemons in
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -320,13 +322,38 @@ def held_port(port: int = 0, listening: bool = False) -> socket.socket:
     started later: a port only chosen early was taken meanwhile by one of the run's JVMs (their ports
     are chosen by the system from the same range), and a CI run's S3 server was never reached. A
     listening one can be handed to the server (``pass_fds``); a bound one refuses connections and is
-    closed just before the server starts."""
-    holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    holder.bind(("127.0.0.1", port))
+    closed just before the server starts, so a free port is chosen below the system's ephemeral
+    range, where no client's or JVM's port comes from: chosen inside it, Azurite found its port taken
+    in that moment (EADDRINUSE) in a run with three xdist workers."""
+    if port:
+        holder = socket.socket()
+        # The server that had the port may leave connections in TIME_WAIT.
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+    else:
+        holder = _below_ephemeral_ports()
     if listening:
         holder.listen(128)
     return holder
+
+
+def _below_ephemeral_ports() -> socket.socket:
+    """A socket bound to a free port below ``ip_local_port_range``; bound without ``SO_REUSEADDR``,
+    so another process of the run choosing the same port finds it taken."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    choices = list(range(max(1024, low - 16384), low))
+    random.shuffle(choices)
+    for port in choices:
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", port))
+        except OSError:
+            holder.close()
+            continue
+        return holder
+    raise AssertionError(f"no free port below {low}")
 
 
 def listens(port: int) -> bool:
