@@ -263,6 +263,8 @@ class StateTable:
             f"queue {self.queue}: state commit gave up after {ATTEMPTS} conflicts",
         )
         self._current = False
+        # The file holds exactly these rows: the next look need not read it back.
+        self._files[file.path] = store.cast_to(rows, STATE_SCHEMA)
         return version
 
     def _handle(self) -> DeltaTable:
