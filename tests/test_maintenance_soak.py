@@ -44,7 +44,6 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from mqspark import MQError, QueueManager, Reason, store
 from mqspark.engine import maintenance
-from mqspark.engine.maintenance import LEASE_TIMEOUT
 from mqspark.spark.datasource import _get_options
 from mqspark.spark.stream import QueueStreamReader
 
@@ -732,11 +731,11 @@ BUSY_PUT_SIZE = 30
 BUSY_PAUSE = 0.4
 BUSY_RETENTION = 2.0
 KILLS = 3
+MORE_KILLS = 6
 # The maintenance processes' lease: a kill inside a run leaves it held until it lapses, and every run
 # is refused meanwhile. With the default 30 s, three kills took over 60 s of a workload that lasts about
 # 40, and the runs that removed messages came down to the 4 the test needs (4 of 76 runs, 70 refused).
 BUSY_LEASE_S = 5.0
-MORE_KILLS = 6
 # Group a takes whole groups per batch (allMessagesAvailable), group b lets a batch end inside a group.
 CONSUMERS = {"a": (300, {"allmessagesavailable": "true"}), "b": (1000, {})}
 # Each batch takes this long to process: the groups commit to the state table a few times a second, not
@@ -902,7 +901,7 @@ def test_producers_two_groups_browse_and_a_maintenance_process_killed_mid_run(qm
     assert browser.exitcode == 0 and maintainers[-1].exitcode == 0
 
     # A last run (after a lease a kill left behind lapses) removes what both groups consumed.
-    deadline = time.monotonic() + 3 * LEASE_TIMEOUT.total_seconds()
+    deadline = time.monotonic() + 3 * maintenance.LEASE_TIMEOUT.total_seconds()
     final = _maintain_until_done(qm, timedelta(seconds=BUSY_RETENTION), deadline)
     time.sleep(BUSY_RETENTION + 0.5)
     final_again = qm.maintain("Q", retention=timedelta(seconds=BUSY_RETENTION))
