@@ -121,7 +121,7 @@ def test_puts_staged_while_the_lock_is_held_land_in_one_commit_in_arrival_order(
     commits = _put_commits(location)
     assert [len(info[store.STAGED_KEY]) for info in commits] == [3]
     assert [bytes(p).decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["p0", "p1", "p2"]
-    assert os.listdir(staging.folder) == [".lock"]
+    assert sorted(os.listdir(staging.folder)) == [".lock", ".round"]
 
 
 def test_when_the_staged_puts_together_do_not_fit_they_go_one_by_one_and_the_rest_are_refused(queue, monkeypatch):
@@ -131,7 +131,31 @@ def test_when_the_staged_puts_together_do_not_fit_they_go_one_by_one_and_the_res
     assert [error.reason if error else None for error in errors] == [None, None, Reason.MQRC_Q_FULL]
     assert "queue Q is full (max_depth 2, depth 2, put of 1)" in str(errors[2])
     assert [bytes(p).decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["p0", "p1"]
-    assert os.listdir(staging.folder) == [".lock"]
+    assert sorted(os.listdir(staging.folder)) == [".lock", ".round"]
+
+
+def test_a_put_returns_when_its_round_ends_while_the_holder_keeps_the_lock(queue, monkeypatch):
+    """A holder goes on holding the lock after the round that landed a staged put (it drains more
+    rounds): the putter learns of its landing from the round's end, without taking the lock."""
+    qm, location, staging = queue
+    monkeypatch.setattr(staged_puts, "HOLDER_PATIENCE", PATIENCE)
+    queues = qm._queues
+    definition, empty = queues.resolve_for_put("Q"), _no_groups()
+
+    def commit_rows(rows, metadata) -> None:
+        queues.commit_rows("Q", empty, definition, rows, metadata)
+
+    assert staging.try_lock()
+    try:
+        putting = threading.Thread(target=staged_puts.commit, args=(location, _prepared(qm, "p0"), commit_rows))
+        putting.start()
+        _wait_for(lambda: len(staging.staged()) == 1, "the put staged")
+        assert staged_puts._hold(staging, commit_rows, None) == (1, None)
+        putting.join(PATIENCE)
+        assert not putting.is_alive()
+        assert [bytes(p).decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["p0"]
+    finally:
+        staging.unlock()
 
 
 def test_a_put_no_holder_claims_commits_alone_after_the_holder_patience(queue, tmp_path):

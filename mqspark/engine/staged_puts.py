@@ -5,7 +5,14 @@ table conflict and retry. So a put (already gathered with its process's other pu
 :mod:`mqspark.engine.group_commit`) takes the queue's commit lock when it is free and commits its
 rows together with every put other processes staged meanwhile; when the lock is held, it stages its
 rows (:mod:`mqspark.store.staging`) and waits for the holder to mark them landed or refused, taking
-the lock itself as soon as it is free. The rules:
+the lock itself as soon as it is free.
+
+The holder commits in *rounds* (claim, commit, mark), and keeps the lock for up to
+:data:`DRAIN_ROUNDS` more rounds of the puts staged during its own. A waiting putter sleeps until
+a round ends (:meth:`~mqspark.store.staging.Staging.wait_round`) and then looks at its outcome, so
+a put returns when its round ends, not when the lock is let go. Before each further round the
+holder waits up to :data:`GATHER` seconds for as many puts as its fullest round had: the putters it
+returned come back with their next puts, and a round that waits for them carries them all. The rules:
 
 - commit order is arrival order (staged files sort by arrival time);
 - ``max_depth`` and the queue's flags are checked at the commit: when the puts together do not fit,
@@ -37,6 +44,11 @@ CommitRows = Callable[[pa.Table, dict[str, Any]], object]
 HOLDER_PATIENCE = 1.0
 # Commits a holder makes for others' puts staged during its own, before it returns.
 DRAIN_ROUNDS = 4
+# How long a holder waits for other processes' next puts before a round (seconds), and how often it looks.
+GATHER = 0.004
+_GATHER_POLL = 0.0005
+# How long a putter first waits before looking again when the holder has no round going (seconds).
+_BETWEEN_ROUNDS = 0.001
 # How long a putter whose file a paused holder claimed waits for the lock at a time.
 _CLAIMED_POLL = 0.05
 
@@ -48,8 +60,8 @@ def commit(location: str, rows: pa.Table, commit_rows: CommitRows) -> None:
     staging = store.Staging(location)
     with staging.locked() as held:
         if held:
-            error = _hold(staging, commit_rows, (arrival, rows))
-            _drain(staging, commit_rows)
+            others, error = _hold(staging, commit_rows, (arrival, rows))
+            _drain(staging, commit_rows, others)
             if error is not None:
                 raise error
             return
@@ -87,9 +99,11 @@ def settle_claims(location: str) -> bool:
 
 
 def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: CommitRows) -> None:
-    """Wait for the outcome of the staged put ``name``, taking the lock as soon as it is free: its
-    holder then commits this put with the others staged, unless another holder decided it."""
+    """Wait for the outcome of the staged put ``name``: asleep while a holder's round goes on, it
+    looks when one ends, and takes the lock when it is free: its holder then commits this put with
+    the others staged, unless another holder decided it."""
     deadline = time.monotonic() + HOLDER_PATIENCE
+    pause = _BETWEEN_ROUNDS
     while True:
         if _landed(staging.outcome(name)):
             return
@@ -100,7 +114,7 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
             # No holder claimed it in time (one paused holding the lock): committed alone.
             commit_rows(rows, {})
             return
-        if _take_lock(staging, remaining):
+        if staging.try_lock():
             try:
                 if staging.undecided(name):
                     _hold(staging, commit_rows, None)
@@ -110,6 +124,15 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
                     raise
             finally:
                 staging.unlock()
+        elif remaining <= 0:
+            # A holder that does not let go claimed the put: look now and then, starting no more threads.
+            time.sleep(_CLAIMED_POLL)
+        elif staging.wait_round(remaining):
+            pause = _BETWEEN_ROUNDS
+        else:
+            # The holder is between rounds, or paused in one: look again after a pause that grows.
+            time.sleep(pause)
+            pause = min(2 * pause, _CLAIMED_POLL)
 
 
 def _landed(outcome: store.staging.Outcome | None) -> bool:
@@ -121,31 +144,37 @@ def _landed(outcome: store.staging.Outcome | None) -> bool:
     raise MQError(outcome.message, Reason(outcome.reason))
 
 
-def _take_lock(staging: store.Staging, patience: float) -> bool:
-    """Wait for the lock while patience is left; after that (a holder that does not let go claimed
-    the put) only look now and then, starting no more waiting threads."""
-    if patience > 0:
-        return staging.wait_lock(patience)
-    if staging.try_lock():
-        return True
-    time.sleep(_CLAIMED_POLL)
-    return False
-
-
-def _drain(staging: store.Staging, commit_rows: CommitRows) -> None:
+def _drain(staging: store.Staging, commit_rows: CommitRows, returned: int) -> None:
     """Commit what was staged while the holder committed, up to :data:`DRAIN_ROUNDS` more commits:
     the putters its commit returned put again meanwhile, and had each of them taken the lock
-    alone, commits would carry one put each."""
+    alone, commits would carry one put each. Each round waits up to :data:`GATHER` seconds for as
+    many staged puts as the fullest round had so far: the putters it returned come back with their
+    next puts."""
     for _ in range(DRAIN_ROUNDS):
+        deadline = time.monotonic() + GATHER
+        while len(staging.staged()) < returned and time.monotonic() < deadline:
+            time.sleep(_GATHER_POLL)
         if not staging.staged():
             return
-        _hold(staging, commit_rows, None)
+        returned = max(returned, _hold(staging, commit_rows, None)[0])
 
 
-def _hold(staging: store.Staging, commit_rows: CommitRows, own: tuple[int, pa.Table] | None) -> MQError | None:
+def _hold(
+    staging: store.Staging, commit_rows: CommitRows, own: tuple[int, pa.Table] | None
+) -> tuple[int, MQError | None]:
     """As the lock's holder: settle dead holders' claims, claim every staged put and commit them
-    with ``own`` (the holder's own put: its arrival time and rows) in arrival order. Returns the
-    error that refused the holder's own put."""
+    with ``own`` (the holder's own put: its arrival time and rows) in arrival order. Returns how
+    many staged puts it decided, and the error that refused the holder's own put."""
+    staging.start_round()
+    try:
+        return _commit_round(staging, commit_rows, own)
+    finally:
+        staging.end_round()
+
+
+def _commit_round(
+    staging: store.Staging, commit_rows: CommitRows, own: tuple[int, pa.Table] | None
+) -> tuple[int, MQError | None]:
     _settle_claims(staging)
     names = [name for name in staging.staged() if staging.claim(name)]
     puts: list[tuple[int, str | None, pa.Table]] = [(staging.arrival(n), n, staging.rows(n)) for n in names]
@@ -153,22 +182,22 @@ def _hold(staging: store.Staging, commit_rows: CommitRows, own: tuple[int, pa.Ta
         puts.append((own[0], None, own[1]))
     puts.sort(key=lambda put: put[0])
     if not puts:
-        return None
+        return 0, None
     try:
         commit_rows(pa.concat_tables([put[2] for put in puts]), {store.STAGED_KEY: names})
     except MQError as refused:
         if refused.reason == Reason.MQRC_Q_FULL and len(puts) > 1:
-            return _one_by_one(staging, commit_rows, puts)
+            return len(names), _one_by_one(staging, commit_rows, puts)
         for name in names:
             _refuse(staging, name, refused)
-        return refused
+        return len(names), refused
     except BaseException:
         for name in names:
             staging.unclaim(name)
         raise
     for name in names:
         staging.land(name)
-    return None
+    return len(names), None
 
 
 def _one_by_one(
