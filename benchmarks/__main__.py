@@ -39,7 +39,7 @@ BENCHMARKS = {
     "python_put_10k": lambda: python_put.run(put_size=10_000),
     "python_put_100": lambda: python_put.run(messages=20_000, put_size=100),
     "python_mq": lambda: python_mq.run(),
-    "python_mq_quick": lambda: python_mq.run(messages=40, consumed=10_000),
+    "python_mq_quick": lambda: python_mq.run(messages=40, consumed=10_000, put_messages=40),
     "stream_put_10k": lambda: stream_put.run(batch_rows=10_000),
     "stream_put_100k": lambda: stream_put.run(batch_rows=100_000),
     "browse_ungrouped": lambda: browse.run(_spark(), "ungrouped"),

@@ -35,31 +35,37 @@ LATENCY_RATE = 10
 LATENCY_MESSAGES = 100
 
 
-def run(messages: int = 300, processes: int = 4, consumed: int = 100_000) -> dict:
+def run(messages: int = 300, processes: int = 4, consumed: int = 100_000, put_messages: int = 1200) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-"))
     try:
-        return _measure(root, messages, processes, consumed)
+        return _measure(root, messages, processes, consumed, put_messages)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
+def _measure(root: Path, messages: int, processes: int, consumed: int, put_messages: int) -> dict:
+    """The appends and gets take ``messages`` each; the puts ``put_messages``, to queue P, so that a
+    run of 8 processes is not mostly their first puts."""
     qm = QueueManager.create(root / "qm", "BENCH")
     qm.define_queue("Q")
+    qm.define_queue("P")
     rows = prepare_put(qm.inquire_queue("Q"), pa.table({"payload": [b"x" * 100]})).messages
     DeltaTable.create(str(root / "native"), schema=MESSAGE_SCHEMA)
+    location = str(root / "qm")
 
     append_one = _in_processes(_append, str(root / "native"), messages, 1, rows)
     append_many = _in_processes(_append, str(root / "native"), messages, processes, rows)
-    put_one = _in_processes(_put, str(root / "qm"), messages, 1)
-    get_one = _in_processes(_get, str(root / "qm"), messages, 1)
-    put_many = _in_processes(_put, str(root / "qm"), messages, processes)
-    get_many = _in_processes(_get, str(root / "qm"), messages, processes)
+    put_one = _in_processes(_put, location, put_messages, 1, "P")
+    _in_processes(_put, location, messages, 1, "Q")  # what the single getter takes
+    get_one = _in_processes(_get, location, messages, 1)
+    put_many = _in_processes(_put, location, put_messages, processes, "P")
+    _in_processes(_put, location, messages, processes, "Q")
+    get_many = _in_processes(_get, location, messages, processes)
     delivered = sorted(get_many["delivered"])
-    consumer = _in_processes(_consume, str(root / "qm"), consumed, 1)
-    put_threads = _in_processes(_put_threads, str(root / "qm"), messages, 1, THREADS)
+    consumer = _in_processes(_consume, location, consumed, 1)
+    put_threads = _in_processes(_put_threads, location, put_messages, 1, THREADS)
     append_most = _in_processes(_append, str(root / "native"), messages, MANY_PRODUCERS, rows)
-    put_most = _in_processes(_put, str(root / "qm"), messages, MANY_PRODUCERS)
+    put_most = _in_processes(_put, location, put_messages, MANY_PRODUCERS, "P")
     latency = {
         **_latency(str(root / "qm"), "L", _take, "latency_get"),
         **_latency(str(root / "qm"), "LC", _consume_waiting, "latency_consumer"),
@@ -67,6 +73,7 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
     return {
         "benchmark": "python_mq",
         "messages": messages,
+        "put_messages": put_messages,
         "processes": processes,
         "anchor_append_per_s": append_one["rate"],
         "anchor_append_p50_ms": append_one["p50_ms"],
@@ -80,12 +87,16 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
         f"put_{processes}_processes_per_s": put_many["rate"],
         f"put_{processes}_processes_ratio_to_append": round(put_many["rate"] / append_many["rate"], 3),
         f"put_{processes}_processes_ratio_to_one": round(put_many["rate"] / put_one["rate"], 3),
+        f"put_{processes}_processes_cpu_ms_per_call": put_many["cpu_ms"],
+        f"put_{processes}_processes_cores_busy": put_many["cores_busy"],
         f"anchor_append_{MANY_PRODUCERS}_processes_per_s": append_most["rate"],
         f"put_{MANY_PRODUCERS}_processes_per_s": put_most["rate"],
         f"put_{MANY_PRODUCERS}_processes_ratio_to_append": round(put_most["rate"] / append_most["rate"], 3),
         # The issue's anchor for 8 producers: one process's append.
         f"put_{MANY_PRODUCERS}_processes_ratio_to_one_append": round(put_most["rate"] / append_one["rate"], 3),
         f"put_{MANY_PRODUCERS}_processes_ratio_to_one": round(put_most["rate"] / put_one["rate"], 3),
+        f"put_{MANY_PRODUCERS}_processes_cpu_ms_per_call": put_most["cpu_ms"],
+        f"put_{MANY_PRODUCERS}_processes_cores_busy": put_most["cores_busy"],
         "get_per_s": get_one["rate"],
         "get_p50_ms": get_one["p50_ms"],
         "get_cpu_ms_per_call": get_one["cpu_ms"],
@@ -111,11 +122,15 @@ def _measure(root: Path, messages: int, processes: int, consumed: int) -> dict:
 
 def _in_processes(work, root: str, messages: int, processes: int, *args) -> dict:
     """Run ``work(root, count, *args)`` in ``processes`` spawned processes sharing ``messages``, and
-    merge what they return: the rate in all, the median latency, the refusals and deliveries."""
+    merge what they return: the rate in all, the median latency, the refusals and deliveries. The
+    processes are started, imported and have opened the queue manager before the clock, then are
+    released together (:func:`_released`)."""
     context = multiprocessing.get_context("spawn")  # deltalake in a forked child panics
     counts = [messages // processes + (n < messages % processes) for n in range(processes)]
-    with context.Pool(processes) as pool:
-        results = pool.starmap(work, [(root, count, *args) for count in counts])
+    with context.Manager() as manager:
+        start_line = manager.Barrier(processes)
+        with context.Pool(processes, initializer=_at_start_line, initargs=(start_line,)) as pool:
+            results = pool.starmap(work, [(root, count, *args) for count in counts])
     # From the first call's start to the last call's end, leaving out the processes' start.
     elapsed = max(result["end"] for result in results) - min(result["start"] for result in results)
     latencies = [latency for result in results for latency in result["latencies"]]
@@ -131,10 +146,27 @@ def _in_processes(work, root: str, messages: int, processes: int, *args) -> dict
     }
 
 
+_start_line = None
+
+
+def _at_start_line(start_line) -> None:
+    """The pool's initializer: the barrier the processes of one run wait at before their clock starts."""
+    global _start_line
+    _start_line = start_line
+
+
+def _released() -> float:
+    """Wait until every process of the run is ready, then start the clock: the time now."""
+    if _start_line is not None:
+        _start_line.wait()
+    return time.time()
+
+
 def _timed_calls(count: int, call: Callable[[int], object]) -> dict:
     """Call ``call(n)`` for n in 0 .. count-1, timing each call, with the process's CPU time: what
     :func:`_in_processes` merges."""
-    latencies, begun, cpu = [], time.time(), time.process_time()
+    begun = _released()
+    latencies, cpu = [], time.process_time()
     for n in range(count):
         start = time.perf_counter()
         call(n)
@@ -164,9 +196,9 @@ def _append(root: str, count: int, rows: pa.Table) -> dict:
     return _timed_calls(count, append)
 
 
-def _put(root: str, count: int) -> dict:
+def _put(root: str, count: int, queue: str = "Q") -> dict:
     qm = QueueManager.open(root)
-    return _timed_calls(count, lambda n: qm.put("Q", [{"payload": f"{os.getpid()}-{n}".encode()}]))
+    return _timed_calls(count, lambda n: qm.put(queue, [{"payload": f"{os.getpid()}-{n}".encode()}]))
 
 
 def _put_threads(root: str, count: int, threads: int) -> dict:
@@ -174,7 +206,7 @@ def _put_threads(root: str, count: int, threads: int) -> dict:
     results: list[dict] = []
 
     def work(share: int) -> None:
-        results.append(_put(root, share))
+        results.append(_put(root, share, "P"))
 
     workers = [threading.Thread(target=work, args=(count // threads + (n < count % threads),)) for n in range(threads)]
     for worker in workers:
@@ -196,7 +228,7 @@ def _consume(root: str, count: int) -> dict:
     qm = QueueManager.open(root)
     qm.define_queue("C")
     qm.put("C", pa.table({"payload": [b"x" * 100] * count}))
-    begun = time.time()
+    begun = _released()
     with qm.consumer("C", "bench", prefetch=CONSUMER_PREFETCH) as consumer:
         taken = sum(1 for _ in consumer)
     end = time.time()
@@ -207,7 +239,8 @@ def _consume(root: str, count: int) -> dict:
 def _get(root: str, count: int) -> dict:
     """Single gets until this process has had ``count`` messages or the group has none left."""
     qm = QueueManager.open(root)
-    latencies, delivered, refused, begun = [], [], [], time.time()
+    latencies, delivered, refused = [], [], []
+    begun = _released()
     cpu = time.process_time()
     while len(delivered) < count:
         start = time.perf_counter()
