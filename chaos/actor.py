@@ -8,6 +8,9 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
   message groups put whole or spread over two puts, now and then a poison message (in a message
   group too);
 - ``client``: the producer, through a client connection (``mqspark.connect``);
+- ``single-producer``: ``qm.put`` of one ungrouped message at a time, with shorter pauses: two of
+  them and the producers find the queue's commit lock held, and share its holder's commits
+  (staged puts, :mod:`mqspark.engine.staged_puts`);
 - ``requester``: ``mqspark.request``, one request at a time, each answered by the forwarder
   (:mod:`chaos.forward`);
 - ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
@@ -28,6 +31,7 @@ The streaming get's instances (:mod:`chaos.stream`) and the forwarder are starte
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
@@ -173,6 +177,13 @@ def puts(name: str, rng: random.Random) -> Any:
             yield carried
 
 
+def singles(name: str, rng: random.Random) -> Any:
+    """The single-message producer's puts: one ungrouped message each, of random priority, now and
+    then a poison message."""
+    for number in itertools.count(1):
+        yield [_message(f"{name}-{number}", priority=rng.randint(0, 9), poison=rng.random() < 0.02)]
+
+
 def put_row(message: dict[str, Any]) -> dict[str, Any]:
     """The row a history message is put as: its id as payload (behind a poison mark), its priority and
     its group fields."""
@@ -184,18 +195,31 @@ def put_row(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def produce(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
-    _produce(run, qm, history, rng)
+    _produce(run, qm, history, rng, puts(history.actor, rng), (0.5, 2.0))
 
 
 def produce_as_client(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     """The producer, through a client connection (``mqspark.connect``) that reconnects to the same
     queue manager when its storage breaks, and settles a put in doubt exactly once."""
-    _produce(run, mqspark.connect(qm.root, reconnect="qmgr"), history, rng)
+    _produce(run, mqspark.connect(qm.root, reconnect="qmgr"), history, rng, puts(history.actor, rng), (0.5, 2.0))
 
 
-def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: random.Random) -> None:
+def produce_singles(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """Single-message puts with shorter pauses: with the other producers' puts, they find the
+    queue's commit lock held and share its holder's commits (staged puts)."""
+    _produce(run, qm, history, rng, singles(history.actor, rng), (0.1, 0.5))
+
+
+def _produce(
+    run: Path,
+    qm: QueueManager | Connection,
+    history: History,
+    rng: random.Random,
+    batches: Any,
+    pauses: tuple[float, float],
+) -> None:
     pace = timing(run).pace
-    for op, batch in enumerate(puts(history.actor, rng)):
+    for op, batch in enumerate(batches):
         if stopping(run, "stop-producers"):
             return
         key = f"{history.actor}:{op}"
@@ -208,7 +232,7 @@ def _produce(run: Path, qm: QueueManager | Connection, history: History, rng: ra
             time.sleep(0.2)
             continue
         history.record("put", phase="ok", op=key)
-        time.sleep(rng.uniform(0.5, 2.0) * pace)
+        time.sleep(rng.uniform(*pauses) * pace)
 
 
 def message_id(payload: bytes) -> str:
@@ -367,6 +391,7 @@ def redrive(run: Path, qm: QueueManager, history: History, rng: random.Random) -
 KINDS = {
     "producer": produce,
     "client": produce_as_client,
+    "single-producer": produce_singles,
     "requester": request,
     "getter": get,
     "replica-getter": get_on_replica,

@@ -45,7 +45,7 @@ from tests.support.azurite import ACCOUNT, Azurite
 BACKOUT_THRESHOLD = 3
 # The actors of every run: kind and name. Maintenance is a target too: a kill mid-commit is its
 # hardest case.
-ACTORS = [("producer", "P1"), ("client", "P2")]
+ACTORS = [("producer", "P1"), ("client", "P2"), ("single-producer", "P3"), ("single-producer", "P4")]
 ACTORS += [("getter", "G1"), ("getter", "G2"), ("getter", "G3"), ("monitor", "O"), ("maintenance", "M")]
 ACTORS += [("redrive", "D")]
 ACTORS += [("stream", "S1"), ("stream", "S2")]
@@ -59,7 +59,7 @@ CHOICES = {
 MIXES = [["forwarder"], ["stream-put"], ["routed-put"], ["forwarder", "stream-put"], ["forwarder", "routed-put"]]
 # The actors that stop when the producers do, before the consumers drain (a poison message redriven
 # then would cycle between the queue and its backout queue for ever).
-PRODUCING = ("producer", "client", "requester", "stream-put", "routed-put", "redrive")
+PRODUCING = ("producer", "client", "single-producer", "requester", "stream-put", "routed-put", "redrive")
 # The module each kind of actor runs as: ``python -m MODULE RUN KIND NAME INCARNATION SEED``.
 MODULES = {
     "stream": "chaos.stream",
