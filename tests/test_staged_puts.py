@@ -214,6 +214,63 @@ def test_claims_of_a_holder_that_died_are_settled_by_the_log(queue):
     assert staging.outcome(landed) == staging.outcome(lost) == store.staging.Outcome(landed=True)
 
 
+def _holder_killed_after(root: str, point: str, signals: str) -> None:
+    """Take the queue's commit lock, wait for a put to be staged, and commit it in a round, stopping
+    for good after ``point``: "commit" (its claim not yet marked) or "mark" (marked landed, the
+    round not ended). Writes ``signals``/locked and ``signals``/stopped as it gets there."""
+    qm = QueueManager.open(root)
+    staging = store.Staging(store.queue_location(root, "Q"))
+    assert staging.try_lock()
+    Path(signals, "locked").touch()
+    _wait_for(lambda: staging.staged(), "a put staged")
+    staging.start_round()
+    names = [name for name in staging.staged() if staging.claim(name)]
+    rows = staging.rows(names[0])
+    qm._queues.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: names})
+    if point == "mark":
+        staging.land(names[0])
+    Path(signals, "stopped").touch()
+    time.sleep(PATIENCE * 10)
+
+
+@pytest.mark.parametrize("point", ["commit", "mark"])
+def test_a_put_staged_with_a_holder_killed_mid_round_returns_and_lands_once(queue, tmp_path, monkeypatch, point):
+    """The holder is SIGKILLed with the put it claimed committed, before marking it (the next
+    holder settles it by the log) or after (between the landed commit and the putter's return):
+    the put returns, and its message is on the queue once."""
+    qm, location, staging = queue
+    monkeypatch.setattr(staged_puts, "HOLDER_PATIENCE", PATIENCE)
+    queues = qm._queues
+    definition, empty = queues.resolve_for_put("Q"), _no_groups()
+    errors: list[BaseException] = []
+
+    def put() -> None:
+        try:
+            staged_puts.commit(
+                location, _prepared(qm, "p0"), lambda rows, info: queues.commit_rows("Q", empty, definition, rows, info)
+            )
+        except BaseException as error:  # noqa: BLE001 - the test asserts there was none
+            errors.append(error)
+
+    holder = CONTEXT.Process(target=_holder_killed_after, args=(qm.root, point, str(tmp_path)))
+    holder.start()
+    try:
+        _wait_for(lambda: (tmp_path / "locked").exists(), "the holder took the lock")
+        putting = threading.Thread(target=put)
+        putting.start()
+        _wait_for(lambda: (tmp_path / "stopped").exists(), "the holder committed the put")
+        # A putter that looked between its pauses may have seen the mark already: it returned then.
+        os.kill(holder.pid, signal.SIGKILL)
+        putting.join(PATIENCE)
+        assert (putting.is_alive(), errors) == (False, [])
+    finally:
+        holder.kill()
+        holder.join(PATIENCE)
+    assert [bytes(p).decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["p0"]
+    assert [len(info[store.STAGED_KEY]) for info in _put_commits(location)] == [1]
+    assert staging.staged() == staging.claimed() == []
+
+
 def _producer(root: str, name: str, log: str) -> None:
     """Put messages named ``name-i`` one at a time, logging each whose put returned."""
     qm = QueueManager.open(root)
