@@ -40,7 +40,7 @@ import pyarrow.ipc as ipc
 from mqspark.store.log import LogEntryGone, commit_info, log_stamp, newest_version
 
 STAGED_FOLDER = "_mqspark_staged"
-# The file whose lock the holder keeps while it claims, commits and settles one round of puts.
+# The file whose lock the holder keeps while it claims, commits and marks one round of puts.
 _ROUND = ".round"
 # The commitInfo key naming the staged files a commit holds.
 STAGED_KEY = "mqspark.staged"
@@ -101,7 +101,7 @@ class Staging:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-        self.close_round()
+        self._close_round()
 
     def start_round(self) -> None:
         """As the lock's holder, before claiming: waiting putters sleep until :meth:`end_round`."""
@@ -118,7 +118,7 @@ class Staging:
         os.pwrite(self._round, ended.to_bytes(8, "little"), 0)
         fcntl.flock(self._round, fcntl.LOCK_UN)
 
-    def close_round(self) -> None:
+    def _close_round(self) -> None:
         if self._round is not None:
             os.close(self._round)
             self._round = None
