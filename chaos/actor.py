@@ -8,7 +8,7 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
   message groups put whole or spread over two puts, now and then a poison message (in a message
   group too);
 - ``client``: the producer, through a client connection (``mqspark.connect``);
-- ``single-producer``: ``qm.put`` of one ungrouped message at a time, with shorter pauses: two of
+- ``single-producer``: ``qm.put`` of one ungrouped message at a time, with pauses half as long: two of
   them and the producers find the queue's commit lock held, and share its holder's commits
   (staged puts, :mod:`mqspark.engine.staged_puts`);
 - ``requester``: ``mqspark.request``, one request at a time, each answered by the forwarder
@@ -207,7 +207,7 @@ def produce_as_client(run: Path, qm: QueueManager, history: History, rng: random
 def produce_singles(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     """Single-message puts with shorter pauses: with the other producers' puts, they find the
     queue's commit lock held and share its holder's commits (staged puts)."""
-    _produce(run, qm, history, rng, singles(history.actor, rng), (0.1, 0.5))
+    _produce(run, qm, history, rng, singles(history.actor, rng), (0.25, 1.0))
 
 
 def _produce(
