@@ -101,7 +101,7 @@ def _stage_in_threads(qm, staging: store.Staging, payloads: list[str], monkeypat
         except MQError as error:
             errors[number] = error
 
-    assert staging.try_lock()
+    assert staging.lock.try_lock()
     threads = []
     try:
         for number in range(len(payloads)):
@@ -109,7 +109,7 @@ def _stage_in_threads(qm, staging: store.Staging, payloads: list[str], monkeypat
             threads[-1].start()
             _wait_for(lambda n=number: len(staging.staged()) == n + 1, f"put {number} staged")
     finally:
-        staging.unlock()
+        staging.lock.unlock()
     for thread in threads:
         thread.join(PATIENCE)
     return errors
@@ -145,7 +145,7 @@ def test_a_put_returns_when_its_round_ends_while_the_holder_keeps_the_lock(queue
     def commit_rows(rows, metadata) -> None:
         queues.commit_rows("Q", empty, definition, rows, metadata)
 
-    assert staging.try_lock()
+    assert staging.lock.try_lock()
     try:
         putting = threading.Thread(target=staged_puts.commit, args=(location, _prepared(qm, "p0"), commit_rows))
         putting.start()
@@ -155,19 +155,19 @@ def test_a_put_returns_when_its_round_ends_while_the_holder_keeps_the_lock(queue
         assert not putting.is_alive()
         assert [bytes(p).decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["p0"]
     finally:
-        staging.unlock()
+        staging.lock.unlock()
 
 
 def test_a_put_no_holder_claims_commits_alone_after_the_holder_patience(queue, tmp_path):
     """The lock's holder never lets go (a paused holder): the put takes its file back and commits alone."""
     qm, location, staging = queue
-    assert staging.try_lock()
+    assert staging.lock.try_lock()
     try:
         started = time.monotonic()
         results = _results(_putters(qm.root, tmp_path, 1))
         assert time.monotonic() - started >= staged_puts.HOLDER_PATIENCE
     finally:
-        staging.unlock()
+        staging.lock.unlock()
     assert qm.browse("Q")["msg_id"].to_pylist() == [results[0]["msg_id"]]
     assert _put_commits(location)[0].get(store.STAGED_KEY) is None
     assert staging.staged() == []
@@ -220,10 +220,10 @@ def _holder_killed_after(root: str, point: str, signals: str) -> None:
     round not ended). Writes ``signals``/locked and ``signals``/stopped as it gets there."""
     qm = QueueManager.open(root)
     staging = store.Staging(store.queue_location(root, "Q"))
-    assert staging.try_lock()
+    assert staging.lock.try_lock()
     Path(signals, "locked").touch()
     _wait_for(lambda: staging.staged(), "a put staged")
-    staging.start_round()
+    staging.lock.start_round()
     names = [name for name in staging.staged() if staging.claim(name)]
     rows = staging.rows(names[0])
     qm._queues.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: names})
@@ -363,11 +363,11 @@ def test_maintenance_settles_a_dead_holders_claims_before_it_cleans_up_the_log(q
 def test_maintenance_keeps_the_log_while_a_live_holders_claims_are_out(queue):
     qm, location, staging = queue
     landed, lost = _claimed_by_a_dead_holder(qm, staging)
-    assert staging.try_lock()  # the holder is alive: its claims are its own
+    assert staging.lock.try_lock()  # the holder is alive: its claims are its own
     try:
         summary = maintain(qm._queues, qm._queues.resolve("Q"), timedelta(0))
     finally:
-        staging.unlock()
+        staging.lock.unlock()
     assert (summary.removed_consumed, summary.log_entries_removed) == (1, 0)
     assert staging.claimed() == [landed, lost]
 
@@ -378,14 +378,14 @@ def test_a_put_through_an_alias_commits_alone(queue, monkeypatch):
     qm, location, staging = queue
     qm.define_queue("A", type="alias", target_queue="Q")
     monkeypatch.setattr(staged_puts, "HOLDER_PATIENCE", PATIENCE)
-    assert staging.try_lock()
+    assert staging.lock.try_lock()
     try:
         putting = threading.Thread(target=qm.put, args=("A", [{"payload": "through the alias"}]))
         putting.start()
         _wait_for(lambda: not putting.is_alive() or staging.staged(), "the put returned or staged")
         assert staging.staged() == []
     finally:
-        staging.unlock()
+        staging.lock.unlock()
     putting.join(PATIENCE)
     assert [bytes(p).decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["through the alias"]
     assert _put_commits(location)[-1].get(store.STAGED_KEY) is None

@@ -58,7 +58,7 @@ def commit(location: str, rows: pa.Table, commit_rows: CommitRows) -> None:
     other processes staged meanwhile; raises what refused them."""
     arrival = time.time_ns()
     staging = store.Staging(location)
-    with staging.locked() as held:
+    with staging.lock.locked() as held:
         if held:
             others, error = _hold(staging, commit_rows, (arrival, rows))
             _drain(staging, commit_rows, others)
@@ -77,7 +77,7 @@ def commit_staged(location: str, age: float, commit_rows: CommitRows) -> int:
     claimed, staged = staging.claimed(), staging.staged()
     if not claimed and not any(staging.age(name) >= age for name in staged):
         return 0
-    with staging.locked() as held:
+    with staging.lock.locked() as held:
         if not held:
             return 0
         settled = len(staging.claimed()) + len(staging.staged())
@@ -92,7 +92,7 @@ def settle_claims(location: str) -> bool:
     staging = store.Staging(location)
     if not staging.claimed():
         return True
-    with staging.locked() as held:
+    with staging.lock.locked() as held:
         if held:
             _settle_claims(staging)
         return held
@@ -114,7 +114,7 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
             # No holder claimed it in time (one paused holding the lock): committed alone.
             commit_rows(rows, {})
             return
-        if staging.try_lock():
+        if staging.lock.try_lock():
             try:
                 if staging.undecided(name):
                     _hold(staging, commit_rows, None)
@@ -123,11 +123,11 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
                 if staging.withdraw(name):
                     raise
             finally:
-                staging.unlock()
+                staging.lock.unlock()
         elif remaining <= 0:
             # A holder that does not let go claimed the put: look now and then, starting no more threads.
             time.sleep(_CLAIMED_POLL)
-        elif staging.wait_round(remaining):
+        elif staging.lock.wait_round(remaining):
             pause = _BETWEEN_ROUNDS
         else:
             # The holder is between rounds, or paused in one: look again after a pause that grows.
@@ -165,11 +165,11 @@ def _hold(
     """As the lock's holder: settle dead holders' claims, claim every staged put and commit them
     with ``own`` (the holder's own put: its arrival time and rows) in arrival order. Returns how
     many staged puts it decided, and the error that refused the holder's own put."""
-    staging.start_round()
+    staging.lock.start_round()
     try:
         return _commit_round(staging, commit_rows, own)
     finally:
-        staging.end_round()
+        staging.lock.end_round()
 
 
 def _commit_round(

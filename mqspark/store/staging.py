@@ -13,35 +13,28 @@ an atomic rename:
 - ``N.refused`` (with ``N.why``: the reason code and message): not committed, and never will be;
 - ``N.withdrawn``: taken back by its putter, which commits it alone.
 
-The lock is an exclusive ``flock`` on ``.lock`` in that folder: the kernel releases it when its
-holder dies, so a holder finding ``.claimed`` files knows their holder is gone, and settles them by
-the log: landed (``.done``) or staged again (``.arrow``). The holder also keeps an exclusive
-``flock`` on ``.round`` while it claims, commits and marks one round of puts, and counts the rounds
-in that file: waiting putters ask for it shared, so the kernel wakes them all when a round ends
-(or its holder dies), and the count tells them whether one did. Local folders only: an object store has
-no such lock, and its puts commit as before.
+The holder holds the folder's :class:`~mqspark.store.round_lock.RoundLock`: the kernel releases it
+when its holder dies, so a holder finding ``.claimed`` files knows their holder is gone, and settles
+them by the log: landed (``.done``) or staged again (``.arrow``). Local folders only: an object
+store has no such lock, and its puts commit as before.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from mqspark.store.log import LogEntryGone, commit_info, log_stamp, newest_version
+from mqspark.store.round_lock import RoundLock
 
 STAGED_FOLDER = "_mqspark_staged"
-# The file whose lock the holder keeps while it claims, commits and marks one round of puts.
-_ROUND = ".round"
 # The commitInfo key naming the staged files a commit holds.
 STAGED_KEY = "mqspark.staged"
 # How far back from a claim a holder looks for the commit that may have landed it (seconds): a
@@ -64,8 +57,7 @@ class Staging:
     def __init__(self, location: str) -> None:
         self.location = location
         self.folder = os.path.join(location, STAGED_FOLDER)
-        self._lock: int | None = None
-        self._round: int | None = None
+        self.lock = RoundLock(self.folder)
 
     def _path(self, name: str, state: str) -> str:
         return os.path.join(self.folder, f"{name}.{state}")
@@ -81,77 +73,6 @@ class Staging:
             writer.write_table(rows)
         os.rename(temporary, self._path(name, "arrow"))
         return name
-
-    def try_lock(self) -> bool:
-        """Take the queue's commit lock if it is free; True when this process holds it now."""
-        descriptor = self._open_lock()
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            return False
-        self._lock = descriptor
-        return True
-
-    def _open_lock(self, name: str = ".lock") -> int:
-        os.makedirs(self.folder, exist_ok=True)
-        return os.open(os.path.join(self.folder, name), os.O_RDWR | os.O_CREAT, 0o644)
-
-    def unlock(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
-        self._close_round()
-
-    def start_round(self) -> None:
-        """As the lock's holder, before claiming: waiting putters sleep until :meth:`end_round`."""
-        if self._round is None:
-            self._round = self._open_lock(_ROUND)
-        fcntl.flock(self._round, fcntl.LOCK_EX)
-
-    def end_round(self) -> None:
-        """As the lock's holder, once its claims are settled: wake the putters waiting in
-        :meth:`wait_round`, and tell them a round ended (its count in the file goes up)."""
-        if self._round is None:
-            return
-        ended = int.from_bytes(os.pread(self._round, 8, 0).ljust(8, b"\0"), "little") + 1
-        os.pwrite(self._round, ended.to_bytes(8, "little"), 0)
-        fcntl.flock(self._round, fcntl.LOCK_UN)
-
-    def _close_round(self) -> None:
-        if self._round is not None:
-            os.close(self._round)
-            self._round = None
-
-    def wait_round(self, timeout: float) -> bool:
-        """Sleep until the holder's round ends, or while none is going, at most ``timeout`` seconds;
-        True when a round ended since the call. The kernel wakes the waiter: nothing is polled. A
-        thread waits, since ``flock`` has no timeout; it closes its descriptor once woken."""
-        descriptor = self._open_lock(_ROUND)
-        before = os.pread(descriptor, 8, 0)
-        after: list[bytes] = []
-        woken = threading.Event()
-
-        def wait() -> None:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_SH)
-                after.append(os.pread(descriptor, 8, 0))
-            finally:
-                os.close(descriptor)
-                woken.set()
-
-        threading.Thread(target=wait, name="mqspark-staged-round", daemon=True).start()
-        return woken.wait(timeout) and after != [before]
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[bool]:
-        """The lock if it is free (yields True), released on leaving; yields False otherwise."""
-        held = self.try_lock()
-        try:
-            yield held
-        finally:
-            if held:
-                self.unlock()
 
     def staged(self) -> list[str]:
         """The names of the files staged and not claimed, in arrival order."""
