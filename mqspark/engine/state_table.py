@@ -17,12 +17,13 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
 from mqspark.clock import SYSTEM_CLOCK, Clock
-from mqspark.engine.state_rows import STATE_SCHEMA
+from mqspark.engine.state_rows import STATE_SCHEMA, EventKind
 from mqspark.errors import MQError, Reason
 
 # Old log entries are kept this long for readers still on an older version: a reader whose entries
@@ -30,6 +31,8 @@ from mqspark.errors import MQError, Reason
 # look lists the log, and the getters of a busy queue commit several times a second: kept an hour,
 # the log had 15,000 entries and a get took twice as long.
 STATE_RETENTION = timedelta(minutes=2)
+# The commitInfo key naming the plans a state commit records consumed.
+CONSUMED_KEY = "mqspark.consumed"
 # Removed files are kept longer: a reader may be reading the files of the version it looked at, and
 # a file written for a commit still under way must not look like one left behind.
 STATE_FILE_RETENTION = store.VACUUM_FLOOR
@@ -241,6 +244,9 @@ class StateTable:
         file = store.write_data_file(self.location, rows.combine_chunks().to_batches(), STATE_SCHEMA)
         if file is None:
             return None
+        # Named in the commit, so that a shared get's plan can be found landed (mqspark.engine.shared_gets).
+        consumed = rows.filter(pc.equal(rows["event"], EventKind.CONSUMED))["plan_id"]
+        metadata = {CONSUMED_KEY: pc.unique(consumed).to_pylist()} if len(consumed) else None
 
         def prepare(attempt: int) -> Callable[[], int]:
             if attempt:
@@ -252,9 +258,11 @@ class StateTable:
                 view, version = self._view, self._seen
             if view is not None and version is not None:
                 interval = view.checkpoint_interval
-                return lambda: store.append_files(self.location, version + 1, [file], checkpoint_interval=interval)
+                return lambda: store.append_files(
+                    self.location, version + 1, [file], metadata=metadata, checkpoint_interval=interval
+                )
             table = self._handle()
-            return lambda: store.commit_files(table, [file], STATE_SCHEMA)
+            return lambda: store.commit_files(table, [file], STATE_SCHEMA, metadata=metadata)
 
         version = store.commit_until_landed(
             self.location,

@@ -175,9 +175,10 @@ class Staging:
         return True
 
 
-def landed_names(location: str, since: float) -> set[str]:
-    """The staged files named by the commits of the local table at ``location``, from its newest
-    version back to the first whose log entry was written before ``since`` (a POSIX time)."""
+def landed_names(location: str, since: float, key: str = STAGED_KEY) -> set[str]:
+    """The names listed under ``key`` (by default, the staged files) in the ``commitInfo`` of the
+    commits of the local table at ``location``, from its newest version back to the first whose log
+    entry was written before ``since`` (a POSIX time)."""
     names: set[str] = set()
     version = newest_version(location)
     while version >= 0:
@@ -188,7 +189,7 @@ def landed_names(location: str, since: float) -> set[str]:
             break
         if written is None:
             break
-        names.update(info.get(STAGED_KEY) or ())
+        names.update(info.get(key) or ())
         if written / 1e9 < since - _CLAIM_SLACK:
             break
         version -= 1
