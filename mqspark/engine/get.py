@@ -43,6 +43,7 @@ messages back once the lock passes.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -50,14 +51,14 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
-from mqspark.engine import staged_puts
+from mqspark.engine import shared_gets, staged_puts
 from mqspark.engine.backout import RELEASED, check_error_text, plan_messages
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.heartbeat import Heartbeat
@@ -258,9 +259,34 @@ class Claim:
 
 def get(qm: Queues, request: GetRequest) -> pa.Table:
     """Get up to ``max_messages`` messages of ``queue`` for ``consumer``, in logical order, waiting up
-    to ``wait`` seconds for the first; consumed as they are returned. Empty when nothing matched."""
+    to ``wait`` seconds for the first; consumed as they are returned. Empty when nothing matched.
+    A get without match options of a local queue shares its commit with the other processes'
+    (see :mod:`mqspark.engine.shared_gets`)."""
+    started = qm.clock.monotonic()
+    if _checked(request) is None:
+        shared = _shared_get(qm, request)
+        if shared is not None and (shared.num_rows or not request.wait):
+            return shared
+        request = replace(request, wait=max(0.0, request.wait - (qm.clock.monotonic() - started)))
     planned = plan_get(qm, request, consume=True)
     return BROWSE_SCHEMA.empty_table() if planned is None else planned.messages
+
+
+def _shared_get(qm: Queues, request: GetRequest) -> pa.Table | None:
+    """The get's messages, got with other processes' gets of the group in one commit; None when the
+    queue is not local, or no holder took the request in time."""
+    queue = qm.resolve_for_get(request.queue).name
+    location = store.state_location(qm.root, queue)
+    # Through an alias, a holder could plan on another queue than the one asked: those get alone.
+    if store.is_uri(location) or queue != request.queue:
+        return None
+    folder = os.path.join(location, store.GETS_FOLDER, store.queue_dir_name(request.consumer))
+
+    def serve(max_messages: int, share: Callable[[str, pa.Table], None]) -> pa.Table:
+        planned = plan_get(qm, replace(request, max_messages=max_messages, wait=0), consume=True, share=share)
+        return BROWSE_SCHEMA.empty_table() if planned is None else planned.messages
+
+    return shared_gets.take(folder, location, request.max_messages, serve)
 
 
 @contextmanager
@@ -288,13 +314,19 @@ def syncpoint_get(qm: Queues, request: GetRequest) -> Iterator[pa.Table]:
 
 
 def plan_get(
-    qm: Queues, request: GetRequest, settling: Settlement | None = None, *, consume: bool = False
+    qm: Queues,
+    request: GetRequest,
+    settling: Settlement | None = None,
+    *,
+    consume: bool = False,
+    share: Callable[[str, pa.Table], None] | None = None,
 ) -> Claim | None:
     """Plan, claim and read a get's messages; they are held until :meth:`Claim.commit` (or the
     lock passes). None when nothing matched within ``wait``. ``settling``, the end of an earlier
     claim of the same group, commits with the claim (or alone, first, when nothing matched): one
     commit where there would be two. With ``consume``, the messages are read first and the claim
-    is recorded consumed in its own commit: they are the caller's once it returns."""
+    is recorded consumed in its own commit: they are the caller's once it returns. ``share`` is
+    given the plan's id and messages once they are read, before the commit."""
     match = _checked(request)
     queue, consumer = request.queue, request.consumer
     # A put staged by a process that died meanwhile waits for the next commit: this get makes it.
@@ -321,7 +353,7 @@ def plan_get(
                     with planner.state.pinned():
                         planner.state.created()
                         kept.offer(planner)
-                        planned = _claim(planner, request.max_messages, match, settling, consume)
+                        planned = _claim(planner, request.max_messages, match, settling, consume, share)
                         settling = None  # committed, with the claim or alone
                 except Stale:
                     # Another get claimed or moved messages since the look: plan again on a new one.
@@ -380,6 +412,7 @@ def _claim(
     match: DeliveryOptions | None,
     settling: Settlement | None,
     consume: bool,
+    share: Callable[[str, pa.Table], None] | None = None,
 ) -> Claim | None:
     """Plan the get's messages around other gets' claims, read them and record the plan as this
     get's claim (consumed, with ``consume``); None when none matched. Claims whose lock passed are
@@ -415,11 +448,14 @@ def _claim(
         plan_id = plan.schema.metadata[b"plan_id"].decode()
         # Read before the claim commits: a read that fails leaves nothing claimed.
         pieces = [rows.messages() for rows in planner.planned_rows(plan_id, plan)]
-        if consume and pieces:
+        messages = pa.concat_tables(pieces) if pieces else None
+        if consume and messages is not None:
             planner.with_next_commit(consumed_rows(consumer, planner.owner, plan_id, seq + 1))
+        if share is not None and messages is not None:
+            share(plan_id, messages)
         planner.record(plan_id, seq + 1, plan, check)
-        if pieces:
-            return Claim(planner, plan_id, seq + 1, plan, pa.concat_tables(pieces))
+        if messages is not None:
+            return Claim(planner, plan_id, seq + 1, plan, messages)
         # Only expired messages, discarded: they are consumed, and the get looks again.
         planner.consume(plan_id, seq + 1)
 

@@ -150,6 +150,8 @@ def maintain(
         older_than = (now - max(retention, LEFTOVER_AGE)).timestamp()
         leftovers = sum(store.remove_leftovers(where, older_than) for where in (location, state.location))
         leftovers += store.remove_staged_leftovers(location, older_than)
+        if not store.is_uri(state.location):
+            leftovers += store.remove_get_leftovers(state.location, older_than)
         if version is None:
             removed[:] = False
             moved[:] = False

@@ -48,9 +48,9 @@ DRAIN_ROUNDS = 4
 GATHER = 0.004
 _GATHER_POLL = 0.0005
 # How long a putter first waits before looking again when the holder has no round going (seconds).
-_BETWEEN_ROUNDS = 0.001
+BETWEEN_ROUNDS = 0.001
 # How long a putter whose file a paused holder claimed waits for the lock at a time.
-_CLAIMED_POLL = 0.05
+CLAIMED_POLL = 0.05
 
 
 def commit(location: str, rows: pa.Table, commit_rows: CommitRows) -> None:
@@ -103,7 +103,7 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
     looks when one ends, and takes the lock when it is free: its holder then commits this put with
     the others staged, unless another holder decided it."""
     deadline = time.monotonic() + HOLDER_PATIENCE
-    pause = _BETWEEN_ROUNDS
+    pause = BETWEEN_ROUNDS
     while True:
         if _landed(staging.outcome(name)):
             return
@@ -126,13 +126,13 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
                 staging.lock.unlock()
         elif remaining <= 0:
             # A holder that does not let go claimed the put: look now and then, starting no more threads.
-            time.sleep(_CLAIMED_POLL)
+            time.sleep(CLAIMED_POLL)
         elif staging.lock.wait_round(remaining):
-            pause = _BETWEEN_ROUNDS
+            pause = BETWEEN_ROUNDS
         else:
             # The holder is between rounds, or paused in one: look again after a pause that grows.
             time.sleep(pause)
-            pause = min(2 * pause, _CLAIMED_POLL)
+            pause = min(2 * pause, CLAIMED_POLL)
 
 
 def _landed(outcome: store.staging.Outcome | None) -> bool:

@@ -9,6 +9,7 @@ Delta checkpoint.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -144,9 +145,18 @@ class Compaction:
         if table.version() % (COMPACT_EVERY * TRIM_EVERY) >= COMPACT_EVERY:
             # A reader opens at the newest checkpoint and reads the entries after it.
             table.create_checkpoint()
-        else:
+        elif not _unsettled_share(state):
             try:
                 store.trim_history(table, table.version(), int(STATE_RETENTION.total_seconds()))
             except Exception as error:  # noqa: BLE001 - a trim beside this one got in first; the next one trims
                 _log.info("queue %s: trimming the state table's history: %s", state.queue, error)
         return True
+
+
+def _unsettled_share(state: StateTable) -> bool:
+    """Whether a shared get's share waits to be settled by the log since more than half the log's
+    retention (its holder died mid-round): the entries that tell whether it landed must stay."""
+    if store.is_uri(state.location):
+        return False
+    oldest = store.oldest_tentative(state.location)
+    return oldest is not None and oldest < time.time() - STATE_RETENTION.total_seconds() / 2

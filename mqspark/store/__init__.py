@@ -33,6 +33,7 @@ from mqspark.store.files import (
     write_data_file,
 )
 from mqspark.store.filesystems import filesystem_of, is_local_file, is_uri, options_for, remember
+from mqspark.store.get_requests import GETS_FOLDER, GetRequests, oldest_tentative, remove_get_leftovers
 from mqspark.store.layout import (
     CATALOG_DIR,
     FORWARD_DIR,
@@ -172,6 +173,10 @@ __all__ = [
     "write_data_file",
     "STAGED_KEY",
     "Staging",
+    "GETS_FOLDER",
+    "GetRequests",
+    "oldest_tentative",
+    "remove_get_leftovers",
     "landed_names",
     "newest_version",
     "remove_staged_leftovers",
