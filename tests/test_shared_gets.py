@@ -229,6 +229,40 @@ def test_maintenance_removes_what_getters_killed_while_asking_left(queue):
         requests.forget(alive, held)
 
 
+def test_the_state_tables_history_stays_while_a_share_waits_to_be_settled(qm):
+    """A holder died with a share written long ago and unsettled: the log entries that tell whether
+    its plan landed stay through the state table's trims until it is settled."""
+    qm.define_queue("Q")
+    qm.put("Q", [{"payload": f"m{number}"} for number in range(500)])
+    location = store.state_location(qm.root, "Q")
+    log = Path(location, "_delta_log")
+    requests = store.GetRequests(_folder(qm.root))
+
+    def get_until(version: int) -> None:
+        while store.newest_version(location) < version:
+            assert qm.get("Q", consumer="c").num_rows == 1
+
+    def age_the_log() -> None:
+        old = time.time() - 3600
+        for entry in log.glob("*.json"):
+            os.utime(entry, (old, old))
+
+    get_until(150)
+    name, descriptor = requests.request(1)
+    os.close(descriptor)
+    assert requests.take(name) is None  # its getter is gone: dropped; a share is written as a holder would
+    Path(requests.folder, f"{name}.tentative").write_bytes(b"")
+    old = time.time() - 3600
+    os.utime(Path(requests.folder, f"{name}.tentative"), (old, old))
+    age_the_log()
+    get_until(230)  # past a compaction that trims (one in ten, at versions 200-219)
+    assert (log / f"{0:020d}.json").exists()
+    os.unlink(Path(requests.folder, f"{name}.tentative"))
+    age_the_log()
+    get_until(430)
+    assert not (log / f"{0:020d}.json").exists()
+
+
 def _getter(root: str, name: str, log: str) -> None:
     """Get one message at a time, logging each get's message as it returns."""
     qm = QueueManager.open(root)
