@@ -19,6 +19,11 @@ lock passed is refused (2003), and the next get to plan takes its messages back,
 rolled-back delivery. Moves to the backout, error and dead-letter queues go one at a time per group
 (see :class:`~mqspark.engine.backout.Transfer`).
 
+**Shared gets.** A plain get (``qm.get`` without match options, of a local queue named as such)
+shares one plan and one commit with the plain gets other processes make of the group at the same
+time (:mod:`mqspark.engine.shared_gets`): the lock's holder gets for all of them, each its share in
+logical order, instead of each get's claim conflicting with the others'.
+
 **Sharing a consumer group with a streaming query.** A query holds the group's lease while it runs
 (:meth:`~mqspark.engine.consumer_groups.ConsumerState.acquire`), and gets and queries exclude each
 other:
@@ -274,7 +279,7 @@ def get(qm: Queues, request: GetRequest) -> pa.Table:
 
 def _shared_get(qm: Queues, request: GetRequest) -> pa.Table | None:
     """The get's messages, got with other processes' gets of the group in one commit; None when the
-    queue is not local, or no holder took the request in time."""
+    queue is on an object store or named through an alias, or no holder took the request in time."""
     queue = qm.resolve_for_get(request.queue).name
     location = store.state_location(qm.root, queue)
     # Through an alias, a holder could plan on another queue than the one asked: those get alone.
