@@ -32,7 +32,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from mqspark import store
-from mqspark.engine.staged_puts import BETWEEN_ROUNDS, CLAIMED_POLL, DRAIN_ROUNDS, GATHER, HOLDER_PATIENCE
+from mqspark.engine.staged_puts import DRAIN_ROUNDS, GATHER, GATHER_POLL, HOLDER_PATIENCE
 from mqspark.engine.state_table import CONSUMED_KEY
 from mqspark.errors import MQError, MQValidationError, Reason
 
@@ -40,8 +40,6 @@ from mqspark.errors import MQError, MQValidationError, Reason
 # given share function with the plan's id and messages after the read, before the commit; returns
 # the messages (empty when nothing matched).
 Serve = Callable[[int, Callable[[str, pa.Table], None]], pa.Table]
-
-_GATHER_POLL = 0.0005
 
 
 def take(folder: str, state_location: str, max_messages: int, serve: Serve) -> pa.Table | None:
@@ -64,7 +62,7 @@ def take(folder: str, state_location: str, max_messages: int, serve: Serve) -> p
 
 def _await(requests: store.GetRequests, name: str, state_location: str, serve: Serve) -> pa.Table | None:
     deadline = time.monotonic() + HOLDER_PATIENCE
-    pause = BETWEEN_ROUNDS
+    pause = store.BETWEEN_ROUNDS
     while True:
         answer = requests.answer(name)
         if answer is not None:
@@ -86,14 +84,8 @@ def _await(requests: store.GetRequests, name: str, state_location: str, serve: S
                 _drain(requests, state_location, serve, _hold(requests, state_location, serve)[0])
             finally:
                 requests.lock.unlock()
-        elif remaining <= 0:
-            # A holder that does not let go took the request: look now and then, starting no more threads.
-            time.sleep(CLAIMED_POLL)
-        elif requests.lock.wait_round(remaining):
-            pause = BETWEEN_ROUNDS
         else:
-            time.sleep(pause)
-            pause = min(2 * pause, CLAIMED_POLL)
+            pause = requests.lock.pause(remaining, pause)
 
 
 def _drain(requests: store.GetRequests, state_location: str, serve: Serve, served: int) -> None:
@@ -121,7 +113,7 @@ def _hold(
     own messages (None without an own get)."""
     deadline = time.monotonic() + GATHER
     while gather and len(requests.wanted()) < gather and time.monotonic() < deadline:
-        time.sleep(_GATHER_POLL)
+        time.sleep(GATHER_POLL)
     if not own and not requests.wanted() and not requests.taken():
         return 0, None
     requests.lock.start_round()

@@ -46,11 +46,7 @@ HOLDER_PATIENCE = 1.0
 DRAIN_ROUNDS = 4
 # How long a holder waits for other processes' next puts before a round (seconds), and how often it looks.
 GATHER = 0.004
-_GATHER_POLL = 0.0005
-# How long a putter first waits before looking again when the holder has no round going (seconds).
-BETWEEN_ROUNDS = 0.001
-# How long a putter whose file a paused holder claimed waits for the lock at a time.
-CLAIMED_POLL = 0.05
+GATHER_POLL = 0.0005
 
 
 def commit(location: str, rows: pa.Table, commit_rows: CommitRows) -> None:
@@ -103,7 +99,7 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
     looks when one ends, and takes the lock when it is free: its holder then commits this put with
     the others staged, unless another holder decided it."""
     deadline = time.monotonic() + HOLDER_PATIENCE
-    pause = BETWEEN_ROUNDS
+    pause = store.BETWEEN_ROUNDS
     while True:
         if _landed(staging.outcome(name)):
             return
@@ -124,15 +120,8 @@ def _await(staging: store.Staging, name: str, rows: pa.Table, commit_rows: Commi
                     raise
             finally:
                 staging.lock.unlock()
-        elif remaining <= 0:
-            # A holder that does not let go claimed the put: look now and then, starting no more threads.
-            time.sleep(CLAIMED_POLL)
-        elif staging.lock.wait_round(remaining):
-            pause = BETWEEN_ROUNDS
         else:
-            # The holder is between rounds, or paused in one: look again after a pause that grows.
-            time.sleep(pause)
-            pause = min(2 * pause, CLAIMED_POLL)
+            pause = staging.lock.pause(remaining, pause)
 
 
 def _landed(outcome: store.staging.Outcome | None) -> bool:
@@ -153,7 +142,7 @@ def _drain(staging: store.Staging, commit_rows: CommitRows, returned: int) -> No
     for _ in range(DRAIN_ROUNDS):
         deadline = time.monotonic() + GATHER
         while len(staging.staged()) < returned and time.monotonic() < deadline:
-            time.sleep(_GATHER_POLL)
+            time.sleep(GATHER_POLL)
         if not staging.staged():
             return
         returned = max(returned, _hold(staging, commit_rows, None)[0])

@@ -69,6 +69,7 @@ from mqspark.store.log import (
     newest_version,
     version_exists,
 )
+from mqspark.store.round_lock import BETWEEN_ROUNDS
 from mqspark.store.staging import STAGED_KEY, Staging, landed_names, remove_staged_leftovers
 from mqspark.store.tables import (
     CLOSED_PROPERTY,
@@ -173,6 +174,7 @@ __all__ = [
     "write_data_file",
     "STAGED_KEY",
     "Staging",
+    "BETWEEN_ROUNDS",
     "GETS_FOLDER",
     "GetRequests",
     "oldest_tentative",

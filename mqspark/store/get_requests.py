@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from mqspark.store.round_lock import RoundLock
+from mqspark.store.round_lock import RoundLock, move, named
 
 GETS_FOLDER = "_mqspark_gets"
 _PLAN_KEY = b"mqspark.plan_id"
@@ -91,12 +91,7 @@ class GetRequests:
         return [name for name in self._named("taken") if not any(self._exists(name, s) for s in _FINAL)]
 
     def _named(self, state: str) -> list[str]:
-        try:
-            entries = os.listdir(self.folder)
-        except FileNotFoundError:
-            return []
-        suffix = f".{state}"
-        return sorted(entry.removesuffix(suffix) for entry in entries if entry.endswith(suffix))
+        return named(self.folder, state)
 
     def _exists(self, name: str, state: str) -> bool:
         return os.path.exists(self._path(name, state))
@@ -213,11 +208,7 @@ class GetRequests:
         os.rename(temporary, self._path(name, state))
 
     def _move(self, name: str, source: str, target: str) -> bool:
-        try:
-            os.rename(self._path(name, source), self._path(name, target))
-        except FileNotFoundError:
-            return False
-        return True
+        return move(self.folder, name, source, target)
 
 
 def oldest_tentative(location: str) -> float | None:

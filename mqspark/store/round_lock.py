@@ -15,10 +15,15 @@ import contextlib
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 # The file whose lock the holder keeps while it claims, commits and marks one round.
 _ROUND = ".round"
+# How long a waiter first waits before looking again when the holder has no round going (seconds).
+BETWEEN_ROUNDS = 0.001
+# How long a waiter whose request a paused holder took waits at a time, and the longest pause.
+CLAIMED_POLL = 0.05
 
 
 class RoundLock:
@@ -96,3 +101,37 @@ class RoundLock:
 
         threading.Thread(target=wait, name="mqspark-round", daemon=True).start()
         return woken.wait(timeout) and after != [before]
+
+    def pause(self, remaining: float, pause: float) -> float:
+        """As a waiter whose answer is not in: sleep until a round ends (at most ``remaining``
+        seconds), or, when no round is going, for ``pause`` seconds; the pause to give the next
+        call. Once ``remaining`` is spent, a holder that does not let go took the request: look now
+        and then, starting no more threads."""
+        if remaining <= 0:
+            time.sleep(CLAIMED_POLL)
+            return pause
+        if self.wait_round(remaining):
+            return BETWEEN_ROUNDS
+        # The holder is between rounds, or paused in one: look again after a pause that grows.
+        time.sleep(pause)
+        return min(2 * pause, CLAIMED_POLL)
+
+
+def named(folder: str, state: str) -> list[str]:
+    """The names of the files in ``folder`` in ``state`` (their suffix), sorted: in arrival order."""
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    suffix = f".{state}"
+    return sorted(entry.removesuffix(suffix) for entry in entries if entry.endswith(suffix))
+
+
+def move(folder: str, name: str, source: str, target: str) -> bool:
+    """Rename file ``name`` in ``folder`` from state ``source`` to ``target``; False when it was
+    not in ``source``."""
+    try:
+        os.rename(os.path.join(folder, f"{name}.{source}"), os.path.join(folder, f"{name}.{target}"))
+    except FileNotFoundError:
+        return False
+    return True

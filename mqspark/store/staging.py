@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from mqspark.store.log import LogEntryGone, commit_info, log_stamp, newest_version
-from mqspark.store.round_lock import RoundLock
+from mqspark.store.round_lock import RoundLock, move, named
 
 STAGED_FOLDER = "_mqspark_staged"
 # The commitInfo key naming the staged files a commit holds.
@@ -83,12 +83,7 @@ class Staging:
         return self._named("claimed")
 
     def _named(self, state: str) -> list[str]:
-        try:
-            entries = os.listdir(self.folder)
-        except FileNotFoundError:
-            return []
-        suffix = f".{state}"
-        return sorted(entry.removesuffix(suffix) for entry in entries if entry.endswith(suffix))
+        return named(self.folder, state)
 
     def claim(self, name: str) -> bool:
         """Claim a staged file for the holder's commit; False when its putter withdrew it."""
@@ -168,11 +163,7 @@ class Staging:
         return True
 
     def _move(self, name: str, source: str, target: str) -> bool:
-        try:
-            os.rename(self._path(name, source), self._path(name, target))
-        except FileNotFoundError:
-            return False
-        return True
+        return move(self.folder, name, source, target)
 
 
 def landed_names(location: str, since: float, key: str = STAGED_KEY) -> set[str]:
