@@ -48,7 +48,8 @@ def schedule(
     """Faults at random times (exponential gaps of ``mean_interval`` on average) over ``seconds``, each
     on a target drawn at random (a process, or for a switchover one of the consumer groups
     ``services`` run as instances), leaving the first and last few seconds quiet. ``outages``: the
-    run's store can be stopped (an object store's emulator)."""
+    run's store can be stopped (an object store's emulator). Every schedule holds a kill and a pause:
+    a run without them would test nothing it is for."""
     rng = random.Random(seed)
     kinds, weights = (KINDS + ("outage",), WEIGHTS + (2,)) if outages else (KINDS, WEIGHTS)
     faults: list[Fault] = []
@@ -56,7 +57,7 @@ def schedule(
     while True:
         at += rng.expovariate(1.0 / mean_interval)
         if at > seconds - 3.0:
-            return faults
+            return _with_kill_and_pause(rng, faults, targets)
         kind = rng.choices(kinds, weights)[0]
         if kind == "switchover":
             faults.append(Fault(round(at, 2), kind, rng.choice(services)))
@@ -65,6 +66,18 @@ def schedule(
             faults.append(Fault(round(at, 2), kind, STORE, duration=round(rng.uniform(2.0, 10.0), 2)))
             continue
         faults.append(_fault(rng, round(at, 2), kind, rng.choice(targets)))
+
+
+def _with_kill_and_pause(rng: random.Random, faults: list[Fault], targets: list[str]) -> list[Fault]:
+    """``faults``, with a fault of another kind made a kill or a pause where the draw gave none."""
+    for kind in ("kill", "pause"):
+        if any(f.kind == kind for f in faults):
+            continue
+        others = [i for i, f in enumerate(faults) if f.kind not in ("kill", "pause")]
+        if others:
+            i = rng.choice(others)
+            faults[i] = _fault(rng, faults[i].at, kind, rng.choice(targets))
+    return faults
 
 
 def _fault(rng: random.Random, at: float, kind: str, target: str) -> Fault:

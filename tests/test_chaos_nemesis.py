@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+
 from chaos.actor import redriven
 from chaos.nemesis import schedule
 
@@ -32,6 +34,17 @@ def test_every_kind_comes_within_the_run_on_its_own_kind_of_target() -> None:
     assert all(10.0 <= f.duration <= 40.0 and 0.5 <= abs(f.amount) <= 3.0 for f in faults if f.kind == "skew")
     assert {f.amount > 0 for f in faults if f.kind == "skew"} == {True, False}  # ahead and behind
     assert all(5.0 <= f.duration <= 20.0 and 0.01 <= f.amount <= 0.1 for f in faults if f.kind == "slow")
+
+
+@pytest.mark.parametrize("seed", [105, 166, 646])
+def test_a_three_minute_schedule_whose_draw_gave_no_kill_or_no_pause_still_has_both(seed: int) -> None:
+    # These seeds draw no kill or no pause over three minutes; one such seed in CI made a run that
+    # tested no kill.
+    faults = schedule(seed, 180, ["A"], 8.0, ["stream"])
+    kinds = Counter(f.kind for f in faults)
+    assert kinds["kill"] >= 1 and kinds["pause"] >= 1, kinds
+    assert all(f.target == "A" for f in faults if f.kind in ("kill", "pause"))
+    assert [f.at for f in faults] == sorted(f.at for f in faults)
 
 
 def test_outages_come_only_on_the_object_store_and_stop_the_store_itself() -> None:
