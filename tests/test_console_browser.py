@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -197,7 +197,9 @@ def test_a_redrive_from_the_dead_letters_page_puts_the_message_back(
     _screenshot(browser, "dead-letters")
     row.find_element(By.NAME, "msg_id").click()
     browser.find_element(By.ID, "redrive-selected").click()
-    WebDriverWait(browser, 30).until(
+    # htmx swaps the progress in every second until the redrive ends: an element found may be
+    # replaced before it is read.
+    WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda d: d.find_element(By.ID, "redrive-state").get_attribute("data-state") == "done"
     )
     assert browser.find_element(By.ID, "redrive-moved").text == "1 back to Q"

@@ -22,7 +22,7 @@ from mqspark.qmgr import engine
 
 from .support.processes import python_child
 from .support.samples import spec_example
-from .support.stream_batches import collecting_query
+from .support.stream_batches import collecting_query, wait_for_finished_batches
 
 
 def _payloads(table) -> list[str]:
@@ -254,9 +254,7 @@ def test_get_refuses_while_a_streaming_query_reads_the_group_and_a_query_continu
     seen: list[tuple[int, str]] = []
     query = collecting_query(spark, qm.root, tmp_path / "ckpt", seen, maxMessagesPerTrigger="2")
     try:
-        deadline = time.monotonic() + 60
-        while len(seen) < 4 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_finished_batches(query, 2)  # m2 and m3, then m4 and m5
         with pytest.raises(MQError) as refused:
             qm.get("Q")
         assert refused.value.reason == Reason.MQRC_OBJECT_IN_USE

@@ -3,6 +3,7 @@ streaming get that collects what it delivers."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from mqspark.spark.stream import QueueStreamReader
@@ -34,3 +35,15 @@ def collecting_query(spark, root: str, checkpoint: Path, seen: list[tuple[int, s
         .trigger(processingTime="200 milliseconds")
         .start()
     )
+
+
+
+def wait_for_finished_batches(query, count: int, timeout: float = 60) -> None:
+    """Until ``count`` of ``query``'s micro-batches that read messages have finished. A batch is
+    recorded consumed once it finishes, not when its ``foreachBatch`` has run: a query stopped in
+    between replays it. (Batches are counted, not rows: a sort in ``foreachBatch`` reads its input
+    twice, and ``numInputRows`` counts both reads.)"""
+    deadline = time.monotonic() + timeout
+    while sum(1 for p in query.recentProgress if p["numInputRows"] > 0) < count:
+        assert time.monotonic() < deadline, f"after {timeout} s: {query.recentProgress}"
+        time.sleep(0.1)
