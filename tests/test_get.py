@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import textwrap
-import time
 
 import pyarrow as pa
 import pytest

@@ -37,7 +37,6 @@ def collecting_query(spark, root: str, checkpoint: Path, seen: list[tuple[int, s
     )
 
 
-
 def wait_for_finished_batches(query, count: int, timeout: float = 60) -> None:
     """Until ``count`` of ``query``'s micro-batches that read messages have finished. A batch is
     recorded consumed once it finishes, not when its ``foreachBatch`` has run: a query stopped in
