@@ -257,7 +257,7 @@ class QueueManager:
         definition = self._queues.resolve(queue)
         # Puts staged by processes that died are committed first, so that maintenance counts them.
         self._queues.commit_staged(definition.name)
-        return maintain(self._queues, definition, retention)
+        return maintain(self._queues, definition, retention, now=self._queues.clock.now())
 
     @store.connected
     def purge(self, queue: str, lease_timeout: timedelta = DEFAULT_LEASE_TIMEOUT) -> int:

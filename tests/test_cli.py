@@ -109,6 +109,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
         "error_queue": None,
         "lock_duration": 30.0,
         "consumer_group_expiry": 604800.0,
+        "duplicate_window": 0.0,
         "cluster": ["A", "B"],
         "description": "incoming orders",
     }
@@ -140,6 +141,7 @@ def test_queue_manager_and_queue_administration(tmp_path):
         "error_queue:",
         "lock_duration: 30.0",
         "consumer_group_expiry: 604800.0",
+        "duplicate_window: 0.0",
         "cluster:",
         "  A",
         "  B",

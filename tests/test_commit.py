@@ -92,8 +92,9 @@ def test_commit_put_argument_errors(qm):
     qm.define_queue("Q")
     groups = MESSAGE_SCHEMA.empty_table().select(GROUP_COLUMNS)
     assert engine(qm).commit_put("Q", [], groups) is None
-    with pytest.raises(MQValidationError, match=re.escape("queue Q: a commit with producer 'p' needs a batch_id")):
-        engine(qm).commit_put("Q", [], groups, producer="p")
+    with pytest.raises(MQValidationError) as refused:
+        qm.put("Q", [{"payload": "m"}], producer="p")
+    assert str(refused.value) == "queue Q: a put with producer 'p' needs a batch_id"
     assert store.open_table(store.queue_location(qm.root, "Q"), None).version() == 0
 
 

@@ -95,6 +95,7 @@ LOCAL_ALL_SET = QueueDefinition(
     error_queue="ORDERS.ERRORS",
     lock_duration=45.0,
     consumer_group_expiry=86400.0,
+    duplicate_window=300.0,
     cluster=("C1", "C2"),
     description="incoming orders",
 )
@@ -369,6 +370,16 @@ BAD_ATTRIBUTES = [
         id="lock_duration-0",
     ),
     pytest.param(
+        {"duplicate_window": 604801},
+        "attribute duplicate_window must be a number of seconds from 0 to 604800, got 604801",
+        id="duplicate_window-over-seven-days",
+    ),
+    pytest.param(
+        {"duplicate_window": -1},
+        "attribute duplicate_window must be a number of seconds from 0 to 604800, got -1",
+        id="duplicate_window-negative",
+    ),
+    pytest.param(
         {"backout_queue": "../BO"},
         "backout_queue: name '../BO' must not be a path (no '..', no leading '/', not '.')",
         id="backout_queue-path",
@@ -383,7 +394,7 @@ BAD_ATTRIBUTES = [
         "unknown attribute 'colour'; known attributes are type, target_queue, default_priority, "
         "delivery_sequence, put_inhibited, get_inhibited, max_depth, max_message_length, default_bind, "
         "backout_threshold, backout_queue, retry_count, retry_delay, error_queue, lock_duration, "
-        "consumer_group_expiry, cluster, description",
+        "consumer_group_expiry, duplicate_window, cluster, description",
         id="unknown-attribute",
     ),
     pytest.param({"target_queue": "T"}, "target_queue 'T' is only for alias queues", id="target-on-local"),

@@ -58,6 +58,8 @@ _ATTRIBUTE_HELP = {
     "lock_duration": "seconds (more than 0) a Python get's claimed messages stay its own without renewal",
     "consumer_group_expiry": "seconds (more than 0): maintenance deletes a consumer group with nothing "
     "recorded for this long",
+    "duplicate_window": "seconds (0 to 604800) in which a put of a msg_id that already landed is acknowledged "
+    "and not stored again; 0: off",
     "cluster": "the clusters the queue is in: comma-separated cluster names",
     "description": f"text, up to {MAX_DESCRIPTION_LENGTH} characters",
 }

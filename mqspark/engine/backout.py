@@ -440,8 +440,7 @@ class Transfer:
             target,
             [data],
             group_items(checked),
-            producer=self.app_id,
-            batch_id=version,
+            transaction=(self.app_id, version),
             metadata={"mqspark.moved_from": self.queue},
         )
 

@@ -45,6 +45,7 @@ CATALOG_SCHEMA = pa.schema(
         pa.field("error_queue", pa.string()),
         pa.field("lock_duration", pa.float64()),
         pa.field("consumer_group_expiry", pa.float64()),
+        pa.field("duplicate_window", pa.float64()),
         pa.field("cluster", pa.list_(pa.string())),
         pa.field("description", pa.string()),
         pa.field("dead_letter_queue", pa.string()),

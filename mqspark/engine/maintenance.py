@@ -9,7 +9,8 @@ overlapping compactions would duplicate every row):
 1. **Removes messages** that every counted consumer group has consumed (a copy redriven for one
    group: once that group consumed it, or is no longer counted), and messages expired for
    longer than :data:`EXPIRY_GRACE`. Messages of a plan not yet consumed (a batch that a replay may
-   still deliver) are never removed.
+   still deliver) are never removed, nor messages put within the queue's ``duplicate_window``
+   (:mod:`mqspark.engine.duplicates` reads their msg_ids from the live files).
 2. **Rewrites files**: a file whose messages are all removed is dropped; a file with some removed
    messages, a file a put wrote, and small files are rewritten into files of up to
    :data:`TARGET_FILE_BYTES`. Rewritten rows carry their ``commit_version``, so physical order and
@@ -119,7 +120,9 @@ def maintain(
         state = ConsumerState(qm.root, queue, qm.storage_options)
         read_version = table.version()
         rewritten_reads = _RewrittenReads(table)
-        files, messages = depth.live_messages(table, list(GROUP_FIELDS), rewritten_reads.reads)
+        window = definition.duplicate_window
+        extra = [*GROUP_FIELDS, "put_time"] if window else list(GROUP_FIELDS)
+        files, messages = depth.live_messages(table, extra, rewritten_reads.reads)
         groups = state.all_groups()
         consumed_by_all = np.zeros(messages.num_rows, dtype=bool)
         if groups.groups:
@@ -131,6 +134,9 @@ def maintain(
             consumed_by_all &= _finished_or_ungrouped(messages, consumed_by_all)
         expired = depth.expired(messages, now - EXPIRY_GRACE)
         removed = (consumed_by_all | expired) & ~depth.consumed_by(messages, groups.in_flight)
+        if window:
+            # Duplicate detection reads the msg_ids put within the window from the live files.
+            removed &= ~_put_within(messages, now - timedelta(seconds=window))
         file = messages["file"].to_numpy()
         plan = _rewrite_plan(files, file, removed)
         version = None
@@ -230,6 +236,13 @@ def purge(qm: store.QueueManagerRoot, queue: str, lease_timeout: timedelta) -> i
 
 # The columns that say where a message's group ends.
 GROUP_FIELDS = ("group_id", "last_in_group", "segmented", "last_segment")
+
+
+def _put_within(messages: pa.Table, since: datetime) -> np.ndarray:
+    """Which messages were put at ``since`` or later."""
+    return pc.greater_equal(messages["put_time"], pa.scalar(since, messages["put_time"].type)).to_numpy(
+        zero_copy_only=False
+    )
 
 
 def _finished_or_ungrouped(messages: pa.Table, consumed: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ from mqspark.engine.depth import (
     live_messages,
     oldest_waiting,
 )
+from mqspark.engine.duplicates import LandedIds, PendingPut
 from mqspark.engine.maintenance import DEFAULT_RETENTION, MESSAGE_TABLE_PROPERTIES, maintain
 from mqspark.engine.put_checks import before_targets, check_against_committed, check_before_targets
 from mqspark.engine.state_reads import GroupsSnapshot
@@ -91,6 +92,8 @@ class Queues:
         # Each local queue's appender: what a plain put checks, kept without delta-rs (see
         # mqspark.store.appends); None for a queue whose table mqspark does not append to itself.
         self._appenders: dict[str, store.Appender | None] = {}
+        # Each local queue's msg_ids put within its duplicate window, as this process last read them.
+        self._landed_ids: dict[str, LandedIds] = {}
         # Each queue's state table, kept open likewise (its rows too are read incrementally).
         self._states: dict[str, ConsumerState] = {}
         # What depth and age reads read of data files, which never change: asked again (a monitor,
@@ -220,13 +223,16 @@ class Queues:
         connection leaves the put in doubt (see :mod:`mqspark.reconnect`).
         """
         validate_name(queue)
+        if producer is not None and batch_id is None:
+            raise MQValidationError(f"queue {queue}: a put with producer {producer!r} needs a batch_id")
+        transaction = None if producer is None or batch_id is None else (producer, batch_id)
         data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
         definition = self.resolve_for_put(queue)
         messages, msg_ids = prepare_put(definition, data, segmentation=segmentation, now=self.clock.now())
         if not messages.num_rows:
             return msg_ids
         groups, targets = group_items(messages), before_targets(messages)
-        if producer is None and before_commit is None and not groups.num_rows and not targets:
+        if transaction is None and before_commit is None and not groups.num_rows and not targets:
             # A plain put: written and committed with the process's other puts to the queue waiting
             # meanwhile. Keyed by the name put to: an alias retargeted meanwhile backs out every put
             # of the commit.
@@ -239,7 +245,9 @@ class Queues:
             return msg_ids
         if before_commit is not None:
             before_commit(msg_ids)
-        self.commit_put(queue, [file], groups, targets, producer=producer, batch_id=batch_id, definition=definition)
+        self.commit_put(
+            queue, [file], groups, targets, transaction=transaction, definition=definition, deduplicate=True
+        )
         return msg_ids
 
     def _commit_together(self, queue: str, puts: list[pa.Table], groups: pa.Table, definition: QueueDefinition) -> None:
@@ -266,7 +274,7 @@ class Queues:
         messages = messages.combine_chunks()
         file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
         if file is not None:
-            self.commit_put(queue, [file], groups, metadata=metadata or None, definition=definition)
+            self.commit_put(queue, [file], groups, metadata=metadata or None, definition=definition, deduplicate=True)
 
     @store.connected
     def commit_staged(self, queue: str, age: float = 0.0) -> int:
@@ -289,40 +297,37 @@ class Queues:
         """The last ``batch_id`` producer ``producer`` committed to ``queue`` (None: none)."""
         return self._message_table(self._resolve(queue).name).transaction_version(producer)
 
-    def commit_put(  # noqa: C901 - every put path ends here: each check runs against the one version the commit follows
+    def commit_put(
         self,
         queue: str,
         files: list[store.DataFile],
         groups: pa.Table,
         targets: Sequence[str] = (),
         *,
-        producer: str | None = None,
-        batch_id: int | None = None,
+        transaction: tuple[str, int] | None = None,
         metadata: dict[str, Any] | None = None,
         definition: QueueDefinition | None = None,
+        deduplicate: bool = False,
     ) -> int | None:
         """Commit the data files of one put in one Delta commit and return its version.
 
         Every put path ends here. Inhibit flags, max depth, the group rules (``groups``: the put's
         group items, see :func:`group_items`) and the ``before_msg_id`` targets (``targets``) are
         checked against exactly the version the commit follows; a concurrent commit makes it re-read
-        and check again. With ``producer`` and ``batch_id`` the commit records a Delta ``txn``, and a
-        transaction already committed is not committed again (returns None). Files that will never
-        be committed are deleted. ``metadata`` is added to the commit's ``commitInfo``.
-        ``definition`` is the queue's definition when the caller has just read it.
+        and check again. A ``transaction`` (a producer and its batch id) is recorded as a Delta
+        ``txn``, and a transaction already committed is not committed again (returns None). With
+        ``deduplicate`` (a producer's put) a queue's ``duplicate_window`` drops the messages already
+        landed (see :mod:`mqspark.engine.duplicates`); None when none is left and there is no
+        transaction to record. Files that will never be committed are deleted. ``metadata`` is
+        added to the commit's ``commitInfo``. ``definition`` is the queue's definition when the
+        caller has just read it.
         """
-        if producer is None:
-            transaction = None
-        elif batch_id is None:
-            raise MQValidationError(f"queue {queue}: a commit with producer {producer!r} needs a batch_id")
-        else:
-            transaction = (producer, batch_id)
         if not files:
             return None
         definition = definition or self.resolve_for_put(queue)
         local = definition.name
-        location = self._location(local)
-        rows = sum(file.rows for file in files)
+        put = PendingPut(list(files), groups)
+        live_files = [0]
 
         def prepare(attempt: int) -> Callable[[], int] | None:
             resolved = self.resolve_for_put(queue) if attempt else definition
@@ -332,51 +337,83 @@ class Queues:
                     f"queue {queue} now resolves to {resolved.name}, not {local}; the put is backed out",
                     Reason.MQRC_BACKED_OUT,
                 )
-            appender = self._appender(local) if not groups.num_rows and not targets else None
+            window = resolved.duplicate_window if deduplicate else 0.0
+            appender = self._appender(local) if not put.groups.num_rows and not targets else None
             # A depth the statistics say may not fit is counted from the messages, on the delta-rs path.
             if (
                 appender is not None
                 and appender.columns >= _QUEUE_COLUMNS
-                and appender.live_rows + rows <= resolved.max_depth
+                and appender.live_rows + put.rows <= resolved.max_depth
             ):
                 live_files[0] = appender.live_files
-                return self._append_checked(appender, resolved, files, transaction, metadata)
-            table = self._message_table(local)
-            if store.is_closed(table):
-                raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
-            if store.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
-                # A queue table of an earlier mqspark: migrated before its first put of this one.
-                table = self._message_table(local)
-            if transaction is not None:
-                committed = table.transaction_version(transaction[0])
-                if committed is not None and committed >= transaction[1]:
-                    return None
-            # CURDEPTH is at most the live messages: count those from statistics, and only when they
-            # would not fit find which still wait.
-            live_files[0], depth = store.live_counts(table)
-            if depth + rows > resolved.max_depth:
-                depth = self._count_waiting(local, table)
-            if depth + rows > resolved.max_depth:
-                raise MQError(
-                    f"queue {local} is full (max_depth {resolved.max_depth}, depth {depth}, put of {rows})",
-                    Reason.MQRC_Q_FULL,
-                )
-            check_against_committed(local, table, groups)
-            check_before_targets(local, table, targets)
-            info = _put_info(rows, transaction, metadata)
-            return lambda: store.commit_files(table, files, QUEUE_TABLE_SCHEMA, transaction=transaction, metadata=info)
+                return self._append_checked(appender, resolved, put, transaction, metadata, window)
+            live_files[0], commit = self._table_checked(resolved, put, targets, transaction, metadata, window)
+            return commit
 
-        live_files = [0]
         version = store.commit_until_landed(
-            location,
-            files,
+            self._location(local),
+            put.files,
             prepare,
             PUT_ATTEMPTS,
             f"queue {queue}: put gave up after {PUT_ATTEMPTS} conflicting commits",
         )
-        if version is not None and live_files[0] + len(files) >= MAINTAIN_AT_FILES:
+        if version is not None and live_files[0] + len(put.files) >= MAINTAIN_AT_FILES:
             self._maintain_quietly(definition)
         return version
+
+    def _table_checked(
+        self,
+        definition: QueueDefinition,
+        put: PendingPut,
+        targets: Sequence[str],
+        transaction: tuple[str, int] | None,
+        metadata: dict[str, Any] | None,
+        window: float,
+    ) -> tuple[int, Callable[[], int] | None]:
+        """A put's checks against its queue table's latest version read through delta-rs, and its
+        commit (None as for :meth:`_append_checked`); with the number of live files."""
+        local = definition.name
+        table = self._message_table(local)
+        if store.is_closed(table):
+            raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
+        if store.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
+            # A queue table of an earlier mqspark: migrated before its first put of this one.
+            table = self._message_table(local)
+        # CURDEPTH is at most the live messages: count those from statistics, and only when they
+        # would not fit find which still wait.
+        live_files, depth = store.live_counts(table)
+        if transaction is not None:
+            committed = table.transaction_version(transaction[0])
+            if committed is not None and committed >= transaction[1]:
+                return live_files, None
+        landed = self._drop_duplicates(local, put, store.live_paths(table), window) if window else None
+        if not put.files and transaction is None:
+            return live_files, None
+        rows = put.rows
+        if depth + rows > definition.max_depth:
+            depth = self._count_waiting(local, table)
+        if depth + rows > definition.max_depth:
+            raise MQError(
+                f"queue {local} is full (max_depth {definition.max_depth}, depth {depth}, put of {rows})",
+                Reason.MQRC_Q_FULL,
+            )
+        check_against_committed(local, table, put.groups)
+        check_before_targets(local, table, targets)
+        info = _put_info(rows, transaction, metadata)
+        files = put.files
+        return live_files, _then(
+            lambda: store.commit_files(table, files, QUEUE_TABLE_SCHEMA, transaction=transaction, metadata=info), landed
+        )
+
+    def _drop_duplicates(
+        self, queue: str, put: PendingPut, live_paths: Iterable[str], window: float
+    ) -> Callable[[], None]:
+        """Drop ``put``'s messages already landed within local queue ``queue``'s duplicate window, at the
+        version whose live files are ``live_paths``; what records its messages once it landed."""
+        landed = self._landed_ids.get(queue)
+        if landed is None:
+            landed = self._landed_ids[queue] = LandedIds(self._location(queue))
+        return landed.drop_duplicates(put, live_paths, self.clock.now(), window)
 
     def _appender(self, queue: str) -> store.Appender | None:
         """The appender of local queue ``queue`` at its table's latest version (see
@@ -393,20 +430,26 @@ class Queues:
         self,
         appender: store.Appender,
         definition: QueueDefinition,
-        files: list[store.DataFile],
+        put: PendingPut,
         transaction: tuple[str, int] | None,
         metadata: dict[str, Any] | None,
+        window: float,
     ) -> Callable[[], int] | None:
         """A plain put's checks against ``appender``'s version (its depth fits, by the statistics), and
-        its commit: None when the producer's transaction already landed."""
+        its commit: None when the producer's transaction already landed, or duplicate detection (a
+        ``window`` of more than 0 seconds) left nothing to commit."""
         if appender.closed:
             raise MQError(f"queue {definition.name} is being deleted", Reason.MQRC_Q_DELETED)
         if transaction is not None:
             committed = appender.transaction_version(transaction[0])
             if committed is not None and committed >= transaction[1]:
                 return None
-        info = _put_info(sum(file.rows for file in files), transaction, metadata)
-        return lambda: appender.append(files, transaction=transaction, metadata=info)
+        landed = self._drop_duplicates(definition.name, put, appender.live_paths, window) if window else None
+        if not put.files and transaction is None:
+            return None
+        info = _put_info(put.rows, transaction, metadata)
+        files = put.files
+        return _then(lambda: appender.append(files, transaction=transaction, metadata=info), landed)
 
     def pinned_catalog(self) -> AbstractContextManager[None]:
         """Resolve queues inside from one look at the catalog (see :meth:`Catalog.pinned`)."""
@@ -447,6 +490,7 @@ class Queues:
             raise
         self._tables.pop(queue, None)
         self._appenders.pop(queue, None)
+        self._landed_ids.pop(queue, None)
 
     def _close(self, queue: str, purge: bool) -> None:
         """Check the depth and close the message table in one step, so no put can land in between."""
@@ -585,6 +629,19 @@ class Queues:
             if for_get and item.get_inhibited:
                 raise MQError(f"queue {item.name} is get-inhibited", Reason.MQRC_GET_INHIBITED)
         return definition
+
+
+def _then(commit: Callable[[], int], landed: Callable[[], None] | None) -> Callable[[], int]:
+    """``commit``, followed once it landed by ``landed`` (duplicate detection's record of the put)."""
+    if landed is None:
+        return commit
+
+    def committed() -> int:
+        version = commit()
+        landed()
+        return version
+
+    return committed
 
 
 def _put_info(rows: int, transaction: tuple[str, int] | None, metadata: dict[str, Any] | None) -> dict[str, Any]:

@@ -17,6 +17,8 @@ MAX_NAME_LENGTH = 48
 MAX_DEPTH_LIMIT = 999_999_999
 MAX_MESSAGE_LENGTH_LIMIT = 100 * 1024 * 1024
 MAX_DESCRIPTION_LENGTH = 64
+# The longest duplicate_window: seven days, as Service Bus's duplicate detection.
+MAX_DUPLICATE_WINDOW = 7 * 24 * 3600.0
 
 QUEUE_TYPES = ("local", "alias")
 # DefRecon: the reconnect mode of clients that name none; ``disabled`` overrides every client's own.
@@ -85,6 +87,12 @@ def seconds(*, zero: bool) -> Callable[[str, Any], float]:
     return check
 
 
+def _duplicate_window(attr: str, value: Any) -> float:
+    error = f"attribute {attr} must be a number of seconds from 0 to {MAX_DUPLICATE_WINDOW:g}, got {value!r}"
+    check_number(value, error, at_least=0, at_most=MAX_DUPLICATE_WINDOW)
+    return float(value)
+
+
 def _optional_queue_name(attr: str, value: Any) -> str | None:
     return None if value is None else validate_name(value, f"{attr}:")
 
@@ -123,6 +131,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "error_queue": _optional_queue_name,
     "lock_duration": seconds(zero=False),
     "consumer_group_expiry": seconds(zero=False),
+    "duplicate_window": _duplicate_window,
     "cluster": _cluster_names,
     "description": _description,
 }
@@ -152,6 +161,9 @@ class QueueDefinition:
     # Seconds after which a consumer group with nothing recorded is deleted by maintenance, so a
     # forgotten or misspelt group never holds messages for good (Kafka's offsets.retention.minutes).
     consumer_group_expiry: float = 7 * 24 * 3600.0
+    # Seconds in which a put of a msg_id that already landed is acknowledged and not stored again
+    # (SQS FIFO's deduplication interval); 0: off.
+    duplicate_window: float = 0.0
     cluster: tuple[str, ...] = field(default_factory=tuple)
     description: str = ""
 

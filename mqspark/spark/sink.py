@@ -297,9 +297,14 @@ def _commit_target(
         store.remove_data_files(store.queue_location(root, queue), files)
         raise
     before = sorted({name for message in messages for name in message.targets.get(target, [])})
-    producer, batch_id = transaction if transaction is not None else (None, None)
     version = qm.commit_put(
-        queue, files, groups.select(GROUP_COLUMNS), before, producer=producer, batch_id=batch_id, metadata=metadata
+        queue,
+        files,
+        groups.select(GROUP_COLUMNS),
+        before,
+        transaction=transaction,
+        metadata=metadata,
+        deduplicate=True,
     )
     return sum(file.rows for file in files), version
 
