@@ -49,6 +49,7 @@ def _measure(root: Path, messages: int, processes: int, consumed: int, put_messa
     qm = QueueManager.create(root / "qm", "BENCH")
     qm.define_queue("Q")
     qm.define_queue("P")
+    qm.define_queue("D", duplicate_window=300)
     rows = prepare_put(qm.inquire_queue("Q"), pa.table({"payload": [b"x" * 100]})).messages
     DeltaTable.create(str(root / "native"), schema=MESSAGE_SCHEMA)
     location = str(root / "qm")
@@ -64,6 +65,9 @@ def _measure(root: Path, messages: int, processes: int, consumed: int, put_messa
     delivered = sorted(get_many["delivered"])
     consumer = _in_processes(_consume, location, consumed, 1)
     put_threads = _in_processes(_put_threads, location, put_messages, 1, THREADS)
+    # Duplicate detection's cost: the same puts to a queue with a window, each with its own msg_id.
+    dedup_one = _in_processes(_put_with_ids, location, put_messages, 1, "D")
+    dedup_many = _in_processes(_put_with_ids, location, put_messages, processes, "D")
     append_most = _in_processes(_append, str(root / "native"), messages, MANY_PRODUCERS, rows)
     put_most = _in_processes(_put, location, put_messages, MANY_PRODUCERS, "P")
     latency = {
@@ -112,6 +116,10 @@ def _measure(root: Path, messages: int, processes: int, consumed: int, put_messa
         f"get_{processes}_processes_missing": messages - len(set(delivered)),
         f"put_{THREADS}_threads_per_s": put_threads["rate"],
         f"put_{THREADS}_threads_ratio_to_one": round(put_threads["rate"] / put_one["rate"], 2),
+        "put_duplicate_window_per_s": dedup_one["rate"],
+        "put_duplicate_window_ratio_to_put": round(dedup_one["rate"] / put_one["rate"], 3),
+        f"put_duplicate_window_{processes}_processes_per_s": dedup_many["rate"],
+        f"put_duplicate_window_{processes}_processes_ratio_to_put": round(dedup_many["rate"] / put_many["rate"], 3),
         "consumer_messages": consumed,
         "consumer_prefetch": CONSUMER_PREFETCH,
         "consumer_per_s": consumer["rate"],
@@ -199,6 +207,12 @@ def _append(root: str, count: int, rows: pa.Table) -> dict:
 def _put(root: str, count: int, queue: str = "Q") -> dict:
     qm = QueueManager.open(root)
     return _timed_calls(count, lambda n: qm.put(queue, [{"payload": f"{os.getpid()}-{n}".encode()}]))
+
+
+def _put_with_ids(root: str, count: int, queue: str) -> dict:
+    """Single puts each with a msg_id of its own, as a producer using duplicate detection puts."""
+    qm = QueueManager.open(root)
+    return _timed_calls(count, lambda n: qm.put(queue, [{"msg_id": f"{os.getpid()}-{n}", "payload": b"x" * 100}]))
 
 
 def _put_threads(root: str, count: int, threads: int) -> dict:

@@ -87,6 +87,19 @@ def test_maintenance_keeps_a_consumed_message_while_its_put_is_within_the_window
     assert [bytes(p) for p in clocked_qm.get("Q")["payload"].to_pylist()] == [b"later"]
 
 
+def test_a_file_of_many_messages_counts_while_its_puts_lie_within_the_window(clocked_qm: QueueManager, clock) -> None:
+    clocked_qm.define_queue("Q", duplicate_window=30)
+    clocked_qm.put("Q", [{"msg_id": f"m{n}", "payload": "x"} for n in range(25_000)])
+    clock.advance(10)
+    assert QueueManager.open(clocked_qm.root, clock=clock).put("Q", [{"msg_id": "m24999", "payload": "y"}]) == [
+        "m24999"
+    ]
+    assert clocked_qm.depth("Q") == 25_000
+    clock.advance(21)
+    QueueManager.open(clocked_qm.root, clock=clock).put("Q", [{"msg_id": "m24999", "payload": "z"}])
+    assert clocked_qm.depth("Q") == 25_001
+
+
 def test_segments_and_group_messages_put_again_are_acknowledged_not_refused(qm: QueueManager) -> None:
     qm.define_queue("Q", duplicate_window=60, max_message_length=4)
     segmented = [{"msg_id": "S", "payload": "abcdefghij"}]

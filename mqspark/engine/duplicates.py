@@ -22,9 +22,10 @@ file no longer live is forgotten.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +35,7 @@ from mqspark import store
 from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 
-KEY_COLUMNS = ["msg_id", "offset"]
+KEY_COLUMNS_AND_TIME = ["msg_id", "offset", "put_time"]
 # How often the ids that left the window are let go (seconds of put time).
 _PRUNE_EVERY = 10.0
 
@@ -58,56 +59,75 @@ class LandedIds:
 
     def __init__(self, location: str) -> None:
         self.location = location
+        self._lock = threading.Lock()
         # Each live file read: the keys of its rows within the window when it was read.
         self._keys: dict[str, list[tuple[str, int]]] = {}
         # (msg_id, offset) -> (put_time in microseconds since the epoch, the file that holds it).
         self._landed: dict[tuple[str, int], tuple[int, str]] = {}
+        # The keys of files this process wrote for a put, until that put's commit is prepared.
+        self._written: dict[str, pa.Table] = {}
         self._pruned = 0
 
+    def written(self, path: str, messages: pa.Table) -> None:
+        """The rows of data file ``path``, just written for a put: not read back at its commit."""
+        with self._lock:
+            self._written[path] = messages.select(KEY_COLUMNS_AND_TIME)
+
     def drop_duplicates(
-        self, put: PendingPut, live_paths: Iterable[str], now: datetime, window: float
+        self, put: PendingPut, live: Mapping[str, int], now: datetime, window: float
     ) -> Callable[[], None]:
         """Drop from ``put`` (rewriting its files, and deleting those it replaced) the messages that
-        are duplicates at the version whose live files are ``live_paths``; return what records the
-        put's messages once its commit landed."""
+        are duplicates at the version whose live files hold ``live`` rows by path; return what records
+        the put's messages once its commit landed."""
         cutoff = _micros(now - timedelta(seconds=window))
-        self._advance(live_paths, cutoff)
-        pieces = [store.read_data_file(self.location, f.path, [*KEY_COLUMNS, "put_time"]) for f in put.files]
+        with self._lock:
+            self._advance(live, cutoff)
+            pieces = [self._written.pop(f.path, None) for f in put.files]
+            landed = dict(self._landed)
+        pieces = [
+            piece if piece is not None else store.read_data_file(self.location, f.path, KEY_COLUMNS_AND_TIME)
+            for f, piece in zip(put.files, pieces, strict=True)
+        ]
         keys = pa.concat_tables(pieces)
         duplicate = np.zeros(keys.num_rows, dtype=bool)
         first: set[tuple[str, int]] = set()
         for row, key in enumerate(_keys_of(keys)):
-            duplicate[row] = key in first or self._landed.get(key, (cutoff - 1, ""))[0] >= cutoff
+            duplicate[row] = key in first or landed.get(key, (cutoff - 1, ""))[0] >= cutoff
             first.add(key)
         if duplicate.any():
             self._rewrite(put, pa.array(~duplicate))
             pieces = [keys.filter(pa.array(~duplicate))] if put.files else []
 
         def record() -> None:
-            for file, piece in zip(put.files, pieces, strict=True):
-                self._add(file.path, _keys_of(piece), _micros_of(piece["put_time"]))
+            with self._lock:
+                for file, piece in zip(put.files, pieces, strict=True):
+                    self._add(file.path, _keys_of(piece), _micros_of(piece["put_time"]))
 
         return record
 
-    def _advance(self, live_paths: Iterable[str], cutoff: int) -> None:
+    def _advance(self, live: Mapping[str, int], cutoff: int) -> None:
         """Read the live files not read before, forget those no longer live, and let go of the ids
         that left the window."""
-        live = set(live_paths)
-        for path in live.difference(self._keys):
-            times = _micros_of(store.read_data_file(self.location, path, ["put_time"])["put_time"])
-            within = times >= cutoff
-            if within.any():
-                keys = store.read_data_file(self.location, path, KEY_COLUMNS).filter(pa.array(within))
-                self._add(path, _keys_of(keys), times[within])
-            else:
-                self._keys[path] = []
-        for path in set(self._keys).difference(live):
+        for path in live.keys() - self._keys.keys():
+            keys = self._recent_keys(path, live[path], cutoff)
+            self._add(path, _keys_of(keys), _micros_of(keys["put_time"]))
+        for path in self._keys.keys() - live.keys():
             for key in self._keys.pop(path):
                 if self._landed.get(key, (0, ""))[1] == path:
                     del self._landed[key]
         if cutoff - self._pruned >= _PRUNE_EVERY * 1e6:
             self._landed = {key: landed for key, landed in self._landed.items() if landed[0] >= cutoff}
             self._pruned = cutoff
+
+    def _recent_keys(self, path: str, rows: int, cutoff: int) -> pa.Table:
+        """The keys and put times of data file ``path`` (of ``rows`` rows) put at ``cutoff`` or later.
+        A large file (maintenance's) is read only when its footer says some of its rows may be."""
+        if rows > store.ROW_GROUP_ROWS:
+            newest = store.row_group_statistics(self.location, path, ["put_time"])["max.put_time"]
+            if all(at is not None and _micros(_utc(at)) < cutoff for at in newest):
+                return QUEUE_TABLE_SCHEMA.empty_table().select(KEY_COLUMNS_AND_TIME)
+        keys = store.read_data_file(self.location, path, KEY_COLUMNS_AND_TIME)
+        return keys.filter(pa.array(_micros_of(keys["put_time"]) >= cutoff))
 
     def _add(self, path: str, keys: list[tuple[str, int]], times: np.ndarray) -> None:
         self._keys[path] = keys
@@ -130,6 +150,11 @@ def _keys_of(keys: pa.Table) -> list[tuple[str, int]]:
 
 def _micros(moment: datetime) -> int:
     return int(moment.timestamp() * 1e6)
+
+
+def _utc(moment: datetime) -> datetime:
+    """A footer's timestamp statistic, which pyarrow gives without its time zone (UTC)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _micros_of(column: pa.ChunkedArray) -> np.ndarray:

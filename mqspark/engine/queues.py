@@ -273,8 +273,12 @@ class Queues:
         # millisecond on its own, inside the commit lock's round.
         messages = messages.combine_chunks()
         file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-        if file is not None:
-            self.commit_put(queue, [file], groups, metadata=metadata or None, definition=definition, deduplicate=True)
+        if file is None:
+            return
+        if definition.duplicate_window:
+            # What duplicate detection would read back from the file.
+            self._landed(definition.name).written(file.path, messages)
+        self.commit_put(queue, [file], groups, metadata=metadata or None, definition=definition, deduplicate=True)
 
     @store.connected
     def commit_staged(self, queue: str, age: float = 0.0) -> int:
@@ -386,7 +390,12 @@ class Queues:
             committed = table.transaction_version(transaction[0])
             if committed is not None and committed >= transaction[1]:
                 return live_files, None
-        landed = self._drop_duplicates(local, put, store.live_paths(table), window) if window else None
+        if window:
+            found = store.live_files(table)
+            live = dict(zip(found["path"].to_pylist(), found["rows"].to_pylist(), strict=True))
+            landed = self._drop_duplicates(local, put, live, window)
+        else:
+            landed = None
         if not put.files and transaction is None:
             return live_files, None
         rows = put.rows
@@ -406,14 +415,17 @@ class Queues:
         )
 
     def _drop_duplicates(
-        self, queue: str, put: PendingPut, live_paths: Iterable[str], window: float
+        self, queue: str, put: PendingPut, live: Mapping[str, int], window: float
     ) -> Callable[[], None]:
         """Drop ``put``'s messages already landed within local queue ``queue``'s duplicate window, at the
-        version whose live files are ``live_paths``; what records its messages once it landed."""
+        version whose live files hold ``live`` rows by path; what records its messages once it landed."""
+        return self._landed(queue).drop_duplicates(put, live, self.clock.now(), window)
+
+    def _landed(self, queue: str) -> LandedIds:
         landed = self._landed_ids.get(queue)
         if landed is None:
-            landed = self._landed_ids[queue] = LandedIds(self._location(queue))
-        return landed.drop_duplicates(put, live_paths, self.clock.now(), window)
+            landed = self._landed_ids.setdefault(queue, LandedIds(self._location(queue)))
+        return landed
 
     def _appender(self, queue: str) -> store.Appender | None:
         """The appender of local queue ``queue`` at its table's latest version (see
@@ -444,7 +456,7 @@ class Queues:
             committed = appender.transaction_version(transaction[0])
             if committed is not None and committed >= transaction[1]:
                 return None
-        landed = self._drop_duplicates(definition.name, put, appender.live_paths, window) if window else None
+        landed = self._drop_duplicates(definition.name, put, appender.live_rows_by_path, window) if window else None
         if not put.files and transaction is None:
             return None
         info = _put_info(put.rows, transaction, metadata)

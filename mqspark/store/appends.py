@@ -24,6 +24,8 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -172,6 +174,11 @@ class Appender:
     @property
     def live_paths(self) -> list[str]:
         return list(self._rows)
+
+    @property
+    def live_rows_by_path(self) -> Mapping[str, int]:
+        """The rows of each live file, by its path (a read-only view, moved on with the appender)."""
+        return MappingProxyType(self._rows)
 
     @property
     def checkpoint_interval(self) -> int:
