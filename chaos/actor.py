@@ -16,6 +16,10 @@ The nemesis kills and pauses them; the run starts a killed actor again as its ne
 - ``getter``: a competing get of consumer group ``python`` under syncpoint, one message at a time;
   a poison message fails its block (one failed delivery), so it moves at the queue's backout
   threshold;
+- ``plain-getter``: a get of consumer group ``plain`` of one message at a time, not under syncpoint:
+  consumed as it is returned. Two of them share the group's rounds (shared gets,
+  :mod:`mqspark.engine.shared_gets`). One killed before it recorded what it got has lost it, as
+  the get's semantics say: the checker allows one lost message per such get;
 - ``replica-getter``: the same, on the queue's second replica (queue manager ``CHAOS2``), which
   the routed put (:mod:`chaos.stream_put`) puts to as well; its history names the group
   ``CHAOS2/python``;
@@ -53,6 +57,7 @@ QUEUE = "Q"
 BACKOUT_QUEUE = "Q.BACKOUT"
 REPLY_QUEUE = "REPLIES"
 PYTHON_GROUP = "python"
+PLAIN_GROUP = "plain"
 STREAM_GROUP = "stream"
 FORWARD_GROUP = "forward"
 POISON = "poison"
@@ -274,6 +279,29 @@ def get(run: Path, qm: QueueManager, history: History, rng: random.Random, label
         history.record("get", phase="ok", op=key)
 
 
+def get_plain(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
+    """Gets of group ``plain``, one message at a time, consumed as they return. Each records its
+    invocation first: one without a ``got`` may have consumed a message nobody saw."""
+    op = 0
+    while not stopping(run):
+        op += 1
+        key = f"{history.actor}:{op}"
+        history.record("get", phase="invoke", op=key, consumer=PLAIN_GROUP)
+        try:
+            messages = qm.get(QUEUE, PLAIN_GROUP, max_messages=1, wait=1.0)
+        except MQError as error:
+            # One the store did not answer may have consumed: it stays unfinished.
+            if not broken(error):
+                history.record("get", phase="fail", op=key, error=str(error))
+            time.sleep(0.2)
+            continue
+        ids = [message_id(p) for p in messages["payload"].to_pylist()]
+        seqs = messages["delivery_seq"].to_pylist()
+        history.record("get", phase="got", op=key, consumer=PLAIN_GROUP, ids=ids, seqs=seqs)
+        history.record("get", phase="ok", op=key)
+        time.sleep(rng.uniform(0.0, 0.05))  # the application's work
+
+
 def get_on_replica(run: Path, qm: QueueManager, history: History, rng: random.Random) -> None:
     """Gets of group ``python`` on the second replica of the queue, where the routed put puts too."""
     get(run, queue_manager(run, REPLICA), history, rng, label=replica_group(PYTHON_GROUP))
@@ -398,6 +426,7 @@ KINDS = {
     "monitor": watch,
     "maintenance": maintain,
     "redrive": redrive,
+    "plain-getter": get_plain,
 }
 
 

@@ -16,6 +16,10 @@ Words used below:
   somewhere (it put all of them), and then its ids are judged as put ids are;
 - for consumer group G an id is *delivered* by a ``got`` followed by ``ok`` or by a ``batch`` row,
   *in doubt* by a ``got`` with neither ``ok`` nor ``backout`` (the consumer was killed);
+- a *plain* group's gets consume as they return: one that has an ``invoke`` and neither ``got`` nor
+  ``fail`` is *unfinished*, and may have consumed its one message unseen. Such a group may leave as
+  many committed ids unseen as it has unfinished gets, and its poison messages are delivered like
+  any other (no get of it fails);
 - for a forwarder's consumer group an id is *called* when a ``call`` event names it (calls are at
   least once, so only replies are counted: exactly one per request consumed);
 - *seen* means delivered, got (any outcome), called, waiting, moved, or named by a reply.
@@ -89,13 +93,21 @@ def _names(ids: Iterable[str], most: int = 10) -> str:
     return shown if len(listed) <= most else f"{shown} and {len(listed) - most} more"
 
 
+def _unseen(run: Run, group: str) -> list[str]:
+    """The committed ids of ``group`` neither delivered, in doubt, waiting, moved nor called."""
+    accounted = set(run.delivered(group)) | run.in_doubt(group) | run.waiting(group) | set(run.moved)
+    return sorted(run.committed_for(group) - accounted - run.called(group))
+
+
 def check_lost(run: Run) -> list[Violation]:
     found = []
-    for group in run.final.consumers:
-        accounted = set(run.delivered(group)) | run.in_doubt(group) | run.waiting(group) | set(run.moved)
-        lost = sorted(run.committed_for(group) - accounted - run.called(group))
-        if lost:
+    for group, kind in run.final.consumers.items():
+        lost = _unseen(run, group)
+        unfinished = run.unfinished_gets[group] if kind == "plain" else 0
+        if len(lost) > unfinished:
             message = f"group {group}: {_names(lost)} put but neither delivered, in doubt, waiting nor moved"
+            if unfinished:
+                message += f" ({len(lost)}, more than its {unfinished} unfinished gets of one message may have taken)"
             found.append(Violation("lost", message, lost))
     return found
 
@@ -237,9 +249,10 @@ def check_poison(run: Run) -> list[Violation]:
     for i in sorted(run.committed):
         if not run.messages[i].get("poison"):
             continue
-        groups = run.groups_of(i)
+        # A plain get never fails a message: a poison one is consumed like any other.
+        groups = [g for g in run.groups_of(i) if run.final.consumers.get(g) != "plain"]
         problems, delivered = [], []
-        for group in run.groups():
+        for group in (g for g in run.groups() if run.final.consumers.get(g) != "plain"):
             times = run.delivered(group).get(i, [])
             if times:
                 delivered += times
@@ -386,6 +399,8 @@ def summarize(run: Run) -> dict[str, Any]:
             "waiting": len(waiting),
             "moved": len(moved),
         }
+        if kind == "plain":
+            consumers[group] |= {"unfinished_gets": run.unfinished_gets[group], "unseen": len(_unseen(run, group))}
     return {
         "puts": {"ok": phases["ok"], "failed": phases["fail"], "in_doubt": phases["doubt"]},
         "messages_put": sum(len(put.messages) for put in run.puts if put.phase == "ok"),

@@ -27,7 +27,9 @@ class Delivery:
     actor: str
     t: float  # of the ``got`` or ``batch`` event
     outcome: str  # "ok" (committed, or a batch row), "backout" or "doubt"
-    key: tuple[float, ...]  # its place among its group's deliveries of the same source
+    # Its place among its group's deliveries of the same source: (time, position) for a syncpoint
+    # get, (delivery_seq,) for a plain get or a batch row.
+    key: tuple[float, ...]
     source: str  # "get" or "batch"
     batch: int | None = None  # a batch row's Spark batch id
 
@@ -58,6 +60,9 @@ class Run:
     # Per consumer group, the ids a redrive that did not fail gave back to it, with its time.
     redriven: dict[str, dict[str, float]]
     redrives: int  # the redrives that returned
+    # Per consumer group, its plain gets that ended without saying what they got (killed, or the
+    # store did not answer): each may have consumed a message nobody saw.
+    unfinished_gets: Counter[str]
     messages: dict[str, Message] = field(init=False)
     # Per id, the queue managers it was seen on (None: the main one), and each replica's groups.
     placed: dict[str, set[str | None]] = field(init=False)
@@ -209,6 +214,11 @@ def load(run: Path) -> Run:
         failures=failures,
         redriven=_redriven(redrives.values()),
         redrives=sum(1 for phases in redrives.values() if "ok" in phases),
+        unfinished_gets=Counter(
+            phases["invoke"]["consumer"]
+            for phases in gets.values()
+            if "invoke" in phases and "got" not in phases and "fail" not in phases
+        ),
     )
 
 
@@ -237,7 +247,11 @@ def _get_deliveries(phases: dict[str, dict[str, Any]]) -> list[Delivery]:
     if got is None:  # an ok or backout whose got line was lost: nothing was recorded in hand
         return []
     outcome = "ok" if "ok" in phases else "backout" if "backout" in phases else "doubt"
+    # A plain get's messages are placed by their delivery_seq: the gets of one round return together.
+    keys = (
+        [(float(n),) for n in got["seqs"]] if "seqs" in got else [(got["t"], float(n)) for n in range(len(got["ids"]))]
+    )
     return [
-        Delivery(got["consumer"], i, got["actor"], got["t"], outcome, (got["t"], float(position)), "get")
-        for position, i in enumerate(got["ids"])
+        Delivery(got["consumer"], i, got["actor"], got["t"], outcome, key, "get")
+        for i, key in zip(got["ids"], keys, strict=True)
     ]

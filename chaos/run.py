@@ -25,6 +25,7 @@ from chaos.actor import (
     FORWARD_GROUP,
     FRONT,
     MAIN,
+    PLAIN_GROUP,
     PYTHON_GROUP,
     QUEUE,
     REPLICA,
@@ -47,7 +48,7 @@ BACKOUT_THRESHOLD = 3
 # hardest case.
 ACTORS = [("producer", "P1"), ("client", "P2"), ("single-producer", "P3"), ("single-producer", "P4")]
 ACTORS += [("getter", "G1"), ("getter", "G2"), ("getter", "G3"), ("monitor", "O"), ("maintenance", "M")]
-ACTORS += [("redrive", "D")]
+ACTORS += [("redrive", "D"), ("plain-getter", "G5"), ("plain-getter", "G6")]
 ACTORS += [("stream", "S1"), ("stream", "S2")]
 # The seed adds a choice of these: at most four Spark drivers on two cores. The routed put brings
 # the queue's second replica, and a getter there.
@@ -78,7 +79,8 @@ def mix(seed: int) -> list[tuple[str, str]]:
 def groups(actors: list[tuple[str, str]]) -> dict[str, str]:
     """Each consumer group of the main queue manager's queue, and how it reads."""
     forwarding = any(kind == "forwarder" for kind, _ in actors)
-    return {PYTHON_GROUP: "syncpoint", STREAM_GROUP: "stream"} | ({FORWARD_GROUP: "forward"} if forwarding else {})
+    base = {PYTHON_GROUP: "syncpoint", PLAIN_GROUP: "plain", STREAM_GROUP: "stream"}
+    return base | ({FORWARD_GROUP: "forward"} if forwarding else {})
 
 
 def routed(actors: list[tuple[str, str]]) -> bool:

@@ -262,6 +262,58 @@ def test_order(tmp_path: Path, change: Callable[[Scenario], None], expected: lis
     assert report.violations[0].message == message
 
 
+PLAIN_ORDER = ["a1", "a2", "g1", "g2", "g3", "x1", "r1", "d1", "d2"]  # every committed id
+
+
+def _plain_gets(s: Scenario, got: list[tuple[str, int, float]], unfinished: int) -> None:
+    """Group plain: a plain get of each (id, delivery_seq, time), and ``unfinished`` gets killed
+    before they said what they got."""
+    s.final.consumers["plain"] = "plain"
+    s.final.waiting["plain"] = []
+    for n, (i, seq, at) in enumerate(got):
+        op = f"u{n}"
+        s.events.append(("G5#0", "get", {"t": T0 + at, "phase": "invoke", "op": op, "consumer": "plain"}))
+        s.events.append(
+            ("G5#0", "get", {"t": T0 + at, "phase": "got", "op": op, "consumer": "plain", "ids": [i], "seqs": [seq]})
+        )
+        s.events.append(("G5#0", "get", {"t": T0 + at, "phase": "ok", "op": op}))
+    for n in range(unfinished):
+        s.events.append(("G6#0", "get", {"t": T0 + 30 + n, "phase": "invoke", "op": f"k{n}", "consumer": "plain"}))
+    s.events.append(("G6#0", "get", {"t": T0 + 40, "phase": "invoke", "op": "refused", "consumer": "plain"}))
+    s.events.append(("G6#0", "get", {"t": T0 + 40, "phase": "fail", "op": "refused", "error": "MQRC 2042"}))
+
+
+def test_a_plain_group_may_leave_unseen_as_many_ids_as_it_has_unfinished_gets(tmp_path: Path) -> None:
+    # Two gets of one round return together: g2 recorded before g1, but placed by delivery_seq. The
+    # poison message x1 is consumed like any other.
+    got = [(i, n, n + 10.0) for n, i in enumerate(PLAIN_ORDER) if i not in ("g3", "d2")]
+    got[2], got[3] = (got[2][0], got[2][1], got[3][2]), (got[3][0], got[3][1], got[2][2])
+    report = checked(tmp_path, lambda s: _plain_gets(s, got, 2))
+    assert report.violations == []
+    assert report.summary["consumers"]["plain"] == {
+        "kind": "plain",
+        "delivered": 7,
+        "in_doubt": 0,
+        "waiting": 0,
+        "moved": 0,
+        "unfinished_gets": 2,
+        "unseen": 2,
+    }
+    one_short = checked(tmp_path / "one", lambda s: _plain_gets(s, got, 1))
+    assert found(one_short) == [("lost", ["d2", "g3"])]
+    assert one_short.violations[0].message == (
+        "group plain: d2, g3 put but neither delivered, in doubt, waiting nor moved "
+        "(2, more than its 1 unfinished gets of one message may have taken)"
+    )
+
+
+def test_a_plain_group_s_message_group_is_ordered_by_delivery_seq(tmp_path: Path) -> None:
+    got = [(i, n, n + 10.0) for n, i in enumerate(PLAIN_ORDER)]
+    got[2], got[3] = (got[2][0], got[3][1], got[2][2]), (got[3][0], got[2][1], got[3][2])  # g1 after g2
+    report = checked(tmp_path, lambda s: _plain_gets(s, got, 0))
+    assert found(report) == [("order", ["g2", "g1"])]
+
+
 def test_priority(tmp_path: Path) -> None:
     def invert(s: Scenario) -> None:
         s.events = [e for e in s.events if e[1] != "batch" or e[2]["batch"] != 0]
