@@ -2,9 +2,9 @@
 
 Two queues get a history of single-message puts: ``history`` puts (the large queue) and
 ``small_history`` puts (the anchor), each put made through the put path itself
-(``prepare_put`` + ``store.write_data_file`` + ``Queues.commit_put``, which is ``qm.put``
+(``prepare_put`` + ``store.write_data_file`` + ``Puts.commit_put``, which is ``qm.put``
 without re-reading the catalog every time). A put that leaves the table with
-``mqspark.queues.MAINTAIN_AT_FILES`` files runs maintenance itself (default retention, 1 hour), so the
+``mqspark.engine.puts.MAINTAIN_AT_FILES`` files runs maintenance itself (default retention, 1 hour), so the
 large queue's build includes those runs (``large_build_put_triggered_maintenance_runs``);
 ``run(put_maintenance=False)`` switches them off for a queue that no maintenance ever touched. One
 consumer group ``g`` consumes all but the last ``waiting`` messages of each queue (a planner-level
@@ -51,7 +51,7 @@ import pyarrow as pa
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from mqspark import QueueManager, store
-from mqspark.engine import depth, queues
+from mqspark.engine import depth, puts
 from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put, rows_to_table
@@ -82,7 +82,7 @@ def _build(qm: QueueManager, queue: str, puts: int) -> dict:
         start = time.perf_counter()
         messages = prepare_put(definition, rows_to_table(queue, [{"payload": f"m{index}".encode()}])).messages
         file = store.write_data_file(location, messages.to_batches(), QUEUE_TABLE_SCHEMA)
-        engine(qm).commit_put(queue, [file], group_items(messages), definition=definition)
+        engine(qm).puts.commit_put(queue, [file], group_items(messages), definition=definition)
         times.append(time.perf_counter() - start)
     total = time.perf_counter() - began
     busy = contention.fields()
@@ -236,22 +236,22 @@ def run(
     put_maintenance: bool = True,
 ) -> dict:
     """The whole benchmark (see the module docstring). ``put_maintenance=False`` switches off the
-    maintenance the put path starts itself (``mqspark.queues.MAINTAIN_AT_FILES``) for the run, so that
+    maintenance the put path starts itself (``mqspark.engine.puts.MAINTAIN_AT_FILES``) for the run, so that
     the "before" figures are those of a queue that maintenance never touched (its build is much
     slower: every put's commit reads all the live files)."""
     root = Path(tempfile.mkdtemp(prefix="mqspark-bench-maint-"))
-    threshold = queues.MAINTAIN_AT_FILES
+    threshold = puts.MAINTAIN_AT_FILES
     if not put_maintenance:
-        queues.MAINTAIN_AT_FILES = sys.maxsize
+        puts.MAINTAIN_AT_FILES = sys.maxsize
     try:
         result = _measure(root, history, small_history, waiting, readers, put_samples)
-        result["put_triggered_maintenance_at_files"] = queues.MAINTAIN_AT_FILES if put_maintenance else None
+        result["put_triggered_maintenance_at_files"] = puts.MAINTAIN_AT_FILES if put_maintenance else None
         result["maintenance_throughput"] = _throughput(
             QueueManager.open(root / "qm"), bulk_messages, bulk_puts, payload_bytes
         )
         return result
     finally:
-        queues.MAINTAIN_AT_FILES = threshold
+        puts.MAINTAIN_AT_FILES = threshold
         shutil.rmtree(root, ignore_errors=True)
 
 

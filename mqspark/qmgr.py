@@ -199,7 +199,7 @@ class QueueManager:
         ``max_message_length`` into segments. With ``producer`` and ``batch_id`` the put is exactly
         once: a transaction of the producer at or below ``batch_id`` already committed puts nothing again.
         """
-        return self._queues.put(queue, rows, segmentation=segmentation, producer=producer, batch_id=batch_id)
+        return self._queues.puts.put(queue, rows, segmentation=segmentation, producer=producer, batch_id=batch_id)
 
     @store.connected
     def depth(self, queue: str, consumer: str | None = None) -> int:
@@ -256,7 +256,7 @@ class QueueManager:
         check_retention(retention)
         definition = self._queues.resolve(queue)
         # Puts staged by processes that died are committed first, so that maintenance counts them.
-        self._queues.commit_staged(definition.name)
+        self._queues.puts.commit_staged(definition.name)
         return maintain(self._queues, definition, retention, now=self._queues.clock.now())
 
     @store.connected

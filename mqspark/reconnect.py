@@ -170,11 +170,11 @@ class Connection:
         def put(qm: QueueManager) -> list[str]:
             if committing:
                 # In doubt: the earlier attempt reached its commit on this same queue manager.
-                done = engine(qm).committed_transaction(queue, self.producer)
+                done = engine(qm).puts.committed_transaction(queue, self.producer)
                 if done is not None and done >= transaction:
                     return committing[0]
                 committing.clear()
-            return engine(qm).put(
+            return engine(qm).puts.put(
                 queue,
                 rows,
                 segmentation=segmentation,

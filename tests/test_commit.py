@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
 from mqspark import MQError, MQValidationError, store
-from mqspark.engine import queues
+from mqspark.engine import puts
 from mqspark.model.groups import GROUP_COLUMNS
 from mqspark.model.messages import MESSAGE_SCHEMA, QUEUE_TABLE_SCHEMA
 from mqspark.model.put import prepare_put
@@ -77,7 +77,7 @@ def test_alias_retargeted_during_a_put_backs_it_out(qm, before_commit):
 
 
 def test_put_that_gives_up_leaves_no_files(qm, before_commit, monkeypatch):
-    monkeypatch.setattr(queues, "PUT_ATTEMPTS", 3)
+    monkeypatch.setattr(puts, "PUT_ATTEMPTS", 3)
     qm.define_queue("Q")
     before_commit.append(lambda: _rival_put(qm, "Q"))
     with pytest.raises(
@@ -91,7 +91,7 @@ def test_put_that_gives_up_leaves_no_files(qm, before_commit, monkeypatch):
 def test_commit_put_argument_errors(qm):
     qm.define_queue("Q")
     groups = MESSAGE_SCHEMA.empty_table().select(GROUP_COLUMNS)
-    assert engine(qm).commit_put("Q", [], groups) is None
+    assert engine(qm).puts.commit_put("Q", [], groups) is None
     with pytest.raises(MQValidationError) as refused:
         qm.put("Q", [{"payload": "m"}], producer="p")
     assert str(refused.value) == "queue Q: a put with producer 'p' needs a batch_id"

@@ -190,7 +190,7 @@ def test_a_put_in_doubt_is_resolved_exactly_on_reconnect(q, monkeypatch, clock, 
     assert clock.monotonic() >= OUTAGE
     assert q.browse("Q")["msg_id"].to_pylist() == ids
     assert payloads(q) == [b"once", b"only once"]
-    assert engine(q).committed_transaction("Q", connection.producer) == 1
+    assert engine(q).puts.committed_transaction("Q", connection.producer) == 1
 
 
 def _consumption(location, files) -> bool:

@@ -29,7 +29,7 @@ from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.leases import MAINTENANCE
 from mqspark.engine.maintenance import EXPIRY_GRACE, maintain
 from mqspark.engine.ordering import DeliveryOptions
-from mqspark.engine.queues import MAINTAIN_AT_FILES
+from mqspark.engine.puts import MAINTAIN_AT_FILES
 from mqspark.model.messages import MESSAGE_SCHEMA
 from mqspark.qmgr import engine
 from mqspark.spark.stream import QueueStreamReader

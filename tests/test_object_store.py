@@ -129,7 +129,7 @@ def producers_and_a_repeated_transaction_put_exactly_once(qm: QueueManager) -> N
     # Each producer's transaction 1 again: already committed, so nothing is put.
     for name in ("P0", "P1", "P2"):
         qm.put("Q", [{"payload": f"{name}-again"}], producer=name, batch_id=1)
-        assert engine(qm).committed_transaction("Q", name) == 2
+        assert engine(qm).puts.committed_transaction("Q", name) == 2
     payloads = _payloads(qm.browse("Q"))
     assert sorted(payloads) == sorted(f"{p}-{b}-{n}" for p in ("P0", "P1", "P2") for b in range(3) for n in range(2))
     for name in ("P0", "P1", "P2"):

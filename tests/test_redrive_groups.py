@@ -22,7 +22,7 @@ import mqspark
 from mqspark import MQValidationError, QueueManager, store
 from mqspark.cli.main import main
 from mqspark.engine.consumer_groups import ConsumerState
-from mqspark.engine.queues import Queues
+from mqspark.engine.puts import Puts
 from mqspark.engine.redrive import REDRIVER
 from mqspark.engine.waiting import waiting_messages
 from mqspark.model.messages import PRODUCER_FIELDS
@@ -400,7 +400,7 @@ def test_a_redrive_interrupted_before_its_put_is_put_once_by_the_next(qm, monkey
     qm.put("Q", [{"payload": "m1"}])
     assert _fail(qm, "A") == [b"m1"]
     assert _got(qm, "A") == []
-    crashed = _fail_once(monkeypatch, Queues, "commit_put", lambda _qm, queue, *_: queue == "Q")
+    crashed = _fail_once(monkeypatch, Puts, "commit_put", lambda _puts, queue, *_: queue == "Q")
     with pytest.raises(RuntimeError, match="interrupted in commit_put"):
         qm.redrive("BO")
     assert crashed == ["commit_put"]

@@ -96,7 +96,7 @@ def _stage_in_threads(qm, staging: store.Staging, payloads: list[str], monkeypat
             staged_puts.commit(
                 location,
                 _prepared(qm, payloads[number]),
-                lambda rows, metadata: queues.commit_rows("Q", empty, definition, rows, metadata),
+                lambda rows, metadata: queues.puts.commit_rows("Q", empty, definition, rows, metadata),
             )
         except MQError as error:
             errors[number] = error
@@ -143,7 +143,7 @@ def test_a_put_returns_when_its_round_ends_while_the_holder_keeps_the_lock(queue
     definition, empty = queues.resolve_for_put("Q"), _no_groups()
 
     def commit_rows(rows, metadata) -> None:
-        queues.commit_rows("Q", empty, definition, rows, metadata)
+        queues.puts.commit_rows("Q", empty, definition, rows, metadata)
 
     assert staging.lock.try_lock()
     try:
@@ -206,7 +206,7 @@ def test_claims_of_a_holder_that_died_are_settled_by_the_log(queue):
     landed, lost = staging.stage(_prepared(qm, "landed")), staging.stage(_prepared(qm, "lost"))
     assert staging.claim(landed) and staging.claim(lost)
     rows = staging.rows(landed)
-    qm._queues.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: [landed]})
+    qm._queues.puts.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: [landed]})
     qm.put("Q", [{"payload": "next"}])
     assert [bytes(p).decode() for p in qm.browse("Q")["payload"].to_pylist()] == ["landed", "lost", "next"]
     # Each once: the landed one was marked, the lost one committed with the next put.
@@ -226,7 +226,7 @@ def _holder_killed_after(root: str, point: str, signals: str) -> None:
     staging.lock.start_round()
     names = [name for name in staging.staged() if staging.claim(name)]
     rows = staging.rows(names[0])
-    qm._queues.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: names})
+    qm._queues.puts.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: names})
     if point == "mark":
         staging.land(names[0])
     Path(signals, "stopped").touch()
@@ -247,7 +247,9 @@ def test_a_put_staged_with_a_holder_killed_mid_round_returns_and_lands_once(queu
     def put() -> None:
         try:
             staged_puts.commit(
-                location, _prepared(qm, "p0"), lambda rows, info: queues.commit_rows("Q", empty, definition, rows, info)
+                location,
+                _prepared(qm, "p0"),
+                lambda rows, info: queues.puts.commit_rows("Q", empty, definition, rows, info),
             )
         except BaseException as error:  # noqa: BLE001 - the test asserts there was none
             errors.append(error)
@@ -343,7 +345,7 @@ def _claimed_by_a_dead_holder(qm: QueueManager, staging: store.Staging) -> tuple
     landed, lost = staging.stage(_prepared(qm, "landed")), staging.stage(_prepared(qm, "lost"))
     assert staging.claim(landed) and staging.claim(lost)
     rows = staging.rows(landed)
-    qm._queues.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: [landed]})
+    qm._queues.puts.commit_rows("Q", _no_groups(), qm._queues.resolve("Q"), rows, {store.STAGED_KEY: [landed]})
     return landed, lost
 
 

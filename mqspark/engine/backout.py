@@ -436,7 +436,7 @@ class Transfer:
         assert data is not None, "a move names at least one message"
         # A copy redriven for one group is not checked: the queue may still hold the item itself.
         checked = messages.filter(pc.is_null(messages["redriven_for"])) if self.group_rules else messages.slice(0, 0)
-        self.qm.commit_put(
+        self.qm.puts.commit_put(
             target,
             [data],
             group_items(checked),

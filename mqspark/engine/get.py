@@ -335,7 +335,7 @@ def plan_get(
     match = _checked(request)
     queue, consumer = request.queue, request.consumer
     # A put staged by a process that died meanwhile waits for the next commit: this get makes it.
-    qm.commit_staged(queue, staged_puts.HOLDER_PATIENCE)
+    qm.puts.commit_staged(queue, staged_puts.HOLDER_PATIENCE)
     clock = qm.clock
     deadline = clock.monotonic() + request.wait
     seen = None

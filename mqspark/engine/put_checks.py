@@ -1,5 +1,5 @@
 """What a put's commit checks against the committed queue table it follows (see
-:meth:`~mqspark.engine.queues.Queues.commit_put`): the group rules across puts, and the messages
+:meth:`~mqspark.engine.puts.Puts.commit_put`): the group rules across puts, and the messages
 that ``before_msg_id`` names.
 """
 

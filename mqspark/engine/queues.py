@@ -1,7 +1,7 @@
 """The queues of one queue manager, as the engine sees them: opening or creating the queue manager,
 the queue definitions and how a name resolves (an alias to its target, inhibited puts and gets), the
-message tables kept open, the put and its commit (every put path ends in :meth:`Queues.commit_put`),
-and the live messages that depth counts.
+message tables kept open, and the live messages that depth counts. The put and its commit are
+:class:`~mqspark.engine.puts.Puts`'s, which a :class:`Queues` holds as ``puts``.
 
 Everything below the :class:`~mqspark.qmgr.QueueManager` facade takes a :class:`Queues`. The facade
 holds one and does not show it to users (see :mod:`mqspark.engine.access` for how a queue manager a
@@ -15,21 +15,18 @@ import operator
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from functools import partial
 from typing import Any, Self, TypeVar
 
 import cachetools
-import numpy as np
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from mqspark import store
 from mqspark.clock import SYSTEM_CLOCK, Clock
-from mqspark.engine import group_commit, staged_puts
 from mqspark.engine.catalog import Catalog
 from mqspark.engine.consumer_groups import ConsumerState
 from mqspark.engine.depth import (
@@ -42,29 +39,18 @@ from mqspark.engine.depth import (
     live_messages,
     oldest_waiting,
 )
-from mqspark.engine.duplicates import LandedIds, PendingPut
 from mqspark.engine.maintenance import DEFAULT_RETENTION, MESSAGE_TABLE_PROPERTIES, maintain
-from mqspark.engine.put_checks import before_targets, check_against_committed, check_before_targets
+from mqspark.engine.puts import PUT_ATTEMPTS, Puts
 from mqspark.engine.state_reads import GroupsSnapshot
 from mqspark.errors import MQError, MQValidationError, Reason
 from mqspark.model.definitions import DEAD_LETTER_QUEUE, QueueDefinition, QueueManagerDefinition, validate_name
-from mqspark.model.groups import group_items
-from mqspark.model.messages import QUEUE_TABLE_SCHEMA, replace_column
-from mqspark.model.put import prepare_put, rows_to_table
-
-_QUEUE_COLUMNS = frozenset(QUEUE_TABLE_SCHEMA.names)
+from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 
 MESSAGE_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true", **MESSAGE_TABLE_PROPERTIES}
-
-PUT_ATTEMPTS = 100
 
 _READ_ATTEMPTS = 3
 
 _Read = TypeVar("_Read")
-
-# A put that leaves the queue table with this many data files runs maintenance, which compacts them:
-# a queue fed by many small puts keeps few files even when no consumer runs maintenance.
-MAINTAIN_AT_FILES = 256
 
 # The most bytes of data file reads a queue manager keeps (see ``Queues._file_reads``).
 FILE_READS_BYTES = 64 * 1024 * 1024
@@ -89,11 +75,6 @@ class Queues:
         # replays its log, which costs more the more log entries the retention keeps.
         # Each queue's message table handle, with when its version's log entry was written.
         self._tables: dict[str, tuple[DeltaTable, tuple[int, int | None]]] = {}
-        # Each local queue's appender: what a plain put checks, kept without delta-rs (see
-        # mqspark.store.appends); None for a queue whose table mqspark does not append to itself.
-        self._appenders: dict[str, store.Appender | None] = {}
-        # Each local queue's msg_ids put within its duplicate window, as this process last read them.
-        self._landed_ids: dict[str, LandedIds] = {}
         # Each queue's state table, kept open likewise (its rows too are read incrementally).
         self._states: dict[str, ConsumerState] = {}
         # What depth and age reads read of data files, which never change: asked again (a monitor,
@@ -104,6 +85,8 @@ class Queues:
         # Each queue's (and group's) last oldest_waiting answer and each group's last group_backlog
         # answer, by kind, queue and group: see KeptAnswer.
         self._kept: dict[tuple[str, str, str | None], KeptAnswer[Any]] = {}
+        # The put and its commit (every put path ends in Puts.commit_put).
+        self.puts = Puts(self)
 
     @property
     def name(self) -> str:
@@ -202,267 +185,6 @@ class Queues:
                 f"queue manager {self.name} is not a member of cluster {cluster}", Reason.MQRC_UNKNOWN_OBJECT_NAME
             ) from None
 
-    @store.connected
-    def put(
-        self,
-        queue: str,
-        rows: Iterable[Mapping[str, Any]] | pa.Table,
-        *,
-        segmentation: bool = False,
-        producer: str | None = None,
-        batch_id: int | None = None,
-        before_commit: Callable[[list[str]], object] | None = None,
-    ) -> list[str]:
-        """Put messages on ``queue`` in one transaction and return their msg_ids.
-
-        ``rows`` is a list of dicts or a pyarrow Table of message fields; only ``payload`` is required.
-        Nothing is written when any message is bad, the queue is put-inhibited or the put would
-        exceed the queue's max depth. With ``producer`` and ``batch_id`` the put is exactly once: a
-        transaction of the producer at or below ``batch_id`` already committed puts nothing again.
-        ``before_commit`` is called with the msg_ids once the commit begins: from then on, a broken
-        connection leaves the put in doubt (see :mod:`mqspark.reconnect`).
-        """
-        validate_name(queue)
-        if producer is not None and batch_id is None:
-            raise MQValidationError(f"queue {queue}: a put with producer {producer!r} needs a batch_id")
-        transaction = None if producer is None or batch_id is None else (producer, batch_id)
-        data = rows if isinstance(rows, pa.Table) else rows_to_table(queue, rows)
-        definition = self.resolve_for_put(queue)
-        messages, msg_ids = prepare_put(definition, data, segmentation=segmentation, now=self.clock.now())
-        if not messages.num_rows:
-            return msg_ids
-        groups, targets = group_items(messages), before_targets(messages)
-        if transaction is None and before_commit is None and not groups.num_rows and not targets:
-            # A plain put: written and committed with the process's other puts to the queue waiting
-            # meanwhile. Keyed by the name put to: an alias retargeted meanwhile backs out every put
-            # of the commit.
-            group_commit.commit(
-                self.root, queue, messages, lambda tables: self._commit_together(queue, tables, groups, definition)
-            )
-            return msg_ids
-        file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-        if file is None:
-            return msg_ids
-        if before_commit is not None:
-            before_commit(msg_ids)
-        self.commit_put(
-            queue, [file], groups, targets, transaction=transaction, definition=definition, deduplicate=True
-        )
-        return msg_ids
-
-    def _commit_together(self, queue: str, puts: list[pa.Table], groups: pa.Table, definition: QueueDefinition) -> None:
-        """Commit the rows of plain puts to ``queue`` (``groups``: none) in one commit; on a local
-        queue put to by its own name, with the puts other processes staged meanwhile (see
-        :mod:`mqspark.engine.staged_puts`). A put through an alias commits alone: an alias
-        retargeted meanwhile backs out its puts, and only its own."""
-        location = self._location(definition.name)
-        messages = pa.concat_tables(puts)
-        commit_rows = partial(self.commit_rows, queue, groups, definition)
-        if store.is_uri(location) or queue != definition.name:
-            commit_rows(messages, {})
-        else:
-            staged_puts.commit(location, messages, commit_rows)
-
-    def commit_rows(
-        self, queue: str, groups: pa.Table, definition: QueueDefinition, messages: pa.Table, metadata: dict[str, Any]
-    ) -> None:
-        """Commit ``messages`` in one data file and one commit, numbered one after another: a
-        message's identity is its commit version and ``put_seq``."""
-        messages = replace_column(messages, "put_seq", pa.array(np.arange(messages.num_rows, dtype=np.int64)))
-        # One batch, not one per put gathered: each batch a Parquet writer takes costs about a
-        # millisecond on its own, inside the commit lock's round.
-        messages = messages.combine_chunks()
-        file = store.write_data_file(self._location(definition.name), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-        if file is None:
-            return
-        if definition.duplicate_window:
-            # What duplicate detection would read back from the file.
-            self._landed(definition.name).written(file.path, messages)
-        self.commit_put(queue, [file], groups, metadata=metadata or None, definition=definition, deduplicate=True)
-
-    @store.connected
-    def commit_staged(self, queue: str, age: float = 0.0) -> int:
-        """Commit the puts other processes staged for local queue ``queue`` at least ``age`` seconds
-        ago and left there (see :mod:`mqspark.engine.staged_puts`); how many were settled. They were
-        accepted before they were staged: a queue put-inhibited since still takes them."""
-        definition = self.resolve(queue)
-        location = self._location(definition.name)
-        if store.is_uri(location):
-            return 0
-
-        def commit_rows(messages: pa.Table, metadata: dict[str, Any]) -> None:
-            no_groups = group_items(QUEUE_TABLE_SCHEMA.empty_table())
-            self.commit_rows(definition.name, no_groups, definition, messages, metadata)
-
-        return staged_puts.commit_staged(location, age, commit_rows)
-
-    @store.connected
-    def committed_transaction(self, queue: str, producer: str) -> int | None:
-        """The last ``batch_id`` producer ``producer`` committed to ``queue`` (None: none)."""
-        return self._message_table(self._resolve(queue).name).transaction_version(producer)
-
-    def commit_put(
-        self,
-        queue: str,
-        files: list[store.DataFile],
-        groups: pa.Table,
-        targets: Sequence[str] = (),
-        *,
-        transaction: tuple[str, int] | None = None,
-        metadata: dict[str, Any] | None = None,
-        definition: QueueDefinition | None = None,
-        deduplicate: bool = False,
-    ) -> int | None:
-        """Commit the data files of one put in one Delta commit and return its version.
-
-        Every put path ends here. Inhibit flags, max depth, the group rules (``groups``: the put's
-        group items, see :func:`group_items`) and the ``before_msg_id`` targets (``targets``) are
-        checked against exactly the version the commit follows; a concurrent commit makes it re-read
-        and check again. A ``transaction`` (a producer and its batch id) is recorded as a Delta
-        ``txn``, and a transaction already committed is not committed again (returns None). With
-        ``deduplicate`` (a producer's put) a queue's ``duplicate_window`` drops the messages already
-        landed (see :mod:`mqspark.engine.duplicates`); None when none is left and there is no
-        transaction to record. Files that will never be committed are deleted. ``metadata`` is
-        added to the commit's ``commitInfo``. ``definition`` is the queue's definition when the
-        caller has just read it.
-        """
-        if not files:
-            return None
-        definition = definition or self.resolve_for_put(queue)
-        local = definition.name
-        put = PendingPut(list(files), groups)
-        live_files = [0]
-
-        def prepare(attempt: int) -> Callable[[], int] | None:
-            resolved = self.resolve_for_put(queue) if attempt else definition
-            if resolved.name != local:
-                # The files lie in the first target's folder: never commit them elsewhere.
-                raise MQError(
-                    f"queue {queue} now resolves to {resolved.name}, not {local}; the put is backed out",
-                    Reason.MQRC_BACKED_OUT,
-                )
-            window = resolved.duplicate_window if deduplicate else 0.0
-            appender = self._appender(local) if not put.groups.num_rows and not targets else None
-            # A depth the statistics say may not fit is counted from the messages, on the delta-rs path.
-            if (
-                appender is not None
-                and appender.columns >= _QUEUE_COLUMNS
-                and appender.live_rows + put.rows <= resolved.max_depth
-            ):
-                live_files[0] = appender.live_files
-                return self._append_checked(appender, resolved, put, transaction, metadata, window)
-            live_files[0], commit = self._table_checked(resolved, put, targets, transaction, metadata, window)
-            return commit
-
-        version = store.commit_until_landed(
-            self._location(local),
-            put.files,
-            prepare,
-            PUT_ATTEMPTS,
-            f"queue {queue}: put gave up after {PUT_ATTEMPTS} conflicting commits",
-        )
-        if version is not None and live_files[0] + len(put.files) >= MAINTAIN_AT_FILES:
-            self._maintain_quietly(definition)
-        return version
-
-    def _table_checked(
-        self,
-        definition: QueueDefinition,
-        put: PendingPut,
-        targets: Sequence[str],
-        transaction: tuple[str, int] | None,
-        metadata: dict[str, Any] | None,
-        window: float,
-    ) -> tuple[int, Callable[[], int] | None]:
-        """A put's checks against its queue table's latest version read through delta-rs, and its
-        commit (None as for :meth:`_append_checked`); with the number of live files."""
-        local = definition.name
-        table = self._message_table(local)
-        if store.is_closed(table):
-            raise MQError(f"queue {local} is being deleted", Reason.MQRC_Q_DELETED)
-        if store.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
-            # A queue table of an earlier mqspark: migrated before its first put of this one.
-            table = self._message_table(local)
-        # CURDEPTH is at most the live messages: count those from statistics, and only when they
-        # would not fit find which still wait.
-        live_files, depth = store.live_counts(table)
-        if transaction is not None:
-            committed = table.transaction_version(transaction[0])
-            if committed is not None and committed >= transaction[1]:
-                return live_files, None
-        if window:
-            found = store.live_files(table)
-            live = dict(zip(found["path"].to_pylist(), found["rows"].to_pylist(), strict=True))
-            landed = self._drop_duplicates(local, put, live, window)
-        else:
-            landed = None
-        if not put.files and transaction is None:
-            return live_files, None
-        rows = put.rows
-        if depth + rows > definition.max_depth:
-            depth = self._count_waiting(local, table)
-        if depth + rows > definition.max_depth:
-            raise MQError(
-                f"queue {local} is full (max_depth {definition.max_depth}, depth {depth}, put of {rows})",
-                Reason.MQRC_Q_FULL,
-            )
-        check_against_committed(local, table, put.groups)
-        check_before_targets(local, table, targets)
-        info = _put_info(rows, transaction, metadata)
-        files = put.files
-        return live_files, _then(
-            lambda: store.commit_files(table, files, QUEUE_TABLE_SCHEMA, transaction=transaction, metadata=info), landed
-        )
-
-    def _drop_duplicates(
-        self, queue: str, put: PendingPut, live: Mapping[str, int], window: float
-    ) -> Callable[[], None]:
-        """Drop ``put``'s messages already landed within local queue ``queue``'s duplicate window, at the
-        version whose live files hold ``live`` rows by path; what records its messages once it landed."""
-        return self._landed(queue).drop_duplicates(put, live, self.clock.now(), window)
-
-    def _landed(self, queue: str) -> LandedIds:
-        landed = self._landed_ids.get(queue)
-        if landed is None:
-            landed = self._landed_ids.setdefault(queue, LandedIds(self._location(queue)))
-        return landed
-
-    def _appender(self, queue: str) -> store.Appender | None:
-        """The appender of local queue ``queue`` at its table's latest version (see
-        :mod:`mqspark.store.appends`), None when its table is not appended to by mqspark itself."""
-        location = self._location(queue)
-        if store.is_uri(location):
-            return None
-        appender = self._appenders.get(queue)
-        if appender is None or not appender.advance():
-            appender = self._appenders[queue] = store.appender_of(location, self._message_table(queue))
-        return appender
-
-    def _append_checked(
-        self,
-        appender: store.Appender,
-        definition: QueueDefinition,
-        put: PendingPut,
-        transaction: tuple[str, int] | None,
-        metadata: dict[str, Any] | None,
-        window: float,
-    ) -> Callable[[], int] | None:
-        """A plain put's checks against ``appender``'s version (its depth fits, by the statistics), and
-        its commit: None when the producer's transaction already landed, or duplicate detection (a
-        ``window`` of more than 0 seconds) left nothing to commit."""
-        if appender.closed:
-            raise MQError(f"queue {definition.name} is being deleted", Reason.MQRC_Q_DELETED)
-        if transaction is not None:
-            committed = appender.transaction_version(transaction[0])
-            if committed is not None and committed >= transaction[1]:
-                return None
-        landed = self._drop_duplicates(definition.name, put, appender.live_rows_by_path, window) if window else None
-        if not put.files and transaction is None:
-            return None
-        info = _put_info(put.rows, transaction, metadata)
-        files = put.files
-        return _then(lambda: appender.append(files, transaction=transaction, metadata=info), landed)
-
     def pinned_catalog(self) -> AbstractContextManager[None]:
         """Resolve queues inside from one look at the catalog (see :meth:`Catalog.pinned`)."""
         return self._catalog.pinned()
@@ -482,7 +204,7 @@ class Queues:
 
     def queue_version(self, queue: str) -> int:
         """The current Delta version of the message table behind ``queue``."""
-        return self._message_table(self._resolve(queue).name).version()
+        return self.message_table(self._resolve(queue).name).version()
 
     def live_messages(self, queue: str, columns: Sequence[str] = ()) -> tuple[pa.Table, pa.Table]:
         """The live files of local queue ``queue`` and its live messages, with ``columns``: see
@@ -498,17 +220,16 @@ class Queues:
         try:
             yield
         except MQError:
-            store.close_table(self._message_table(queue), closed=False)
+            store.close_table(self.message_table(queue), closed=False)
             raise
         self._tables.pop(queue, None)
-        self._appenders.pop(queue, None)
-        self._landed_ids.pop(queue, None)
+        self.puts.forget(queue)
 
     def _close(self, queue: str, purge: bool) -> None:
         """Check the depth and close the message table in one step, so no put can land in between."""
         for attempt in range(PUT_ATTEMPTS):
-            table = self._message_table(queue)
-            depth = self._count_waiting(queue, table)
+            table = self.message_table(queue)
+            depth = self.count_waiting(queue, table)
             if depth and not purge:
                 raise MQError(
                     f"queue {queue} holds {depth} messages; delete with purge to discard them", Reason.MQRC_Q_NOT_EMPTY
@@ -520,17 +241,15 @@ class Queues:
                 time.sleep(random.uniform(0.001, 0.01) * min(attempt + 1, 10))
         raise MQError(f"queue {queue}: delete gave up after {PUT_ATTEMPTS} conflicting commits", Reason.MQRC_BACKED_OUT)
 
-    def _location(self, queue: str) -> str:
+    def location(self, queue: str) -> str:
         return store.queue_location(self.root, queue)
 
-    def _message_table(self, queue: str) -> DeltaTable:
+    def message_table(self, queue: str) -> DeltaTable:
         """The message table of ``queue`` at its latest version. Not for concurrent use by threads."""
-        handle = store.current_handle(
-            self._location(queue), self.storage_options, self._tables.pop(queue, (None, None))
-        )
+        handle = store.current_handle(self.location(queue), self.storage_options, self._tables.pop(queue, (None, None)))
         if handle is None:
             raise MQError(
-                f"queue {queue} has no message table at {self._location(queue)}", Reason.MQRC_UNKNOWN_OBJECT_NAME
+                f"queue {queue} has no message table at {self.location(queue)}", Reason.MQRC_UNKNOWN_OBJECT_NAME
             )
         self._tables[queue] = handle
         return handle[0]
@@ -544,7 +263,7 @@ class Queues:
             state = self._states[queue] = ConsumerState(self.root, queue, self.storage_options, clock=self.clock)
         return state
 
-    def _maintain_quietly(self, definition: QueueDefinition) -> None:
+    def maintain_quietly(self, definition: QueueDefinition) -> None:
         """A maintenance run on behalf of a put whose queue holds many files; the put has landed, so a
         run that fails (or finds another one going) only leaves the files for the next one."""
         try:
@@ -557,16 +276,16 @@ class Queues:
         the snapshot needed, again on the newer snapshot (which needs no such entry)."""
         for _ in range(_READ_ATTEMPTS - 1):
             try:
-                return read(self._message_table(queue))
+                return read(self.message_table(queue))
             except store.LogEntryGone:
                 if not retry:
                     raise
-        return read(self._message_table(queue))
+        return read(self.message_table(queue))
 
     def waiting_count(self, queue: str, consumer: str | None = None) -> int:
         """How many messages wait on local queue ``queue``: for ``consumer``, or (None) for at least one
         counted group (CURDEPTH); see :func:`mqspark.engine.depth.count_waiting`."""
-        return self.with_snapshot(queue, lambda table: self._count_waiting(queue, table, consumer))
+        return self.with_snapshot(queue, lambda table: self.count_waiting(queue, table, consumer))
 
     def oldest_waiting(self, queue: str, consumer: str | None = None) -> tuple[int, datetime | None]:
         """How many messages wait on local queue ``queue`` (as :meth:`waiting_count` counts them) and
@@ -615,7 +334,7 @@ class Queues:
         version, written = self._tables[queue][1]
         return (version, written) if version == table.version() and written is not None else None
 
-    def _count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
+    def count_waiting(self, queue: str, table: DeltaTable, consumer: str | None = None) -> int:
         return count_waiting(table, self._groups(queue, consumer), self.clock.now(), consumer)
 
     def _groups(self, queue: str, consumer: str | None) -> GroupsSnapshot:
@@ -641,27 +360,6 @@ class Queues:
             if for_get and item.get_inhibited:
                 raise MQError(f"queue {item.name} is get-inhibited", Reason.MQRC_GET_INHIBITED)
         return definition
-
-
-def _then(commit: Callable[[], int], landed: Callable[[], None] | None) -> Callable[[], int]:
-    """``commit``, followed once it landed by ``landed`` (duplicate detection's record of the put)."""
-    if landed is None:
-        return commit
-
-    def committed() -> int:
-        version = commit()
-        landed()
-        return version
-
-    return committed
-
-
-def _put_info(rows: int, transaction: tuple[str, int] | None, metadata: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``commitInfo`` of a put's commit."""
-    info = {"mqspark.operation": "put", "mqspark.messages": rows, **(metadata or {})}
-    if transaction is not None:
-        info.update({"mqspark.producer": transaction[0], "mqspark.batch_id": transaction[1]})
-    return info
 
 
 def _catalog_exists(catalog: Catalog) -> bool:

@@ -301,7 +301,7 @@ def reply_landed(qm: Queues, qmgr: str, queue: str, producer: str, version: int)
         if root is None:
             return False
         target = open_queues(root)
-    committed = target.committed_transaction(queue, producer)
+    committed = target.puts.committed_transaction(queue, producer)
     return committed is not None and committed >= version
 
 
@@ -355,7 +355,7 @@ def request(
         "failure_queue": failure_queue or reply_to,
         **({"priority": priority} if priority is not None else {}),
     }
-    (msg_id,) = qm.put(queue, [fields])
+    (msg_id,) = qm.puts.put(queue, [fields])
     got = get(qm, GetRequest(reply_to, consumer, wait=timeout, correl_id=correl_id))
     if got.num_rows == 0:
         raise MQError(

@@ -2,7 +2,7 @@
 
 Executors validate their rows with the same :func:`mqspark.model.messages.prepare_put` as every other put
 and write Parquet files into the queue table's folder. The driver then commits every task's files in
-one Delta commit (:meth:`mqspark.engine.queues.Queues.commit_put`). A streaming commit carries a Delta
+one Delta commit (:meth:`mqspark.engine.puts.Puts.commit_put`). A streaming commit carries a Delta
 ``txn`` of (producer, batchId), so a micro-batch replayed after a failure is recognised and never
 committed twice. Commit messages are keyed by queue, so one batch can commit to several queues,
 each exactly once.
@@ -297,7 +297,7 @@ def _commit_target(
         store.remove_data_files(store.queue_location(root, queue), files)
         raise
     before = sorted({name for message in messages for name in message.targets.get(target, [])})
-    version = qm.commit_put(
+    version = qm.puts.commit_put(
         queue,
         files,
         groups.select(GROUP_COLUMNS),

@@ -42,4 +42,4 @@ def dead_letters(qm, queue: str, rows: list[dict], original: str = "Q") -> None:
         datetime.now(UTC),
     )
     file = store.write_data_file(store.queue_location(qm.root, queue), messages.to_batches(), QUEUE_TABLE_SCHEMA)
-    engine(qm).commit_put(queue, [file], group_items(messages))
+    engine(qm).puts.commit_put(queue, [file], group_items(messages))
