@@ -38,6 +38,8 @@ from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 KEY_COLUMNS_AND_TIME = ["msg_id", "offset", "put_time"]
 # How often the ids that left the window are let go (seconds of put time).
 _PRUNE_EVERY = 10.0
+# The written files' keys kept for their commits (a process's puts to a queue commit one at a time).
+_WRITTEN_KEPT = 16
 
 
 @dataclass
@@ -69,9 +71,12 @@ class LandedIds:
         self._pruned = 0
 
     def written(self, path: str, messages: pa.Table) -> None:
-        """The rows of data file ``path``, just written for a put: not read back at its commit."""
+        """The rows of data file ``path``, just written for a put: not read back at its commit. Only
+        the last few are kept: a put that failed before its commit was prepared leaves its own."""
         with self._lock:
             self._written[path] = messages.select(KEY_COLUMNS_AND_TIME)
+            while len(self._written) > _WRITTEN_KEPT:
+                del self._written[next(iter(self._written))]
 
     def drop_duplicates(
         self, put: PendingPut, live: Mapping[str, int], now: datetime, window: float
@@ -82,18 +87,13 @@ class LandedIds:
         cutoff = _micros(now - timedelta(seconds=window))
         with self._lock:
             self._advance(live, cutoff)
-            pieces = [self._written.pop(f.path, None) for f in put.files]
-            landed = dict(self._landed)
-        pieces = [
-            piece if piece is not None else store.read_data_file(self.location, f.path, KEY_COLUMNS_AND_TIME)
-            for f, piece in zip(put.files, pieces, strict=True)
-        ]
-        keys = pa.concat_tables(pieces)
-        duplicate = np.zeros(keys.num_rows, dtype=bool)
-        first: set[tuple[str, int]] = set()
-        for row, key in enumerate(_keys_of(keys)):
-            duplicate[row] = key in first or landed.get(key, (cutoff - 1, ""))[0] >= cutoff
-            first.add(key)
+            pieces = [self._put_keys(f.path) for f in put.files]
+            keys = pa.concat_tables(pieces)
+            duplicate = np.zeros(keys.num_rows, dtype=bool)
+            first: set[tuple[str, int]] = set()
+            for row, key in enumerate(_keys_of(keys)):
+                duplicate[row] = key in first or self._landed.get(key, (cutoff - 1, ""))[0] >= cutoff
+                first.add(key)
         if duplicate.any():
             self._rewrite(put, pa.array(~duplicate))
             pieces = [keys.filter(pa.array(~duplicate))] if put.files else []
@@ -104,6 +104,11 @@ class LandedIds:
                     self._add(file.path, _keys_of(piece), _micros_of(piece["put_time"]))
 
         return record
+
+    def _put_keys(self, path: str) -> pa.Table:
+        """The keys and put times of the rows of the put's data file ``path``."""
+        written = self._written.pop(path, None)
+        return written if written is not None else store.read_data_file(self.location, path, KEY_COLUMNS_AND_TIME)
 
     def _advance(self, live: Mapping[str, int], cutoff: int) -> None:
         """Read the live files not read before, forget those no longer live, and let go of the ids
