@@ -138,6 +138,16 @@ def producers_and_a_repeated_transaction_put_exactly_once(qm: QueueManager) -> N
 
 
 @pytest.mark.slow  # needs the emulator's process
+def test_duplicate_detection_on_the_object_store_stores_a_msg_id_once_across_queue_managers(azurite, az_root):
+    qm = QueueManager.create(az_root, "QM1", storage_options=azurite.storage_options)
+    qm.define_queue("Q", duplicate_window=60)
+    assert qm.put("Q", [{"msg_id": "A", "payload": "first"}, {"msg_id": "A", "payload": "twice"}]) == ["A", "A"]
+    again = QueueManager.open(az_root, storage_options=azurite.storage_options)
+    assert again.put("Q", [{"msg_id": "A", "payload": "again"}, {"msg_id": "B", "payload": "new"}]) == ["A", "B"]
+    assert qm.put("Q", [{"msg_id": "B", "payload": "b again"}]) == ["B"]
+    assert _payloads(qm.browse("Q")) == ["first", "new"]
+
+
 def test_commits_on_the_object_store_are_put_if_absent_so_one_writer_of_a_version_wins(azurite, az_root):
     one_writer_wins_each_version(f"{az_root}/plain", azurite.storage_options)
 
