@@ -11,11 +11,15 @@ import signal
 import time
 from collections import Counter
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
-from mqspark import QueueManager, store
+from mqspark import MQError, QueueManager, Reason, store
+from mqspark.engine.maintenance import Maintenance
+from mqspark.qmgr import engine
 
 CONTEXT = multiprocessing.get_context("spawn")
 PATIENCE = 120
@@ -139,9 +143,9 @@ def test_a_spark_batch_put_stores_only_the_msg_ids_not_landed_within_the_window(
     qm.define_queue("Q", duplicate_window=600, delivery_sequence="fifo")
     qm.put("Q", [{"msg_id": "m1", "payload": "put before"}, {"msg_id": "m3", "payload": "put before"}])
     rows = [(f"m{i % 6}", f"batch {i}") for i in range(12)]  # m0-m5, then each again
-    spark.createDataFrame(rows, "msg_id string, payload string").coalesce(1).write.format("mq").option(
-        "queue", "Q"
-    ).mode("append").save(qm.root)
+    # Three tasks, each its own file: m0-m3, m4 m5 m0 m1, m2-m5 (a file of duplicates only).
+    given = spark.createDataFrame(spark.sparkContext.parallelize(rows, 3), "msg_id string, payload string")
+    given.write.format("mq").option("queue", "Q").mode("append").save(qm.root)
     browsed = qm.browse("Q")
     payloads = [bytes(p).decode() for p in browsed["payload"].to_pylist()]
     assert list(zip(browsed["msg_id"].to_pylist(), payloads, strict=True)) == [
@@ -152,6 +156,63 @@ def test_a_spark_batch_put_stores_only_the_msg_ids_not_landed_within_the_window(
         ("m4", "batch 4"),
         ("m5", "batch 5"),
     ]
+
+
+def test_a_put_refused_after_its_duplicates_were_dropped_leaves_no_file(qm: QueueManager) -> None:
+    qm.define_queue("Q", duplicate_window=60, max_depth=1)
+    qm.put("Q", [{"msg_id": "A", "payload": "a"}])
+    with pytest.raises(MQError) as full:
+        qm.put("Q", [{"msg_id": "A", "payload": "a"}, {"msg_id": "B", "payload": "b"}], producer="p", batch_id=1)
+    assert full.value.reason == Reason.MQRC_Q_FULL
+    folder = Path(store.queue_location(qm.root, "Q"))
+    assert len(list(folder.glob("*.parquet"))) == len(DeltaTable(str(folder)).file_uris()) == 1
+
+
+def test_a_put_whose_commit_loses_to_the_same_msg_id_checks_again_and_drops_it(qm: QueueManager, monkeypatch) -> None:
+    qm.define_queue("Q", duplicate_window=60)
+    other = QueueManager.open(qm.root)
+    real = store.Appender.append
+    # With a producer's transaction: not gathered with this process's plain put, which waits inside.
+    rivals = [lambda: other.put("Q", [{"msg_id": "A", "payload": "the other's"}], producer="rival", batch_id=1)]
+
+    def append(*args, **kwargs):
+        while rivals:  # once, just before this process's first commit: it then loses the version
+            rivals.pop()()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store.Appender, "append", append)
+    assert qm.put("Q", [{"msg_id": "A", "payload": "mine"}]) == ["A"]
+    assert [bytes(p) for p in qm.browse("Q")["payload"].to_pylist()] == [b"the other's"]
+
+
+def test_a_message_placed_before_another_is_acknowledged_after_that_one_was_removed(
+    clocked_qm: QueueManager, clock
+) -> None:
+    clocked_qm.define_queue("Q", duplicate_window=60)
+    clocked_qm.put("Q", [{"msg_id": "T", "payload": "target"}])
+    clock.advance(61)
+    clocked_qm.put("Q", [{"msg_id": "X", "payload": "first", "before_msg_id": "T"}])
+    assert clocked_qm.get("Q", max_messages=2)["msg_id"].to_pylist() == ["X", "T"]
+    assert clocked_qm.maintain("Q", retention=timedelta(0)).removed_consumed == 1  # T; X is within the window
+    # Put again with a new message: the targets are taken again from what is left, or the absence of
+    # the dropped message's target would refuse the put with 2033.
+    again = [{"msg_id": "X", "payload": "again", "before_msg_id": "T"}, {"msg_id": "Y", "payload": "new"}]
+    assert clocked_qm.put("Q", again) == ["X", "Y"]
+    assert clocked_qm.get("Q", max_messages=5)["msg_id"].to_pylist() == ["Y"]
+
+
+def test_a_long_running_maintenance_reads_the_window_altered_since_it_started(qm: QueueManager) -> None:
+    qm.define_queue("Q")
+    queues = engine(qm)
+    background = Maintenance(queues, partial(queues.resolve, "Q"))
+    qm.alter_queue("Q", duplicate_window=60)
+    qm.put("Q", [{"msg_id": "A", "payload": "first"}])
+    assert qm.get("Q")["msg_id"].to_pylist() == ["A"]
+    assert background.start_if_due(timedelta(0))
+    background._thread.join(60)
+    assert background.last.removed_consumed == 0
+    assert qm.put("Q", [{"msg_id": "A", "payload": "again"}]) == ["A"]
+    assert qm.get("Q").num_rows == 0
 
 
 def test_a_redriven_message_keeps_its_msg_id_and_comes_back_within_the_window(qm: QueueManager) -> None:

@@ -23,7 +23,7 @@ file no longer live is forgotten.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mqspark import store
+from mqspark.engine.put_checks import before_targets
 from mqspark.model.groups import group_items
 from mqspark.model.messages import QUEUE_TABLE_SCHEMA
 
@@ -44,11 +45,14 @@ _WRITTEN_KEPT = 16
 
 @dataclass
 class PendingPut:
-    """The written, not yet committed data files of one put and its group items (as
-    :func:`~mqspark.model.groups.group_items` gives them), as duplicate detection leaves them."""
+    """The written, not yet committed data files of one put, its group items (as
+    :func:`~mqspark.model.groups.group_items` gives them) and its ``before_msg_id`` targets, as
+    duplicate detection leaves them. ``files`` is changed in place: the commit's retries and
+    clean-up see what is left."""
 
     files: list[store.DataFile]
     groups: pa.Table
+    targets: Sequence[str] = ()
 
     @property
     def rows(self) -> int:
@@ -57,15 +61,17 @@ class PendingPut:
 
 class LandedIds:
     """The ``(msg_id, offset)`` of the messages of one queue's live files put within its window, and
-    when: a file that is no longer live (a purge, a deleted queue) no longer counts."""
+    when: a key counts while a live file holds it, so a file that is no longer live (a purge, a
+    deleted queue) no longer counts."""
 
     def __init__(self, location: str) -> None:
         self.location = location
         self._lock = threading.Lock()
-        # Each live file read: the keys of its rows within the window when it was read.
+        # Each live file read or recorded: the keys of its rows within the window then.
         self._keys: dict[str, list[tuple[str, int]]] = {}
-        # (msg_id, offset) -> (put_time in microseconds since the epoch, the file that holds it).
-        self._landed: dict[tuple[str, int], tuple[int, str]] = {}
+        # (msg_id, offset) -> [its latest put_time in microseconds since the epoch, the live files
+        # holding it]: a redriven copy has the msg_id of a message still in another file.
+        self._landed: dict[tuple[str, int], list[int]] = {}
         # The keys of files this process wrote for a put, until that put's commit is prepared.
         self._written: dict[str, pa.Table] = {}
         self._pruned = 0
@@ -81,22 +87,23 @@ class LandedIds:
     def drop_duplicates(
         self, put: PendingPut, live: Mapping[str, int], now: datetime, window: float
     ) -> Callable[[], None]:
-        """Drop from ``put`` (rewriting its files, and deleting those it replaced) the messages that
-        are duplicates at the version whose live files hold ``live`` rows by path; return what records
-        the put's messages once its commit landed."""
+        """Drop from ``put`` the messages that are duplicates at the version whose live files hold
+        ``live`` rows by path (a file holding one is written again without it, and the one it
+        replaces deleted); return what records the put's messages once its commit landed."""
         cutoff = _micros(now - timedelta(seconds=window))
         with self._lock:
             self._advance(live, cutoff)
             pieces = [self._put_keys(f.path) for f in put.files]
-            keys = pa.concat_tables(pieces)
-            duplicate = np.zeros(keys.num_rows, dtype=bool)
             first: set[tuple[str, int]] = set()
-            for row, key in enumerate(_keys_of(keys)):
-                duplicate[row] = key in first or self._landed.get(key, (cutoff - 1, ""))[0] >= cutoff
-                first.add(key)
-        if duplicate.any():
-            self._rewrite(put, pa.array(~duplicate))
-            pieces = [keys.filter(pa.array(~duplicate))] if put.files else []
+            duplicates = []
+            for piece in pieces:
+                duplicate = np.zeros(piece.num_rows, dtype=bool)
+                for row, key in enumerate(_keys_of(piece)):
+                    duplicate[row] = key in first or self._landed.get(key, (cutoff - 1,))[0] >= cutoff
+                    first.add(key)
+                duplicates.append(duplicate)
+        if any(d.any() for d in duplicates):
+            pieces = self._rewrite(put, pieces, duplicates)
 
         def record() -> None:
             with self._lock:
@@ -118,8 +125,11 @@ class LandedIds:
             self._add(path, _keys_of(keys), _micros_of(keys["put_time"]))
         for path in self._keys.keys() - live.keys():
             for key in self._keys.pop(path):
-                if self._landed.get(key, (0, ""))[1] == path:
-                    del self._landed[key]
+                landed = self._landed.get(key)
+                if landed is not None:
+                    landed[1] -= 1
+                    if landed[1] <= 0:
+                        del self._landed[key]
         if cutoff - self._pruned >= _PRUNE_EVERY * 1e6:
             self._landed = {key: landed for key, landed in self._landed.items() if landed[0] >= cutoff}
             self._pruned = cutoff
@@ -135,18 +145,46 @@ class LandedIds:
         return keys.filter(pa.array(_micros_of(keys["put_time"]) >= cutoff))
 
     def _add(self, path: str, keys: list[tuple[str, int]], times: np.ndarray) -> None:
+        """The keys of live file ``path``, once (a commit's own file may have been read meanwhile)."""
+        if path in self._keys:
+            return
         self._keys[path] = keys
         for key, at in zip(keys, times.tolist(), strict=True):
-            self._landed[key] = (at, path)
+            landed = self._landed.get(key)
+            if landed is None:
+                self._landed[key] = [at, 1]
+            else:
+                landed[0], landed[1] = max(landed[0], at), landed[1] + 1
 
-    def _rewrite(self, put: PendingPut, kept: pa.Array) -> None:
-        """Replace ``put``'s files by one holding the rows ``kept`` marks, in the same order."""
-        rows = pa.concat_tables([store.read_data_file(self.location, f.path) for f in put.files]).filter(kept)
-        old = put.files
-        file = store.write_data_file(self.location, rows.to_batches(), QUEUE_TABLE_SCHEMA)
-        put.files = [file] if file is not None else []
-        put.groups = group_items(rows) if put.groups.num_rows else put.groups
-        store.remove_data_files(self.location, old)
+    def _rewrite(self, put: PendingPut, pieces: list[pa.Table], duplicates: list[np.ndarray]) -> list[pa.Table]:
+        """Write each of ``put``'s files that holds a duplicate again without them (or drop it), in
+        place in ``put.files``, and take its group items and targets again from what is left; the
+        keys of the files left."""
+        files, kept_pieces, rows = [], [], []
+        # The group items and targets are taken again from every row left: only then is each file read.
+        every = bool(put.groups.num_rows or put.targets)
+        for file, piece, duplicate in zip(put.files, pieces, duplicates, strict=True):
+            if not (every or duplicate.any()):
+                files.append(file)
+                kept_pieces.append(piece)
+                continue
+            data = store.read_data_file(self.location, file.path)
+            if duplicate.any():
+                data = data.filter(pa.array(~duplicate))
+                written = store.write_data_file(self.location, data.to_batches(), QUEUE_TABLE_SCHEMA)
+                store.remove_data_files(self.location, [file])
+                if written is None:
+                    continue
+                file, piece = written, piece.filter(pa.array(~duplicate))
+            files.append(file)
+            kept_pieces.append(piece)
+            rows.append(data)
+        put.files[:] = files
+        if every:
+            kept = pa.concat_tables(rows) if rows else QUEUE_TABLE_SCHEMA.empty_table()
+            put.groups = group_items(kept) if put.groups.num_rows else put.groups
+            put.targets = before_targets(kept) if put.targets else put.targets
+        return kept_pieces
 
 
 def _keys_of(keys: pa.Table) -> list[tuple[str, int]]:

@@ -256,10 +256,11 @@ class Maintenance:
     """Maintenance runs a long-lived service (a streaming get's planner) starts now and then, each in a
     background thread, with the default retention. A run that finds another one going is skipped."""
 
-    def __init__(self, qm: store.QueueManagerRoot, definition: QueueDefinition) -> None:
+    def __init__(self, qm: store.QueueManagerRoot, definition: Callable[[], QueueDefinition]) -> None:
         self.qm = qm
+        # Read again for each run: an attribute altered since (duplicate_window) counts.
         self.definition = definition
-        self.queue = definition.name
+        self.queue = definition().name
         self.started = time.monotonic()
         self.last: MaintenanceSummary | Exception | None = None
         self._thread: threading.Thread | None = None
@@ -278,7 +279,7 @@ class Maintenance:
 
     def _run(self) -> None:
         try:
-            self.last = maintain(self.qm, self.definition, DEFAULT_RETENTION)
+            self.last = maintain(self.qm, self.definition(), DEFAULT_RETENTION)
         except MQError as error:
             self.last = error
             if error.reason != Reason.MQRC_OBJECT_IN_USE:

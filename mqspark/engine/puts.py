@@ -211,7 +211,7 @@ class Puts:
             return None
         definition = definition or self._queues.resolve_for_put(queue)
         local = definition.name
-        put = PendingPut(list(files), groups)
+        put = PendingPut(list(files), groups, targets)
         live_files = [0]
 
         def prepare(attempt: int) -> Callable[[], int] | None:
@@ -223,7 +223,7 @@ class Puts:
                     Reason.MQRC_BACKED_OUT,
                 )
             window = resolved.duplicate_window if deduplicate else 0.0
-            appender = self._appender(local) if not put.groups.num_rows and not targets else None
+            appender = self._appender(local) if not put.groups.num_rows and not put.targets else None
             # A depth the statistics say may not fit is counted from the messages, on the delta-rs path.
             if (
                 appender is not None
@@ -232,7 +232,7 @@ class Puts:
             ):
                 live_files[0] = appender.live_files
                 return self._append_checked(appender, resolved, put, transaction, metadata, window)
-            live_files[0], commit = self._table_checked(resolved, put, targets, transaction, metadata, window)
+            live_files[0], commit = self._table_checked(resolved, put, transaction, metadata, window)
             return commit
 
         version = store.commit_until_landed(
@@ -250,7 +250,6 @@ class Puts:
         self,
         definition: QueueDefinition,
         put: PendingPut,
-        targets: Sequence[str],
         transaction: tuple[str, int] | None,
         metadata: dict[str, Any] | None,
         window: float,
@@ -288,7 +287,7 @@ class Puts:
                 Reason.MQRC_Q_FULL,
             )
         check_against_committed(local, table, put.groups)
-        check_before_targets(local, table, targets)
+        check_before_targets(local, table, put.targets)
         info = _put_info(rows, transaction, metadata)
         files = put.files
         return live_files, _then(
@@ -337,7 +336,9 @@ class Puts:
             committed = appender.transaction_version(transaction[0])
             if committed is not None and committed >= transaction[1]:
                 return None
-        landed = self._drop_duplicates(definition.name, put, appender.live_rows_by_path, window) if window else None
+        landed = (
+            self._drop_duplicates(definition.name, put, dict(appender.live_rows_by_path), window) if window else None
+        )
         if not put.files and transaction is None:
             return None
         info = _put_info(put.rows, transaction, metadata)

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TypeVar
 
 import pyarrow as pa
@@ -171,7 +172,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group.consume(start["plan"], start["seq"])
         if self.options.maintenance_interval is not None:
             if self._maintenance is None:
-                self._maintenance = Maintenance(group.qm, group.definition)
+                self._maintenance = Maintenance(group.qm, partial(group.qm.resolve, group.definition.name))
             self._maintenance.start_if_due(self.options.maintenance_interval)
         # A plan returned earlier that Spark did not start from was never run: its messages wait again.
         group.drop_unstarted_plans()
