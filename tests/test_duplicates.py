@@ -10,7 +10,7 @@ import random
 import signal
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 
@@ -18,7 +18,12 @@ import pytest
 from deltalake import DeltaTable
 
 from mqspark import MQError, QueueManager, Reason, store
+from mqspark.engine.duplicates import LandedIds, PendingPut
 from mqspark.engine.maintenance import Maintenance
+from mqspark.model.definitions import QueueDefinition
+from mqspark.model.groups import group_items
+from mqspark.model.messages import QUEUE_TABLE_SCHEMA
+from mqspark.model.put import prepare_put, rows_to_table
 from mqspark.qmgr import engine
 
 CONTEXT = multiprocessing.get_context("spawn")
@@ -102,6 +107,43 @@ def test_a_file_of_many_messages_counts_while_its_puts_lie_within_the_window(clo
     clock.advance(21)
     QueueManager.open(clocked_qm.root, clock=clock).put("Q", [{"msg_id": "m24999", "payload": "z"}])
     assert clocked_qm.depth("Q") == 25_001
+
+
+def _file(location: str, msg_id: str, put_time: datetime) -> store.DataFile:
+    rows = prepare_put(QueueDefinition("Q"), rows_to_table("Q", [{"msg_id": msg_id, "payload": "x"}]), now=put_time)
+    file = store.write_data_file(location, rows.messages.to_batches(), QUEUE_TABLE_SCHEMA)
+    assert file is not None
+    return file
+
+
+def _duplicate(landed: LandedIds, live: list[store.DataFile], now: datetime) -> bool:
+    """Whether a put of msg_id A at ``now`` is a duplicate where ``live`` are the live files."""
+    put = PendingPut([_file(landed.location, "A", now)], group_items(QUEUE_TABLE_SCHEMA.empty_table()))
+    landed.drop_duplicates(put, {f.path: 1 for f in live}, now, 60)
+    return put.files == []
+
+
+def test_a_msg_id_counts_while_any_live_file_holds_it(tmp_path: Path) -> None:
+    """The same msg_id in two live files (a message and its redriven copy): it stays a duplicate
+    until the last of them is no longer live, whichever goes first."""
+    now = datetime.now(UTC)
+    older, newer = _file(str(tmp_path), "A", now - timedelta(seconds=10)), _file(str(tmp_path), "A", now)
+    for kept in (newer, older):
+        landed = LandedIds(str(tmp_path))
+        assert _duplicate(landed, [older, newer], now)
+        assert _duplicate(landed, [kept], now)
+        assert not _duplicate(landed, [], now)
+
+
+def test_a_msg_id_whose_first_file_left_the_window_counts_by_a_newer_file(tmp_path: Path) -> None:
+    t0 = datetime.now(UTC)
+    first, copy = _file(str(tmp_path), "A", t0), _file(str(tmp_path), "A", t0 + timedelta(seconds=64))
+    landed = LandedIds(str(tmp_path))
+    assert _duplicate(landed, [first], t0 + timedelta(seconds=1))
+    assert not _duplicate(landed, [first], t0 + timedelta(seconds=65))  # its put left the window
+    assert _duplicate(landed, [first, copy], t0 + timedelta(seconds=65))
+    # The first file goes (maintenance removed the message): the copy still holds A.
+    assert _duplicate(landed, [copy], t0 + timedelta(seconds=66))
 
 
 def test_segments_and_group_messages_put_again_are_acknowledged_not_refused(qm: QueueManager) -> None:

@@ -69,9 +69,11 @@ class LandedIds:
         self._lock = threading.Lock()
         # Each live file read or recorded: the keys of its rows within the window then.
         self._keys: dict[str, list[tuple[str, int]]] = {}
-        # (msg_id, offset) -> [its latest put_time in microseconds since the epoch, the live files
-        # holding it]: a redriven copy has the msg_id of a message still in another file.
-        self._landed: dict[tuple[str, int], list[int]] = {}
+        # (msg_id, offset) -> (its latest put_time in microseconds since the epoch, the live file
+        # holding it); and the keys more than one live file holds (a redriven copy has the msg_id of
+        # a message still in another file; maintenance's file holds a put's rows beside it for a while).
+        self._landed: dict[tuple[str, int], tuple[int, str]] = {}
+        self._shared: dict[tuple[str, int], set[str]] = {}
         # The keys of files this process wrote for a put, until that put's commit is prepared.
         self._written: dict[str, pa.Table] = {}
         self._pruned = 0
@@ -125,13 +127,10 @@ class LandedIds:
             self._add(path, _keys_of(keys), _micros_of(keys["put_time"]))
         for path in self._keys.keys() - live.keys():
             for key in self._keys.pop(path):
-                landed = self._landed.get(key)
-                if landed is not None:
-                    landed[1] -= 1
-                    if landed[1] <= 0:
-                        del self._landed[key]
+                self._remove(key, path)
         if cutoff - self._pruned >= _PRUNE_EVERY * 1e6:
             self._landed = {key: landed for key, landed in self._landed.items() if landed[0] >= cutoff}
+            self._shared = {key: paths for key, paths in self._shared.items() if key in self._landed}
             self._pruned = cutoff
 
     def _recent_keys(self, path: str, rows: int, cutoff: int) -> pa.Table:
@@ -152,9 +151,26 @@ class LandedIds:
         for key, at in zip(keys, times.tolist(), strict=True):
             landed = self._landed.get(key)
             if landed is None:
-                self._landed[key] = [at, 1]
+                self._landed[key] = (at, path)
             else:
-                landed[0], landed[1] = max(landed[0], at), landed[1] + 1
+                if landed[1] != path:
+                    self._shared.setdefault(key, {landed[1]}).add(path)
+                self._landed[key] = (max(landed[0], at), path)
+
+    def _remove(self, key: tuple[str, int], path: str) -> None:
+        """Live file ``path`` no longer holds ``key``: it counts while another one does."""
+        shared = self._shared.get(key)
+        if shared is not None:
+            shared.discard(path)
+            if len(shared) > 1:
+                return
+            del self._shared[key]
+            if shared:
+                at = self._landed[key][0]
+                self._landed[key] = (at, next(iter(shared)))
+                return
+        if self._landed.get(key, (0, ""))[1] == path:
+            del self._landed[key]
 
     def _rewrite(self, put: PendingPut, pieces: list[pa.Table], duplicates: list[np.ndarray]) -> list[pa.Table]:
         """Write each of ``put``'s files that holds a duplicate again without them (or drop it), in
