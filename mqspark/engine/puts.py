@@ -263,13 +263,11 @@ class Puts:
         if store.add_missing_columns(table, QUEUE_TABLE_SCHEMA):
             # A queue table of an earlier mqspark: migrated before its first put of this one.
             table = self._queues.message_table(local)
-        # CURDEPTH is at most the live messages: count those from statistics, and only when they
-        # would not fit find which still wait.
-        live_files, depth = store.live_counts(table)
+        # Nothing is committed (a transaction that landed before, a put left empty): no files to count.
         if transaction is not None:
             committed = table.transaction_version(transaction[0])
             if committed is not None and committed >= transaction[1]:
-                return live_files, None
+                return 0, None
         if window:
             found = store.live_files(table)
             live = dict(zip(found["path"].to_pylist(), found["rows"].to_pylist(), strict=True))
@@ -277,7 +275,10 @@ class Puts:
         else:
             landed = None
         if not put.files and transaction is None:
-            return live_files, None
+            return 0, None
+        # CURDEPTH is at most the live messages: count those from statistics, and only when they
+        # would not fit find which still wait.
+        live_files, depth = store.live_counts(table)
         rows = put.rows
         if depth + rows > definition.max_depth:
             depth = self._queues.count_waiting(local, table)
